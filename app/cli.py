@@ -1,0 +1,44 @@
+"""The ``hourglass`` command line: serve, bench, snapshot, analyze, verify.
+
+Each subcommand lives in its own module and is imported only when it runs, so
+``hourglass --help`` stays fast and a missing optional piece fails only its own command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> "module:function"; each function takes (argv: list[str]) and returns an exit code
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("app.server:main", "run the HTTP server"),
+    "bench": ("bench.cli:main", "run benchmarks: storage, engine, http, all"),
+    "snapshot": ("app.snapshot_cli:main", "create, list or remove RocksDB snapshots"),
+    "analyze": ("spark_jobs.analyze:main", "run the compaction-impact analysis on snapshots"),
+    "verify": ("app.verify_cli:main", "check the CommitLog and the store for corruption"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="hourglass",
+        description="A durable server for delayed, scheduled and transactional messages.",
+        epilog="\n".join(f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", choices=sorted(COMMANDS), metavar="COMMAND")
+    if not args or args[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if args else 2
+    ns = parser.parse_args(args[:1])
+    target, _ = COMMANDS[ns.command]
+    module_name, func_name = target.split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(args[1:]) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

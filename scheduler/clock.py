@@ -1,0 +1,79 @@
+"""Clocks. Every time-dependent part of hourglass takes one; tests drive a FakeClock.
+
+Waiting is always "until a deadline or until an event is set", never a fixed poll:
+``clock.wait(event, deadline_ms)`` returns True when ``event`` was set, False when the clock
+reached ``deadline_ms``. A FakeClock wakes every waiter whenever it is advanced, so a thread
+sleeping until a due time in fake time wakes as soon as a test moves the clock past it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """Current time, epoch milliseconds."""
+        ...
+
+    def wait(self, event: threading.Event, deadline_ms: int | None) -> bool:
+        """Block until ``event`` is set (-> True) or the clock reaches ``deadline_ms``
+        (-> False). ``None`` waits for the event only."""
+        ...
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def wait(self, event: threading.Event, deadline_ms: int | None) -> bool:
+        if deadline_ms is None:
+            return event.wait()
+        while True:
+            remaining = deadline_ms - self.now_ms()
+            if remaining <= 0:
+                return event.is_set()
+            if event.wait(remaining / 1000.0):
+                return True
+
+
+class FakeClock:
+    """A manually driven clock. ``advance``/``set`` wake every thread blocked in ``wait``."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self._now = start_ms
+        self._lock = threading.Lock()
+        self._waiters: set[threading.Event] = set()
+
+    def now_ms(self) -> int:
+        return self._now
+
+    def advance(self, ms: int) -> int:
+        if ms < 0:
+            raise ValueError("a clock does not go backwards")
+        return self.set(self._now + ms)
+
+    def set(self, now_ms: int) -> int:
+        with self._lock:
+            if now_ms < self._now:
+                raise ValueError("a clock does not go backwards")
+            self._now = now_ms
+            waiters = list(self._waiters)
+        for event in waiters:
+            event.set()  # waiters re-check the time; a spurious wake-up only costs a rescan
+        return now_ms
+
+    def wait(self, event: threading.Event, deadline_ms: int | None) -> bool:
+        with self._lock:
+            self._waiters.add(event)
+        try:
+            while True:
+                if deadline_ms is not None and self._now >= deadline_ms:
+                    return event.is_set()
+                if event.wait(1.0):
+                    return True
+        finally:
+            with self._lock:
+                self._waiters.discard(event)

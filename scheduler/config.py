@@ -1,0 +1,34 @@
+"""Engine tunables: one frozen dataclass, integer milliseconds and bytes inside.
+
+app/settings.py builds it from defaults < TOML < HOURGLASS_* env < CLI flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.constants import DEFAULT_DELAY_LEVELS
+
+TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    data_dir: Path
+    # name                          default           unit / meaning
+    timer_shards: int = 2  #                           timer column families = scanner threads
+    scan_batch_size: int = 1000  #                      keys per due-range scan
+    delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
+    delivery_batch_max: int = 4096  #                   messages per CommitLog append + RocksDB commit
+    segment_size: int = 1 << 30  #                      bytes per CommitLog segment file
+    flush_policy: str = "async"  #                      "async" (every flush_interval_ms) | "sync"
+    flush_interval_ms: int = 200  #                     ms between async CommitLog flushes
+    sync_writes: bool = False  #                        fsync the RocksDB WAL on every write
+    max_delay_ms: int = TEN_YEARS_MS  #                 ms; beyond -> DELAY_TOO_LONG
+    message_delay_level: str = DEFAULT_DELAY_LEVELS  #  RocketMQ 4.x levels (units s, m, h, d)
+    retention_ms: int = 72 * 3600 * 1000  #             ms a final status stays readable
+    retry_max_backoff_ms: int = 60_000  #               ms; back-off = min(n * 100 ms, this)
+    transaction_timeout_ms: int = 6_000  #              ms; minimum check immunity
+    transaction_check_interval_ms: int = 30_000  #      ms between check-backs of one message
+    transaction_check_max: int = 15  #                  checks before DISCARDED

@@ -1,0 +1,57 @@
+"""Every column-family name, key prefix and system topic of hourglass, in one place."""
+
+from __future__ import annotations
+
+import re
+
+# --- column families --------------------------------------------------------------------
+#: Delayed messages, sharded: ``timer.0`` .. ``timer.{n-1}``. Key = timer key (see keys.py),
+#: value = encoded MessageRecord. Shard = stable hash of (topic, msgId) modulo n.
+CF_TIMER_PREFIX = "timer."
+#: Half (transactional) messages, keyed by next-check time + topic + msgId (same codec as timers).
+CF_HALF = "half"
+#: Message index: index key (topic NUL msgId) -> encoded IndexEntry.
+CF_INDEX = "index"
+#: Consume queues: topic NUL 8-byte big-endian queue offset -> 8-byte log position + 4-byte size.
+CF_CQ = "cq"
+#: Final-state expiry: 8-byte expiresAt + topic NUL msgId -> b"" (retention clean-up order).
+CF_EXPIRY = "expiry"
+#: Transactions: transaction id -> encoded transaction entry.
+CF_TX = "tx"
+#: Metadata: watermarks, applied log position, group offsets (prefixes below).
+CF_META = "meta"
+
+
+def timer_cf(shard: int) -> str:
+    return f"{CF_TIMER_PREFIX}{shard}"
+
+
+# --- metadata keys (CF_META) --------------------------------------------------------------
+META_APPLIED_POSITION = b"applied_position"  # 8-byte BE: CommitLog position applied to RocksDB
+META_WATERMARK_PREFIX = b"wm/"  # + shard number as text -> 8-byte BE deliverAt watermark
+META_GROUP_OFFSET_PREFIX = b"group/"  # + topic NUL group -> 8-byte BE committed offset
+META_FORMAT_VERSION = b"format_version"
+META_SHARDS = b"timer_shards"  # the shard count the data was written with
+
+# --- topics ---------------------------------------------------------------------------------
+TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
+MSG_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+GROUP_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+TOPIC_SCHEDULE = "SCHEDULE_TOPIC_XXXX"
+TOPIC_TRANS_CHECK_MAX_TIME = "TRANS_CHECK_MAX_TIME_TOPIC"
+SYSTEM_TOPICS = frozenset({TOPIC_SCHEDULE, TOPIC_TRANS_CHECK_MAX_TIME})
+SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "__")
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+# --- RocketMQ property names ------------------------------------------------------------------
+PROP_DELAY_LEVEL = "DELAY"
+PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROP_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+PROP_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
