@@ -10,7 +10,15 @@ from typing import Any
 
 from scheduler.clock import Clock
 from scheduler.config import EngineConfig
-from scheduler.model import CancelResult, MessageInfo, PullResult, SendRequest, SendResult
+from scheduler.model import (
+    CancelResult,
+    MessageInfo,
+    PullResult,
+    SendRequest,
+    SendResult,
+    TransactionCheck,
+    TransactionResult,
+)
 
 
 class Broker:
@@ -79,6 +87,32 @@ class Broker:
         raise NotImplementedError
 
     def commit_group_offset(self, topic: str, group: str, offset: int) -> int:
+        raise NotImplementedError
+
+    # --- transactions (issue 5) -------------------------------------------------------------
+    def prepare_transaction(
+        self, request: SendRequest, *, producer_group: str,
+        check_immunity_seconds: str | float | None = None,
+    ) -> TransactionResult:
+        """Store a half message (invisible to consumers). RocketMQ immunity rule:
+        max(check_immunity_seconds parsed as RocketMQ does, transaction timeout)."""
+        raise NotImplementedError
+
+    def commit_transaction(self, transaction_id: str) -> TransactionResult:
+        """Idempotent; raises NotFound, Conflict (after a rollback)."""
+        raise NotImplementedError
+
+    def rollback_transaction(self, transaction_id: str) -> TransactionResult:
+        """Idempotent; raises NotFound, Conflict (after a commit)."""
+        raise NotImplementedError
+
+    def poll_transaction_checks(self, producer_group: str, max_checks: int) -> list[TransactionCheck]:
+        """Prepared messages of the group whose immunity passed and next check is due; each
+        returned check counts; past the maximum the message is DISCARDED."""
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, Any]:
+        """RocksDB checkpoint + manifest: {"snapshotId", "path", "createdAt"}."""
         raise NotImplementedError
 
     # --- operations -----------------------------------------------------------------------

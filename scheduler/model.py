@@ -69,3 +69,28 @@ class Delivered:
 class PullResult:
     messages: list[Delivered]
     next_offset: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransactionResult:
+    transaction_id: str
+    msg_id: str
+    topic: str
+    status: str  # PREPARED, COMMITTED, ROLLED_BACK
+    deliver_at: int | None = None  # set once committed
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransactionCheck:
+    """A prepared message whose producer must say COMMIT, ROLLBACK or UNKNOWN."""
+
+    transaction_id: str
+    msg_id: str
+    topic: str
+    producer_group: str
+    check_times: int
+    prepared_at: int
+    body: bytes
+    tags: str | None
+    keys: tuple[str, ...]
+    properties: Mapping[str, str]
