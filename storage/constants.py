@@ -33,6 +33,11 @@ META_GROUP_OFFSET_PREFIX = b"group/"  # + topic NUL group -> 8-byte BE committed
 META_FORMAT_VERSION = b"format_version"
 META_SHARDS = b"timer_shards"  # the shard count the data was written with
 
+# --- transaction keys (CF_TX; see scheduler/tx_records.py) ------------------------------------
+TX_ENTRY_PREFIX = b"t/"  # + transaction id -> encoded TransactionEntry
+TX_GROUP_PREFIX = b"g/"  # + producer group NUL + half key -> transaction id (per-group check order)
+TX_CALLBACK_PREFIX = b"c/"  # + producer group -> encoded check-callback registration
+
 # --- topics ---------------------------------------------------------------------------------
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
 MSG_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -53,5 +58,12 @@ PROP_DELAY_LEVEL = "DELAY"
 PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROP_TIMER_DELAY_MS = "TIMER_DELAY_MS"
 PROP_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROP_CHECK_IMMUNITY_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # a half message's immunity
+# set on a half message discarded into TOPIC_TRANS_CHECK_MAX_TIME, as RocketMQ names them
+PROP_REAL_TOPIC = "REAL_TOPIC"
+PROP_UNIQ_KEY = "UNIQ_KEY"
+PROP_PRODUCER_GROUP = "PGROUP"
+PROP_TRANSACTION_ID = "__transactionId__"
+PROP_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
