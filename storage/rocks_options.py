@@ -1,0 +1,109 @@
+"""RocksDB options of the TimerStore, per column-family kind, with their tunables in one table.
+
+Reasons and measurements: docs/storage.md ("RocksDB options"). In short:
+- every Options is ``raw_mode=True`` (rocksdict requires all CFs to match the DB's mode);
+- no prefix extractor anywhere: time-ordered CFs are range-scanned across prefixes, and a
+  prefix extractor there makes seeks silently return nothing (notes/libraries.md);
+- whole-key bloom filters only where reads are point look-ups (index, tx, meta);
+- one shared LRU block cache and a DB-wide memtable budget, so memory does not grow with
+  the number of timer shards;
+- LZ4 on the upper levels, ZSTD on the bottommost level (cold, large, rarely rewritten);
+- a deletion-triggered compaction collector on the time-ordered CFs, so SST files full of
+  delivered-key tombstones are compacted away without waiting for size triggers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import rocksdict
+
+from storage.constants import (
+    CF_CQ,
+    CF_EXPIRY,
+    CF_HALF,
+    CF_INDEX,
+    CF_META,
+    CF_TIMER_PREFIX,
+    CF_TX,
+    timer_cf,
+)
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreTuning:
+    # name                                 default      unit / meaning
+    block_cache_bytes: int = 256 * MIB  #               shared LRU block cache, all CFs
+    db_write_buffer_bytes: int = 512 * MIB  #           memtable budget across all CFs
+    timer_write_buffer_bytes: int = 64 * MIB  #         memtable size of each time-ordered CF
+    other_write_buffer_bytes: int = 32 * MIB  #         memtable size of index/cq/tx/meta
+    max_write_buffer_number: int = 4  #                 memtables per CF before stalling writes
+    target_file_size_bytes: int = 64 * MIB  #           SST size at L1
+    max_bytes_for_level_base: int = 256 * MIB  #        L1 size; x10 per level
+    max_background_jobs: int = 2  #                     flush + compaction threads (2 cores)
+    bloom_bits_per_key: int = 10  #                 ~1 % false positives (index, tx, meta)
+    block_size: int = 16 * 1024  #                      bytes per data block
+    deletion_window: int = 128 * 1024  #                entries per window of the collector
+    deletion_trigger: int = 64 * 1024  #                tombstones in a window -> compact file
+    bytes_per_sync: int = 1 * MIB  #                    background sync of SST / WAL writes
+    max_total_wal_bytes: int = 1024 * MIB  #            WAL budget before forcing CF flushes
+
+
+def is_time_ordered(cf: str) -> bool:
+    """Column families whose keys start with an 8-byte big-endian time."""
+    return cf.startswith(CF_TIMER_PREFIX) or cf in (CF_HALF, CF_EXPIRY)
+
+
+POINT_LOOKUP_CFS = (CF_INDEX, CF_TX, CF_META)
+SCANNED_CFS = (CF_CQ,)
+
+
+def db_options(tuning: StoreTuning, *, create: bool) -> rocksdict.Options:
+    """Options of the DB itself (and of the ``default`` CF, which hourglass does not use)."""
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(create)
+    opts.create_missing_column_families(create)
+    opts.enable_statistics()
+    opts.set_max_background_jobs(tuning.max_background_jobs)
+    opts.set_db_write_buffer_size(tuning.db_write_buffer_bytes)
+    opts.set_max_total_wal_size(tuning.max_total_wal_bytes)
+    opts.set_bytes_per_sync(tuning.bytes_per_sync)
+    opts.set_wal_bytes_per_sync(tuning.bytes_per_sync)
+    opts.set_keep_log_file_num(4)
+    opts.set_max_open_files(-1)
+    return opts
+
+
+def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksdict.Options:
+    opts = rocksdict.Options(raw_mode=True)
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_block_size(tuning.block_size)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_format_version(5)
+    if name in POINT_LOOKUP_CFS:
+        table.set_bloom_filter(tuning.bloom_bits_per_key, False)
+        opts.set_write_buffer_size(tuning.other_write_buffer_bytes)
+    elif is_time_ordered(name):
+        opts.set_write_buffer_size(tuning.timer_write_buffer_bytes)
+        opts.add_compact_on_deletion_collector_factory(
+            tuning.deletion_window, tuning.deletion_trigger, 0.5
+        )
+    else:
+        opts.set_write_buffer_size(tuning.other_write_buffer_bytes)
+    opts.set_block_based_table_factory(table)
+    opts.set_max_write_buffer_number(tuning.max_write_buffer_number)
+    opts.set_target_file_size_base(tuning.target_file_size_bytes)
+    opts.set_max_bytes_for_level_base(tuning.max_bytes_for_level_base)
+    opts.set_level_compaction_dynamic_level_bytes(True)
+    opts.set_compression_type(rocksdict.DBCompressionType.lz4())
+    opts.set_bottommost_compression_type(rocksdict.DBCompressionType.zstd())
+    return opts
+
+
+def all_cf_names(timer_shards: int) -> tuple[str, ...]:
+    timers = tuple(timer_cf(i) for i in range(timer_shards))
+    return (*timers, CF_HALF, CF_EXPIRY, CF_INDEX, CF_CQ, CF_TX, CF_META)

@@ -1,0 +1,169 @@
+"""TimerStore against a real RocksDB under tmp_path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storage.constants import CF_HALF, CF_INDEX, CF_META, META_SHARDS, timer_cf
+from storage.errors import InvalidArgument, StorageError
+from storage.keys import encode_timer_key, unpack_u64
+from storage.timer_store import TimerStore
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = TimerStore(tmp_path / "db", timer_shards=2)
+    yield s
+    s.close()
+
+
+def test_put_get_delete_round_trip(store: TimerStore) -> None:
+    b = store.batch()
+    b.put(CF_INDEX, b"t\x00a", b"A")
+    b.put(CF_INDEX, b"t\x00b", b"B")
+    assert len(b) == 2
+    store.write(b)
+    assert store.get(CF_INDEX, b"t\x00a") == b"A"
+    assert store.multi_get(CF_INDEX, [b"t\x00b", b"nope", b"t\x00a"]) == [b"B", None, b"A"]
+    b = store.batch()
+    b.delete(CF_INDEX, b"t\x00a")
+    store.write(b)
+    assert store.get(CF_INDEX, b"t\x00a") is None
+    assert store.get(CF_INDEX, b"t\x00b") == b"B"
+
+
+def test_batch_is_atomic_across_column_families_and_single_use(store: TimerStore) -> None:
+    b = store.batch()
+    b.put(timer_cf(0), b"k", b"v")
+    b.put(CF_HALF, b"h", b"v")
+    store.write(b)
+    assert store.get(timer_cf(0), b"k") == b"v" and store.get(CF_HALF, b"h") == b"v"
+    with pytest.raises(InvalidArgument):
+        store.write(b)
+    with pytest.raises(InvalidArgument):
+        b.put(CF_HALF, b"x", b"y")
+
+
+def test_unknown_column_family_is_invalid_argument(store: TimerStore) -> None:
+    with pytest.raises(InvalidArgument):
+        store.get("nope", b"k")
+    with pytest.raises(InvalidArgument):
+        store.batch().put("nope", b"k", b"v")
+    with pytest.raises(InvalidArgument):
+        store.due(2, 0, 10, 10)
+
+
+def test_due_returns_exactly_keys_up_to_now_in_order(store: TimerStore) -> None:
+    times = [5, 1, 9, 10, 10, 11, 3, 100, 0]
+    keys = [encode_timer_key(t, "topic", f"m{i}") for i, t in enumerate(times)]
+    b = store.batch()
+    b.put_many(timer_cf(1), [(k, b"v" + k) for k in keys])
+    store.write(b)
+    got = store.due(1, 0, 10, 1000)
+    expected = sorted(k for k, t in zip(keys, times, strict=True) if t <= 10)
+    assert [k for k, _ in got] == expected
+    assert all(v == b"v" + k for k, v in got)
+    # from_ms is inclusive, limit is respected, other shards are untouched
+    assert [unpack_u64(k) for k, _ in store.due(1, 3, 10, 2)] == [3, 5]
+    assert store.due(0, 0, 10**12, 1000) == []
+    assert store.due(1, 11, 10, 1000) == []
+    assert store.next_due_at(1, 11) == 11
+    assert store.next_due_at(1, 12) == 100
+    assert store.next_due_at(1, 101) is None
+
+
+def test_watermark_persists_with_the_batch(tmp_path: Path) -> None:
+    with TimerStore(tmp_path / "db", timer_shards=2) as s:
+        assert s.watermark(0) == 0
+        b = s.batch()
+        s.put_watermark(b, 1, 12345)
+        s.write(b, sync=True)
+        assert s.watermark(1) == 12345 and s.watermark(0) == 0
+    with TimerStore(tmp_path / "db", timer_shards=2) as s:
+        assert s.watermark(1) == 12345
+
+
+def test_shard_count_is_persisted_and_enforced(tmp_path: Path) -> None:
+    with TimerStore(tmp_path / "db", timer_shards=3) as s:
+        assert unpack_u64(s.get(CF_META, META_SHARDS) or b"") == 3
+        b = s.batch()
+        b.put(timer_cf(2), b"k", b"v")
+        s.write(b)
+    with pytest.raises(InvalidArgument, match="timer_shards=3"):
+        TimerStore(tmp_path / "db", timer_shards=4)
+    # the refused open created nothing and released the lock
+    with TimerStore(tmp_path / "db", timer_shards=None) as s:
+        assert s.timer_shards == 3
+        assert s.get(timer_cf(2), b"k") == b"v"
+        with pytest.raises(InvalidArgument):
+            s.get(timer_cf(3), b"k")
+
+
+def test_shard_of_is_stable_and_in_range(store: TimerStore) -> None:
+    shards = {store.shard_of("t", f"m{i}") for i in range(100)}
+    assert shards == {0, 1}
+    assert store.shard_of("t", "m1") == store.shard_of("t", "m1")
+
+
+def test_close_really_closes_even_with_an_abandoned_scan(tmp_path: Path) -> None:
+    s = TimerStore(tmp_path / "db", timer_shards=1)
+    b = s.batch()
+    b.put_many(CF_INDEX, [(b"k%05d" % i, b"v") for i in range(3000)])
+    s.write(b)
+    it = s.scan(CF_INDEX)
+    assert next(it)[0] == b"k00000"
+    s.close()
+    with pytest.raises(StorageError):
+        s.get(CF_INDEX, b"k")
+    s2 = TimerStore(tmp_path / "db", timer_shards=1)  # the lock was released
+    assert s2.get(CF_INDEX, b"k02999") == b"v"
+    s2.close()
+
+
+def test_scan_bounds_limit_and_reverse(store: TimerStore) -> None:
+    keys = [b"k%05d" % i for i in range(2500)]
+    b = store.batch()
+    b.put_many(CF_INDEX, [(k, k) for k in keys])
+    store.write(b)
+    assert [k for k, _ in store.scan(CF_INDEX)] == keys
+    assert [k for k, _ in store.scan(CF_INDEX, b"k00010", b"k02100")] == keys[10:2100]
+    assert [k for k, _ in store.scan(CF_INDEX, b"k00010", b"k02100", limit=1500)] == keys[10:1510]
+    got = [k for k, _ in store.scan(CF_INDEX, b"k00010", b"k02100", reverse=True)]
+    assert got == keys[10:2100][::-1]
+    got = [k for k, _ in store.scan(CF_INDEX, b"k00010", None, limit=1100, reverse=True)]
+    assert got == keys[::-1][:1100]
+    assert list(store.scan(CF_INDEX, b"k5", b"k4")) == []
+
+
+def test_checkpoint_opens_read_only(store: TimerStore, tmp_path: Path) -> None:
+    b = store.batch()
+    b.put(timer_cf(0), encode_timer_key(7, "t", "m"), b"payload")
+    store.write(b)
+    dest = store.checkpoint(tmp_path / "cp")
+    b = store.batch()
+    b.put(timer_cf(0), encode_timer_key(8, "t", "later"), b"x")
+    store.write(b)
+    with TimerStore(dest, timer_shards=None, read_only=True) as ro:
+        assert ro.timer_shards == 2
+        assert [v for _, v in ro.due(0, 0, 100, 10)] == [b"payload"]
+        w = ro.batch()
+        w.put(CF_INDEX, b"k", b"v")
+        with pytest.raises(StorageError):
+            ro.write(w)
+    with pytest.raises(InvalidArgument):
+        store.checkpoint(dest)
+
+
+def test_properties_statistics_and_live_files(store: TimerStore) -> None:
+    b = store.batch()
+    b.put_many(timer_cf(0), [(encode_timer_key(i, "t", "m"), b"v" * 100) for i in range(1000)])
+    store.write(b)
+    store.flush()
+    assert store.property(timer_cf(0), "rocksdb.estimate-num-keys") == "1000"
+    assert store.property(timer_cf(0), "rocksdb.no-such-property") is None
+    files = store.live_files()
+    assert sum(f["num_entries"] for f in files) >= 1000
+    store.due(0, 0, 10**6, 10)
+    assert store.statistics()["rocksdb.number.db.seek"] >= 1
