@@ -1,0 +1,237 @@
+"""Run the side-by-side benchmark.
+
+    python -m bench.peers.run --n 1000000 --systems redis,bullmq,postgres,hourglass \\
+        --workloads w1,w2,w3 --out bench/peers/results
+
+Each (system, workload) pair runs on a fresh server instance in a temporary directory; every
+server the harness started is stopped at the end, also on an error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+
+from . import report
+from .common import log, stop_all
+from .systems import SYSTEM_NAMES, SystemUnavailable, make_system
+from .workloads import WORKLOADS, Params, pilot_rate
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.peers.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1_000_000, help="messages in W1 and W2")
+    ap.add_argument("--systems", default=",".join(SYSTEM_NAMES),
+                    help=f"comma-separated, from {','.join(SYSTEM_NAMES)}")
+    ap.add_argument("--workloads", default="w1,w2,w3", help="comma-separated, from w1,w2,w3")
+    ap.add_argument("--out", default="bench/peers/results", help="output directory")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other systems' results already in OUT/results.json")
+    ap.add_argument("--batch", type=int, default=1000, help="messages per send request")
+    ap.add_argument("--producers", type=int, default=2, help="producer threads")
+    ap.add_argument("--consumers", type=int, default=2,
+                    help="consumer threads (BullMQ: Worker objects; hourglass: always 1 per "
+                         "topic)")
+    ap.add_argument("--bullmq-concurrency", type=int, default=50,
+                    help="jobs in flight per BullMQ Worker")
+    ap.add_argument("--w3-rate", type=float, default=5000.0, help="W3 messages per second")
+    ap.add_argument("--w3-duration", type=float, default=30.0, help="W3 seconds of sending")
+    ap.add_argument("--w3-delay-ms", default="1000-3000", help="W3 delay range, ms (MIN-MAX)")
+    ap.add_argument("--drain-timeout", type=float, default=1800.0,
+                    help="seconds after the due time to wait for the last message")
+    ap.add_argument("--hourglass-url", default=None,
+                    help="use this running hourglass server instead of starting one")
+    ap.add_argument("--token", default=None,
+                    help="bearer token for hourglass (default: a random admin token given to "
+                         "the server the harness starts)")
+    ap.add_argument("--hourglass-cmd", default=None,
+                    help="hourglass executable (default: .venv/bin/hourglass)")
+    ap.add_argument("--workdir", default=None,
+                    help="where servers keep their data (default: a new temp directory)")
+    ap.add_argument("--keep-data", action="store_true", help="do not delete the data dirs")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.workloads = [w.strip().lower() for w in args.workloads.split(",") if w.strip()]
+    for s in args.systems:
+        if s not in SYSTEM_NAMES:
+            ap.error(f"unknown system {s!r}")
+    for w in args.workloads:
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w!r}")
+    lo, _, hi = args.w3_delay_ms.partition("-")
+    args.w3_delay = (int(lo), int(hi or lo))
+    return args
+
+
+def machine() -> dict[str, str]:
+    osname = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                osname = line.split("=", 1)[1].strip('"')
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for pkg in ("redis", "bullmq", "psycopg", "httpx", "numpy", "matplotlib"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[pkg] = metadata.version(pkg)
+    mem = psutil.virtual_memory().total / 2**30
+    return {
+        "summary": f"{os.cpu_count()} cores / {mem:.0f} GiB, {osname} ({cpu}); "
+                   f"Python {platform.python_version()}",
+        "packages": ", ".join(f"{k} {v}" for k, v in versions.items()),
+    }
+
+
+def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Path,
+               results: dict, save: Callable[[], None]) -> None:
+    options = {"consumers": args.consumers, "bullmq_concurrency": args.bullmq_concurrency,
+               "hourglass_url": args.hourglass_url, "token": args.token,
+               "hourglass_cmd": args.hourglass_cmd}
+    entry: dict = {"workloads": {}, "errors": {}}
+    results["systems"][name] = entry
+    ctx: dict = {}
+    plan = list(args.workloads)
+    if "w2" in plan and "w1" not in plan:
+        plan.insert(plan.index("w2"), "pilot")
+    for wl in plan:
+        try:
+            system = make_system(name, options)
+        except SystemUnavailable as exc:
+            entry["skipped"] = str(exc)
+            log(f"SKIP {name}: {exc}")
+            return
+        entry.update({k: v for k, v in system.describe().items() if k != "config"})
+        workdir = Path(tempfile.mkdtemp(prefix=f"{name}-{wl}-", dir=workroot))
+        log(f"=== {name} {wl.upper()} (data in {workdir})")
+        t0 = time.perf_counter()
+        try:
+            system.start(workdir)
+            entry["config"] = system.config()
+            fn = pilot_rate if wl == "pilot" else WORKLOADS[wl]
+            res = fn(system, params, ctx)
+            res["wall_s"] = round(time.perf_counter() - t0, 1)
+            if wl == "pilot":
+                entry["pilot"] = res
+            else:
+                entry["workloads"][wl] = res
+                _log_summary(name, wl, res)
+            entry["config"] = system.config()  # may know more once running (hourglass stats)
+        except SystemUnavailable as exc:
+            entry["skipped"] = str(exc)
+            log(f"SKIP {name}: {exc}")
+            return
+        except Exception as exc:
+            entry["errors"][wl] = "".join(traceback.format_exception(exc))
+            log(f"ERROR {name} {wl}: {exc!r}")
+        finally:
+            try:
+                system.stop()
+            except Exception as exc:
+                log(f"stopping {name}: {exc!r}")
+            if not args.keep_data:
+                shutil.rmtree(workdir, ignore_errors=True)
+            save()
+
+
+def _log_summary(name: str, wl: str, res: dict) -> None:
+    c = res.get("correctness", {})
+    if wl == "w1":
+        log(f"{name} W1: {res['msgs_per_s']:,.0f} msg/s; pending {c.get('pending')}; "
+            f"per M: mem {_fmt_mib(res['per_million_pending'].get('memory'))}, "
+            f"disk {_fmt_mib(res['per_million_pending'].get('disk'))}")
+    else:
+        lat = res.get("lateness_ms", {})
+        log(f"{name} {wl.upper()}: lateness p50 {lat.get('p50')} p99 {lat.get('p99')} "
+            f"max {lat.get('max')} ms; early {res.get('early')}; missing {c.get('missing')}, "
+            f"duplicates {c.get('duplicates')}"
+            + (f"; drain {res.get('drain_s'):.1f} s" if res.get("drain_s") else ""))
+
+
+def _fmt_mib(v: float | None) -> str:
+    return "n/a" if v is None else f"{v / 2**20:,.0f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = Params(n=args.n, batch=args.batch, producers=args.producers,
+                    w3_rate=args.w3_rate, w3_duration_s=args.w3_duration,
+                    w3_delay_min_ms=args.w3_delay[0], w3_delay_max_ms=args.w3_delay[1],
+                    drain_timeout_s=args.drain_timeout, seed=args.seed)
+    cmd = "python -m bench.peers.run " + shlex.join(sys.argv[1:] if argv is None else argv)
+    results: dict = {"systems": {}}
+    previous = out / "results.json"
+    if args.merge and previous.exists():
+        results = json.loads(previous.read_text())
+        results.setdefault("systems", {})
+        results.setdefault("meta", {}).setdefault("runs", [])
+    m = machine()
+    meta = results.setdefault("meta", {})
+    date = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    run_info = {"command": cmd, "date": date,
+                "systems": args.systems, "params": asdict(params)}
+    if args.merge and meta.get("params") and meta["params"] != asdict(params):
+        log("warning: merging results made with different parameters")
+    meta.update({
+        "machine": f"{m['summary']} — nominally 2 cores / 24 GiB Debian 12",
+        "packages": m["packages"],
+        "command": cmd,
+        "date": run_info["date"], "params": asdict(params),
+    })
+    meta.setdefault("runs", []).append(run_info)
+
+    def save() -> None:
+        tmp = out / "results.json.tmp"
+        tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        tmp.replace(out / "results.json")
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    workroot = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hg-peers-"))
+    workroot.mkdir(parents=True, exist_ok=True)
+    status = 0
+    try:
+        for name in args.systems:
+            run_system(name, args, params, workroot, results, save)
+    except KeyboardInterrupt:
+        log("interrupted: stopping servers, writing what was measured")
+        status = 130
+    finally:
+        stop_all()
+        if not args.keep_data and not args.workdir:
+            shutil.rmtree(workroot, ignore_errors=True)
+        save()
+    for p in report.write_all(results, out):
+        log(f"wrote {p}")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""One adapter per system, all behind :class:`bench.peers.systems.base.System`."""
+
+from __future__ import annotations
+
+from .base import System, SystemUnavailable
+
+SYSTEM_NAMES = ("redis", "bullmq", "postgres", "hourglass")
+
+
+def make_system(name: str, options: dict) -> System:
+    """Build the adapter for ``name``; imports lazily so a missing client skips one system only."""
+    if name == "redis":
+        from .redis_zset import RedisZSetSystem
+
+        return RedisZSetSystem(options)
+    if name == "bullmq":
+        from .bullmq_queue import BullMQSystem
+
+        return BullMQSystem(options)
+    if name == "postgres":
+        from .postgres import PostgresSystem
+
+        return PostgresSystem(options)
+    if name == "hourglass":
+        from .hourglass import HourglassSystem
+
+        return HourglassSystem(options)
+    raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEM_NAMES)}")
+
+
+__all__ = ["SYSTEM_NAMES", "System", "SystemUnavailable", "make_system"]

@@ -1,0 +1,217 @@
+"""hourglass over HTTP, written against the contract in shared/api.md.
+
+- send: ``POST /v1/topics/{topic}/messages:batch`` with up to 1000 ``MessageIn``
+  (``msgId`` = message id, ``body`` = the 100 ASCII bytes, ``deliverAt`` = due epoch ms);
+  201 expected. ``msgId`` makes the send idempotent server-side (the peers do without that).
+- consumer: one thread per topic (a topic is one ordered log, like a Kafka partition):
+  ``GET /v1/topics/{topic}/messages?group=G&max=1000&waitMs=1000``, then
+  ``PUT /v1/topics/{topic}/groups/G/offset`` with ``nextOffset``. Each delivered message
+  carries ``storedAt - deliverAt``: its lateness as the server measured it.
+
+The server: with ``--hourglass-url`` an already running server is used (its memory and disk
+cannot be measured then); otherwise the harness starts ``.venv/bin/hourglass serve --data-dir
+DIR --host 127.0.0.1 --port P`` with ``HOURGLASS_ADMIN_TOKEN`` and waits for ``/readyz``.
+
+Guarantee: exactly-once into the topic log (design guarantee 2), at-least-once to a consumer
+that commits its offset after processing. Durability: RocksDB WAL + CommitLog, flushed by the
+server's flush policy (reported from ``/v1/admin/stats`` when it says).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+
+from ..common import Batch, ManagedProcess, dir_size, free_port, now_ms, tree_memory, wait_until
+from .base import Sink, System, SystemUnavailable
+
+REPO = Path(__file__).resolve().parents[3]
+PULL_MAX = 1000
+WAIT_MS = 1000
+
+
+def _find_hourglass() -> str | None:
+    for cand in (REPO / ".venv" / "bin" / "hourglass", Path(sys.executable).parent / "hourglass"):
+        if cand.exists() and os.access(cand, os.X_OK):
+            return str(cand)
+    return None
+
+
+def _find_number(doc: Any, names: tuple[str, ...]) -> int | None:
+    """First integer under one of ``names`` anywhere in a JSON document (stats are loose)."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if k in names and isinstance(v, int | float) and not isinstance(v, bool):
+                return int(v)
+        for v in doc.values():
+            found = _find_number(v, names)
+            if found is not None:
+                return found
+    elif isinstance(doc, list):
+        for v in doc:
+            found = _find_number(v, names)
+            if found is not None:
+                return found
+    return None
+
+
+class HourglassSystem(System):
+    name = "hourglass"
+    label = "hourglass (HTTP)"
+    guarantee = "exactly-once into the log; at-least-once to a committing consumer"
+    durability = "RocksDB WAL + CommitLog, server flush policy"
+
+    def __init__(self, options: dict) -> None:
+        super().__init__(options)
+        self.url: str | None = options.get("hourglass_url")
+        self.token: str = options.get("token") or f"bench-{uuid.uuid4().hex}"
+        self.cmd: str | None = options.get("hourglass_cmd")
+        self.proc: ManagedProcess | None = None
+        self.datadir: Path | None = None
+        self.base = ""
+        self.topic = "bench"
+        self.group = "bench"
+        self.http: httpx.Client | None = None
+        self.stats_doc: dict = {}
+
+    def consumer_threads(self) -> int:
+        return 1  # one ordered log per topic: one consumer per group and topic
+
+    def config(self) -> dict[str, str]:
+        cfg = {
+            "server": self.url or "started by the harness: hourglass serve",
+            "send": "POST …/messages:batch, 1000 per request, msgId + body + deliverAt",
+            "consumer": f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}, "
+                        "then PUT offset",
+        }
+        flush = _find_string(self.stats_doc, ("flushPolicy", "commitLogFlush", "fsync",
+                                               "flush"))
+        if flush:
+            cfg["flush policy"] = flush
+        return cfg
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self, workdir: Path) -> None:
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        if self.url:
+            self.base = self.url.rstrip("/")
+            # an external server keeps its data: a fresh topic per run keeps runs apart
+            self.topic = f"bench-{uuid.uuid4().hex[:12]}"
+        else:
+            exe = self.cmd or _find_hourglass()
+            if exe is None:
+                raise SystemUnavailable("hourglass command not found (.venv/bin/hourglass)")
+            self.datadir = workdir / "hourglass-data"
+            self.datadir.mkdir(parents=True, exist_ok=True)
+            port = free_port()
+            self.base = f"http://127.0.0.1:{port}"
+            argv = [exe, "serve", "--data-dir", str(self.datadir), "--host", "127.0.0.1",
+                    "--port", str(port)]
+            self.proc = ManagedProcess("hourglass", argv, workdir / "hourglass.log",
+                                       env={"HOURGLASS_ADMIN_TOKEN": self.token},
+                                       stop_signal=signal.SIGTERM, cwd=REPO)
+        self.http = httpx.Client(base_url=self.base, headers=headers, timeout=60.0,
+                                 limits=httpx.Limits(max_connections=32))
+
+        def ready() -> bool:
+            assert self.http is not None
+            r = self.http.get("/readyz", timeout=2.0)
+            return r.status_code == 200
+
+        try:
+            wait_until(ready, 90, "hourglass", self.proc, interval=0.25)
+        except RuntimeError as exc:
+            self.stop()
+            raise SystemUnavailable(f"hourglass server did not start: {exc}") from exc
+        self._refresh_stats()
+
+    def stop(self) -> None:
+        self.stop_consumers()
+        if self.http is not None:
+            self.http.close()
+            self.http = None
+        if self.proc is not None:
+            self.proc.stop(timeout=60)
+            self.proc = None
+
+    def _refresh_stats(self) -> dict:
+        assert self.http is not None
+        try:
+            r = self.http.get("/v1/admin/stats", timeout=30.0)
+            if r.status_code == 200:
+                self.stats_doc = r.json()
+        except httpx.HTTPError:
+            pass
+        return self.stats_doc
+
+    # --- producing -------------------------------------------------------------------------
+    def send(self, batch: Batch) -> None:
+        assert self.http is not None
+        payload = {"messages": [
+            {"msgId": i, "body": b, "deliverAt": d}
+            for i, d, b in zip(batch.ids, batch.due_ms, batch.bodies, strict=True)
+        ]}
+        r = self.http.post(f"/v1/topics/{self.topic}/messages:batch",
+                           content=orjson.dumps(payload))
+        if r.status_code != 201:
+            raise RuntimeError(f"hourglass send: HTTP {r.status_code}: {r.text[:300]}")
+
+    # --- consuming -------------------------------------------------------------------------
+    def consume_loop(self, k: int, sink: Sink, stop: threading.Event) -> None:
+        assert self.http is not None
+        path = f"/v1/topics/{self.topic}/messages"
+        commit = f"/v1/topics/{self.topic}/groups/{self.group}/offset"
+        params = {"group": self.group, "max": PULL_MAX, "waitMs": WAIT_MS}
+        while not stop.is_set():
+            r = self.http.get(path, params=params)
+            if r.status_code != 200:
+                raise RuntimeError(f"hourglass pull: HTTP {r.status_code}: {r.text[:300]}")
+            t = now_ms()
+            doc = orjson.loads(r.content)
+            msgs = doc.get("messages") or []
+            if not msgs:
+                continue
+            sink([m["msgId"] for m in msgs], t,
+                 [m["storedAt"] - m["deliverAt"] for m in msgs])
+            c = self.http.put(commit, content=orjson.dumps({"offset": doc["nextOffset"]}))
+            if c.status_code != 200:
+                raise RuntimeError(f"hourglass commit: HTTP {c.status_code}: {c.text[:300]}")
+
+    # --- inspection ------------------------------------------------------------------------
+    def server_processes(self) -> list[psutil.Process]:
+        return self.proc.tree() if self.proc else []
+
+    def pending_count(self) -> int | None:
+        doc = self._refresh_stats()
+        return _find_number(doc, ("pending", "pendingCount", "scheduled", "scheduledCount"))
+
+    def footprint(self) -> dict[str, int | None]:
+        import time
+
+        time.sleep(1.5)
+        self._refresh_stats()
+        if self.proc is None or self.datadir is None:
+            return {"memory": None, "disk": None}
+        mem = tree_memory(self.proc.tree())
+        return {"memory": mem["rss"], "process_pss": mem["pss"], "disk": dir_size(self.datadir)}
+
+
+def _find_string(doc: Any, names: tuple[str, ...]) -> str | None:
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if k in names and isinstance(v, str | int | bool):
+                return f"{k}={v}"
+        for v in doc.values():
+            found = _find_string(v, names)
+            if found is not None:
+                return found
+    return None

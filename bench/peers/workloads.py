@@ -1,0 +1,336 @@
+"""The workloads, identical for every system (only the adapter differs).
+
+- W1 ingest: N messages due uniformly over the next hour (from now+60 s to now+1 h), sent in
+  batches of ``batch`` by ``producers`` threads; msgs/s. Then, with the N messages pending:
+  memory and disk growth per million pending messages, and the pending count (correctness:
+  it must be N).
+- W2 burst: N messages all due at one instant, a few seconds after the ingest is expected to end
+  (from the W1 rate, or a short pilot); consumers run throughout. Drain time (due → last
+  message received), drain rate, lateness percentiles.
+- W3 steady: ``rate`` msgs/s for ``duration`` s, each due 1-3 s (uniform) after it is sent;
+  lateness percentiles and the number received before their due time (must be 0).
+
+Lateness = the consumer's clock when the batch is in its hands − the message's due time. Every
+run checks that every id was received exactly once (missing / duplicates / unexpected).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+
+from .common import (
+    Batch,
+    Progress,
+    Tracker,
+    log,
+    msg_id,
+    now_ms,
+    quantile_curve,
+    random_bodies,
+    summarize,
+)
+from .systems.base import System
+
+W1_MIN_DELAY_MS = 60_000
+W1_MAX_DELAY_MS = 3_600_000
+GRACE_S = 2.0  # after the last expected message: time for a duplicate to show up
+
+
+@dataclass
+class Params:
+    n: int = 1_000_000
+    batch: int = 1000
+    producers: int = 2
+    w3_rate: float = 5000.0
+    w3_duration_s: float = 30.0
+    w3_delay_min_ms: int = 1000
+    w3_delay_max_ms: int = 3000
+    drain_timeout_s: float = 1800.0
+    seed: int = 7
+
+
+class CpuMeter:
+    """CPU seconds used by the server processes and by this harness during a phase."""
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+        self.server0 = self._server()
+        self.client0 = time.process_time()
+
+    def _server(self) -> float:
+        total = 0.0
+        for p in self.system.server_processes():
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def result(self) -> dict[str, float]:
+        return {"server_cpu_s": round(self._server() - self.server0, 2),
+                "client_cpu_s": round(time.process_time() - self.client0, 2)}
+
+
+# ---------------------------------------------------------------- producing
+
+def produce(system: System, tracker: Tracker | None, n: int, due_of: Callable[[int, int], list],
+            p: Params, label: str) -> float:
+    """Send ids 0..n-1 in batches from ``p.producers`` threads; return the elapsed seconds."""
+    lock = threading.Lock()
+    state = {"next": 0, "sent": 0}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                s = state["next"]
+                if s >= n:
+                    return
+                e = min(s + p.batch, n)
+                state["next"] = e
+            ids = [msg_id(i) for i in range(s, e)]
+            due = due_of(s, e)
+            if tracker is not None:
+                tracker.set_due(ids, due)
+            try:
+                system.send(Batch(ids, due, random_bodies(e - s)))
+            except BaseException as exc:
+                errors.append(exc)
+                stop.set()
+                return
+            with lock:
+                state["sent"] += e - s
+
+    t0 = time.perf_counter()
+
+    def status() -> str:
+        el = time.perf_counter() - t0
+        return f"sent {state['sent']:,}/{n:,} ({state['sent'] / max(el, 1e-9):,.0f} msg/s)"
+
+    threads = [threading.Thread(target=worker, name=f"producer-{k}", daemon=True)
+               for k in range(p.producers)]
+    with Progress(label, status):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"send failed after {state['sent']:,} messages: {errors[0]!r}") \
+            from errors[0]
+    return elapsed
+
+
+def wait_received(system: System, tracker: Tracker, expected: int, deadline_ms: float,
+                  label: str) -> bool:
+    """Wait until ``expected`` distinct ids arrived (True) or ``deadline_ms`` passed (False)."""
+    t0, r0 = time.perf_counter(), tracker.distinct
+    last = {"t": t0, "r": r0}
+
+    def status() -> str:
+        t, r = time.perf_counter(), tracker.distinct
+        rate = (r - last["r"]) / max(t - last["t"], 1e-9)
+        last.update(t=t, r=r)
+        return f"received {r:,}/{expected:,} ({rate:,.0f} msg/s now)"
+
+    with Progress(label, status):
+        while tracker.distinct < expected:
+            err = getattr(system, "consumer_error", None)
+            if err is not None:
+                raise RuntimeError(f"consumer failed: {err!r}") from err
+            if now_ms() > deadline_ms:
+                return False
+            time.sleep(0.05)
+    time.sleep(GRACE_S)
+    return True
+
+
+def _correctness(tracker: Tracker, expected: int, complete: bool) -> dict:
+    c = tracker.correctness(expected)
+    c["complete"] = complete
+    c["ok"] = complete and c["missing"] == 0 and c["duplicates"] == 0 and c["unexpected"] == 0
+    return c
+
+
+# ---------------------------------------------------------------- W1
+
+def w1_ingest(system: System, p: Params, ctx: dict) -> dict:
+    rng = np.random.default_rng(p.seed)
+    base = system.footprint()
+    cpu = CpuMeter(system)
+    t0 = int(now_ms())
+    delays = rng.integers(W1_MIN_DELAY_MS, W1_MAX_DELAY_MS, size=p.n)
+    elapsed = produce(system, None, p.n, lambda s, e: (t0 + delays[s:e]).tolist(), p,
+                      f"{system.name} W1 ingest")
+    rate = p.n / elapsed
+    cpu_res = cpu.result()
+    log(f"{system.name} W1: {p.n:,} in {elapsed:.1f} s = {rate:,.0f} msg/s; measuring footprint")
+    pending = system.pending_count()
+    after = system.footprint()
+    per_million: dict[str, float | None] = {}
+    for k, v in after.items():
+        b = base.get(k)
+        per_million[k] = None if v is None or b is None else (v - b) * 1e6 / p.n
+    ctx.setdefault("ingest_rate", {})[system.name] = rate
+    return {
+        "n": p.n, "elapsed_s": round(elapsed, 3), "msgs_per_s": rate, **cpu_res,
+        "footprint_before": base, "footprint_after": after,
+        "per_million_pending": per_million,
+        "correctness": {"expected": p.n, "pending": pending,
+                        "ok": pending is None or pending == p.n},
+    }
+
+
+# ---------------------------------------------------------------- W2
+
+def w2_burst(system: System, p: Params, ctx: dict) -> dict:
+    est_rate = ctx.get("ingest_rate", {}).get(system.name)
+    if not est_rate:
+        raise RuntimeError("W2 needs an ingest-rate estimate (run W1 or a pilot first)")
+    tracker = Tracker(p.n)
+    system.start_consumers(tracker.record)
+    t_start = now_ms()
+    lead_ms = p.n / est_rate * 1000 * 1.3 + 5000
+    due = int(t_start + lead_ms)
+    log(f"{system.name} W2: {p.n:,} messages all due at +{lead_ms / 1000:.1f} s "
+        f"(est. ingest {p.n / est_rate:.1f} s)")
+    cpu = CpuMeter(system)
+    elapsed = produce(system, tracker, p.n, lambda s, e: [due] * (e - s), p,
+                      f"{system.name} W2 ingest")
+    ingest_end = now_ms()
+    if ingest_end > due:
+        log(f"{system.name} W2: ingest ended {ingest_end - due:,.0f} ms after the due time")
+    complete = wait_received(system, tracker, p.n, due + p.drain_timeout_s * 1000,
+                             f"{system.name} W2 drain")
+    cpu_res = cpu.result()
+    system.stop_consumers()
+    lat = tracker.lateness()
+    recv = tracker.recv[~np.isnan(tracker.recv)]
+    first = float(recv.min() - due) if recv.size else None
+    last = float(recv.max() - due) if recv.size else None
+    drain_s = None if last is None else max(last, 1.0) / 1000.0
+    return {
+        "n": p.n, "ingest_s": round(elapsed, 3), "ingest_msgs_per_s": p.n / elapsed,
+        "due_lead_s": round(lead_ms / 1000, 2),
+        "ingest_overran_due_ms": max(0.0, ingest_end - due),
+        "first_after_due_ms": first, "drain_s": drain_s,
+        "drain_msgs_per_s": (tracker.distinct / drain_s) if drain_s else None,
+        "lateness_ms": summarize(lat),
+        "server_lateness_ms": summarize(tracker.server_lateness()),
+        "early": int((lat < 0).sum()),
+        "server_early": int((tracker.server_lateness() < 0).sum()),
+        "lateness_quantiles_ms": quantile_curve(lat),
+        **cpu_res,
+        "correctness": _correctness(tracker, p.n, complete),
+    }
+
+
+# ---------------------------------------------------------------- W3
+
+def w3_steady(system: System, p: Params, ctx: dict) -> dict:
+    rng = np.random.default_rng(p.seed + 3)
+    n = int(p.w3_rate * p.w3_duration_s)
+    delays = rng.integers(p.w3_delay_min_ms, p.w3_delay_max_ms + 1, size=n)
+    tracker = Tracker(n)
+    system.start_consumers(tracker.record)
+    cpu = CpuMeter(system)
+    work: queue.Queue[tuple[int, int] | None] = queue.Queue()
+    errors: list[BaseException] = []
+    state = {"sent": 0, "max_behind_ms": 0.0}
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def sender() -> None:
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            s, e = item
+            if errors:
+                continue
+            # how far behind schedule this batch goes out (the producer must keep the pace)
+            behind = (time.perf_counter() - t0 - e / p.w3_rate) * 1000
+            ids = [msg_id(i) for i in range(s, e)]
+            now = now_ms()
+            due = (now + delays[s:e]).astype(np.int64).tolist()
+            tracker.set_due(ids, due)
+            try:
+                system.send(Batch(ids, due, random_bodies(e - s)))
+            except BaseException as exc:
+                errors.append(exc)
+                continue
+            with lock:
+                state["sent"] += e - s
+                state["max_behind_ms"] = max(state["max_behind_ms"], behind)
+
+    senders = [threading.Thread(target=sender, name=f"w3-sender-{k}", daemon=True)
+               for k in range(p.producers)]
+    for t in senders:
+        t.start()
+
+    def status() -> str:
+        return (f"sent {state['sent']:,}/{n:,}, received {tracker.distinct:,}, "
+                f"max behind schedule {state['max_behind_ms']:,.0f} ms")
+
+    tick = 0.02  # 20 ms ticks: 100 messages per tick at 5 k/s
+    with Progress(f"{system.name} W3 steady", status):
+        queued = 0
+        while queued < n and not errors:
+            target = min(n, int((time.perf_counter() - t0) * p.w3_rate))
+            while queued < target:
+                e = min(queued + p.batch, target)
+                work.put((queued, e))
+                queued = e
+            time.sleep(tick)
+        for _ in senders:
+            work.put(None)
+        for t in senders:
+            t.join()
+    send_s = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"W3 send failed: {errors[0]!r}") from errors[0]
+    deadline = now_ms() + p.w3_delay_max_ms + p.drain_timeout_s * 1000
+    complete = wait_received(system, tracker, n, deadline, f"{system.name} W3 drain")
+    cpu_res = cpu.result()
+    system.stop_consumers()
+    lat = tracker.lateness()
+    slat = tracker.server_lateness()
+    return {
+        "n": n, "rate": p.w3_rate, "duration_s": p.w3_duration_s,
+        "delay_ms": [p.w3_delay_min_ms, p.w3_delay_max_ms],
+        "achieved_send_rate": n / send_s, "max_behind_schedule_ms": state["max_behind_ms"],
+        "lateness_ms": summarize(lat),
+        "server_lateness_ms": summarize(slat),
+        "early": int((lat < 0).sum()),
+        "server_early": int((slat < 0).sum()),
+        "lateness_quantiles_ms": quantile_curve(lat),
+        "server_lateness_quantiles_ms": quantile_curve(slat),
+        **cpu_res,
+        "correctness": _correctness(tracker, n, complete),
+    }
+
+
+def pilot_rate(system: System, p: Params, ctx: dict) -> dict:
+    """A short ingest (far-future messages) to estimate the rate when W2 runs without W1."""
+    n = min(p.n, 20_000)
+    t0 = int(now_ms())
+    elapsed = produce(system, None, n, lambda s, e: [t0 + W1_MAX_DELAY_MS] * (e - s), p,
+                      f"{system.name} pilot")
+    ctx.setdefault("ingest_rate", {})[system.name] = n / elapsed
+    return {"n": n, "msgs_per_s": n / elapsed}
+
+
+WORKLOADS: dict[str, Callable[[System, Params, dict], dict]] = {
+    "w1": w1_ingest,
+    "w2": w2_burst,
+    "w3": w3_steady,
+}
