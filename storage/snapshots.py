@@ -31,7 +31,15 @@ from typing import Any, Protocol
 
 import rocksdict
 
+from storage.constants import (
+    CF_META,
+    META_APPLIED_POSITION,
+    META_FORMAT_VERSION,
+    META_SHARDS,
+    META_WATERMARK_PREFIX,
+)
 from storage.errors import InvalidArgument, NotFound, StorageError
+from storage.keys import unpack_u64
 
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_DIR = "db"
@@ -69,6 +77,8 @@ class SnapshotSource(Protocol):
 
     def property(self, cf: str, name: str) -> str | None: ...
 
+    def statistics_text(self) -> str: ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotInfo:
@@ -99,8 +109,8 @@ def create_snapshot(
     """Checkpoint ``store`` into ``root/<id>/db`` and write ``root/<id>/manifest.json``.
 
     ``extra`` (watermarks, applied log position, ...) is stored under ``"extra"``; it must be
-    JSON-serialisable. RocksDB statistics come from ``store.statistics()`` when the store has
-    it (a string as ``Options.get_statistics()`` returns, or None).
+    JSON-serialisable. The watermarks, applied log position and shard count are also read
+    from the checkpoint's ``meta`` column family into ``"meta"``, whatever ``extra`` holds.
     """
     try:
         extra_json = json.loads(json.dumps(dict(extra)))
@@ -142,27 +152,18 @@ def _iso(ms: int) -> str:
 
 
 def _collect_rocksdb(store: SnapshotSource, db_dir: Path) -> dict[str, Any]:
-    statistics_fn = getattr(store, "statistics", None)
-    statistics_text = statistics_fn() if callable(statistics_fn) else None
+    statistics_text = store.statistics_text()
     with open_read_only(db_dir) as db:
         cf_names = list(db.cf_names)
         files_by_number = db.sst_column_families()
         live_files = [_file_row(f, files_by_number) for f in db.db.live_files()]
+        meta = db.meta()
     cfs: dict[str, Any] = {}
     for cf in cf_names:
-        props: dict[str, int] = {}
-        for name in INT_PROPERTIES:
-            value = _int_or_none(store.property(cf, name))
-            if value is not None:
-                props[name] = value
-        mine = [f for f in live_files if f["cf"] == cf]
-        cfs[cf] = {
-            "properties": props,
-            "levels": _levels(mine),
-            "tableProperties": parse_table_properties(store.property(cf, _TABLE_PROPS) or ""),
-            "compactionStats": parse_cfstats(store.property(cf, _CFSTATS) or ""),
-        }
+        cfs[cf] = {"levels": _levels([f for f in live_files if f["cf"] == cf]),
+                   **_cf_properties(store, cf)}
     return {
+        "meta": meta,
         "statistics": parse_statistics(statistics_text or ""),
         "statisticsEnabled": bool(statistics_text),
         "columnFamilies": cfs,
@@ -173,6 +174,24 @@ def _collect_rocksdb(store: SnapshotSource, db_dir: Path) -> dict[str, Any]:
             "entries": sum(f["numEntries"] for f in live_files),
             "deletions": sum(f["numDeletions"] for f in live_files),
         },
+    }
+
+
+def _cf_properties(store: SnapshotSource, cf: str) -> dict[str, Any]:
+    """The live store's properties of ``cf``; {} for a CF the store does not open (default)."""
+    try:
+        table_text = store.property(cf, _TABLE_PROPS)
+    except InvalidArgument:
+        return {}
+    props: dict[str, int] = {}
+    for name in INT_PROPERTIES:
+        value = _int_or_none(store.property(cf, name))
+        if value is not None:
+            props[name] = value
+    return {
+        "properties": props,
+        "tableProperties": parse_table_properties(table_text or ""),
+        "compactionStats": parse_cfstats(store.property(cf, _CFSTATS) or ""),
     }
 
 
@@ -316,6 +335,24 @@ class ReadOnlyCheckpoint:
         if name not in self.cf_names:
             raise NotFound(f"no column family {name!r} in the snapshot")
         return self.db.get_column_family(name)
+
+    def meta(self) -> dict[str, Any]:
+        """Watermarks per shard, applied log position and shard count from the ``meta`` CF."""
+        out: dict[str, Any] = {"watermarks": {}}
+        if CF_META not in self.cf_names:
+            return out
+        meta = self.db.get_column_family(CF_META)
+        for key, value in meta.items(from_key=META_WATERMARK_PREFIX):
+            assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
+            if not key.startswith(META_WATERMARK_PREFIX):
+                break
+            out["watermarks"][key[len(META_WATERMARK_PREFIX):].decode()] = unpack_u64(value)
+        for name, key in (("appliedPosition", META_APPLIED_POSITION), ("timerShards", META_SHARDS),
+                          ("formatVersion", META_FORMAT_VERSION)):
+            raw = meta.get(key)
+            out[name] = None if raw is None else unpack_u64(raw)
+        del meta
+        return out
 
     def sst_column_families(self) -> dict[int, str]:
         """SST file number -> column family name (from each CF's ``rocksdb.sstables``)."""
