@@ -1,0 +1,115 @@
+"""One CommitLog segment: a fixed-size, fully allocated, memory-mapped file.
+
+Named by its 20-digit start position (like RocketMQ's ``00000000001073741824``). The file is
+allocated to its full size when created (``posix_fallocate``), so a full disk is an error at
+creation time, never a SIGBUS on a later write through the mapping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+from pathlib import Path
+
+from storage.errors import StorageError
+
+NAME_PATTERN = re.compile(r"^\d{20}$")
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+def segment_name(base: int) -> str:
+    return f"{base:020d}"
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Segment:
+    __slots__ = ("base", "mm", "path", "size")
+
+    def __init__(self, path: Path, base: int, mm: mmap.mmap) -> None:
+        self.path = path
+        self.base = base
+        self.mm = mm
+        self.size = len(mm)
+
+    @classmethod
+    def create(cls, directory: Path, base: int, size: int) -> Segment:
+        """Create and fully allocate a new segment; any failure removes the partial file."""
+        path = directory / segment_name(base)
+        fd = -1
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: no fallocate here
+                    raise
+                os.ftruncate(fd, size)
+                _write_zeros(fd, size)
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+            fsync_dir(directory)
+        except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise StorageError(f"cannot create CommitLog segment {path}: {exc}") from exc
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return cls(path, base, mm)
+
+    @classmethod
+    def open(cls, path: Path, *, writable: bool) -> Segment:
+        try:
+            with open(path, "r+b" if writable else "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    raise StorageError(f"CommitLog segment {path} is empty")
+                access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+                mm = mmap.mmap(f.fileno(), size, access=access)
+        except OSError as exc:
+            raise StorageError(f"cannot open CommitLog segment {path}: {exc}") from exc
+        return cls(path, int(path.name), mm)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+    def zero_from(self, offset: int) -> int:
+        """Zero every non-zero byte from ``offset`` to the end; returns the bytes rewritten."""
+        mm, rewritten = self.mm, 0
+        pos = offset
+        while pos < self.size:
+            stop = min(self.size, (pos // len(_ZERO_CHUNK) + 1) * len(_ZERO_CHUNK))
+            if mm[pos:stop] != _ZERO_CHUNK[: stop - pos]:
+                mm[pos:stop] = _ZERO_CHUNK[: stop - pos]
+                rewritten += stop - pos
+            pos = stop
+        return rewritten
+
+    def sync(self, start: int, stop: int) -> None:
+        """msync the bytes [start, stop) of this segment (offsets inside it)."""
+        start = max(0, start) // mmap.PAGESIZE * mmap.PAGESIZE
+        stop = min(self.size, stop)
+        if stop > start:
+            self.mm.flush(start, stop - start)
+
+    def close(self) -> None:
+        if not self.mm.closed:
+            self.mm.close()
+
+
+def _write_zeros(fd: int, size: int) -> None:
+    written = 0
+    while written < size:
+        written += os.pwrite(fd, _ZERO_CHUNK[: min(len(_ZERO_CHUNK), size - written)], written)
