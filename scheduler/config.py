@@ -28,6 +28,9 @@ class EngineConfig:
     max_delay_ms: int = TEN_YEARS_MS  #                 ms; beyond -> DELAY_TOO_LONG
     message_delay_level: str = DEFAULT_DELAY_LEVELS  #  RocketMQ 4.x levels (units s, m, h, d)
     retention_ms: int = 72 * 3600 * 1000  #             ms a final status stays readable
+    max_body_bytes: int = 4 << 20  #                    bytes; a larger body -> PAYLOAD_TOO_LARGE
+    compact_after_deletes: int = 1_000_000  #           delivered keys of a shard between clean-ups
+    #                                                   (delete_range + compaction) of its prefix
     retry_max_backoff_ms: int = 60_000  #               ms; back-off = min(n * 100 ms, this)
     transaction_timeout_ms: int = 6_000  #              ms; minimum check immunity
     transaction_check_interval_ms: int = 30_000  #      ms between check-backs of one message
