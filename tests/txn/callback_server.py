@@ -34,7 +34,7 @@ def producer_endpoint(producer: Producer) -> Iterator[str]:
     """Serve ``producer`` on 127.0.0.1; yields the check URL."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             payload = json.loads(raw)
             with producer.lock:

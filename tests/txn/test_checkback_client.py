@@ -161,7 +161,8 @@ def test_registry_persists_and_validates(tmp_path: Path) -> None:
         reg = registry.register("pg-1", "http://127.0.0.1:9/x")
         assert reg.registered_at == clock.now_ms()
         registry.register("pg-2", "https://a.internal.example/y", secret="0123456789abcdef")
-        for bad in (("pg-3", "http://evil.example/x", None), ("bad group", "http://127.0.0.1/", None),
+        for bad in (("pg-3", "http://evil.example/x", None),
+                    ("bad group", "http://127.0.0.1/", None),
                     ("pg-3", "http://127.0.0.1/", "short")):
             with pytest.raises(InvalidArgument):
                 registry.register(*bad)
