@@ -304,6 +304,18 @@ class TimerStore:
             raise _storage_error("scan", exc) from exc
         return out
 
+    def read_range(self, cf: str, start: bytes, end: bytes | None, limit: int,
+                   reverse: bool = False) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` pairs of [start, end) read with one bounded iterator (one seek +
+        ``limit`` nexts); ``reverse`` returns the last ones, last first."""
+        handle = self._cf(cf)
+        if limit <= 0 or (end is not None and end <= start):
+            return []
+        out = self._chunk(handle, start, end, limit, reverse)
+        if reverse and start:
+            out = list(itertools.takewhile(lambda kv: kv[0] >= start, out))
+        return out
+
     def scan(
         self, cf: str, start: bytes = b"", end: bytes | None = None, limit: int | None = None,
         reverse: bool = False,

@@ -1,0 +1,94 @@
+"""ConsumeQueue over the cq column family, with a real CommitLog for rebuild."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storage.commitlog import CommitLog
+from storage.constants import CF_CQ
+from storage.consume_queue import ConsumeQueue, CqEntry, rebuild
+from storage.errors import InvalidArgument
+from storage.records import LogRecord, encode_log_record
+from storage.timer_store import TimerStore
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = TimerStore(tmp_path / "db", timer_shards=1)
+    yield s
+    s.close()
+
+
+def _fill(store: TimerStore, topic: str, n: int, base: int = 0) -> None:
+    b = store.batch()
+    ConsumeQueue.put_many(b, topic, [(i, base + i * 100, 90 + i % 7) for i in range(n)])
+    store.write(b)
+
+
+def test_read_and_end_offset(store: TimerStore) -> None:
+    cq = ConsumeQueue(store)
+    assert cq.end_offset("orders") == 0
+    assert cq.read("orders", 0, 10) == []
+    _fill(store, "orders", 500)
+    _fill(store, "orders.eu", 7, base=10**6)  # a topic that extends "orders"
+    _fill(store, "order", 3, base=10**7)  # a topic that "orders" extends
+    assert cq.end_offset("orders") == 500
+    assert cq.end_offset("orders.eu") == 7
+    assert cq.end_offset("order") == 3
+    got = cq.read("orders", 100, 50)
+    assert got == [CqEntry(queue_offset=i, position=i * 100, size=90 + i % 7)
+                   for i in range(100, 150)]
+    assert [e.queue_offset for e in cq.read("orders", 495, 100)] == list(range(495, 500))
+    assert cq.read("orders", 500, 10) == []
+    b = store.batch()
+    ConsumeQueue.put(b, "orders", 500, 123, 4)
+    store.write(b)
+    assert cq.end_offset("orders") == 501
+    assert cq.read("orders", 500, 1) == [CqEntry(queue_offset=500, position=123, size=4)]
+
+
+def test_read_costs_one_seek_and_n_steps(store: TimerStore) -> None:
+    _fill(store, "t", 20_000)
+    cq = ConsumeQueue(store)
+    before = store.statistics()
+    assert len(cq.read("t", 10_000, 100)) == 100
+    after = store.statistics()
+    assert after["rocksdb.number.db.seek"] - before["rocksdb.number.db.seek"] == 1
+    assert after["rocksdb.number.db.next"] - before["rocksdb.number.db.next"] <= 100
+
+
+def test_bad_input_changes_nothing(store: TimerStore) -> None:
+    b = store.batch()
+    with pytest.raises(InvalidArgument):
+        ConsumeQueue.put(b, "t", 0, -1, 10)
+    with pytest.raises(InvalidArgument):
+        ConsumeQueue.put(b, "bad\x00topic", 0, 1, 10)
+    with pytest.raises(InvalidArgument):
+        ConsumeQueue.put_many(b, "t", [(0, 1, 1 << 32)])
+    assert len(b) == 0
+    with pytest.raises(InvalidArgument):
+        ConsumeQueue(store).read("t", -1, 5)
+
+
+def test_rebuild_from_the_log(store: TimerStore, tmp_path: Path) -> None:
+    records = [
+        LogRecord(topic=t, msg_id=f"m{i}", queue_offset=i // 2, body=b"x" * i)
+        for i in range(300) for t in (("a", "b")[i % 2],)
+    ]
+    with CommitLog(tmp_path / "log", segment_size=4096) as log:
+        payloads = [encode_log_record(r) for r in records]
+        positions = log.append_batch(payloads)
+        assert rebuild(store, log) == 300
+        cq = ConsumeQueue(store)
+        assert cq.end_offset("a") == 150 and cq.end_offset("b") == 150
+        a = cq.read("a", 0, 1000)
+        assert [e.position for e in a] == positions[0::2]
+        assert [e.size for e in a] == [len(p) for p in payloads[0::2]]
+        assert [log.read(e.position) for e in cq.read("b", 10, 3)] == payloads[21:27:2]
+        # idempotent, and a partial rebuild only touches what follows from_position
+        keys_before = list(store.scan(CF_CQ))
+        assert rebuild(store, log) == 300
+        assert rebuild(store, log, from_position=positions[200]) == 100
+        assert list(store.scan(CF_CQ)) == keys_before
