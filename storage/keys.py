@@ -20,8 +20,15 @@ MAX_U64 = (1 << 64) - 1
 _HANDLE_VERSION = 1
 
 
+def _utf8(name: str, value: str) -> bytes:
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: not a valid name, not a server error
+        raise InvalidArgument(f"{name} is not valid Unicode text") from None
+
+
 def _check_part(name: str, value: str) -> bytes:
-    raw = value.encode("utf-8")
+    raw = _utf8(name, value)
     if not raw:
         raise InvalidArgument(f"{name} must not be empty")
     if SEP in raw:
@@ -41,7 +48,7 @@ def unpack_u64(raw: bytes, offset: int = 0) -> int:
 
 def encode_timer_key(deliver_at: int, topic: str, msg_id: str) -> bytes:
     """Order-preserving key of a timed entry (delayed message or half message)."""
-    return pack_u64(deliver_at) + _check_part("topic", topic) + SEP + msg_id.encode("utf-8")
+    return pack_u64(deliver_at) + _check_part("topic", topic) + SEP + _utf8("msgId", msg_id)
 
 
 def decode_timer_key(key: bytes) -> tuple[int, str, str]:
@@ -50,7 +57,10 @@ def decode_timer_key(key: bytes) -> tuple[int, str, str]:
     sep = key.find(SEP, 8)
     if sep <= 8:
         raise InvalidArgument("timer key has no topic separator")
-    return unpack_u64(key), key[8:sep].decode("utf-8"), key[sep + 1 :].decode("utf-8")
+    try:
+        return unpack_u64(key), key[8:sep].decode("utf-8"), key[sep + 1 :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument("timer key is not UTF-8") from None
 
 
 def time_bound(deliver_at: int) -> bytes:
@@ -60,7 +70,7 @@ def time_bound(deliver_at: int) -> bytes:
 
 
 def index_key(topic: str, msg_id: str) -> bytes:
-    return _check_part("topic", topic) + SEP + msg_id.encode("utf-8")
+    return _check_part("topic", topic) + SEP + _utf8("msgId", msg_id)
 
 
 def decode_index_key(key: bytes) -> tuple[str, str]:

@@ -117,9 +117,9 @@ def _unpack(cls: type[R], raw: bytes) -> R:
         raise CorruptionError(f"cannot decode {cls.__name__}: not a versioned record")
     names = _FIELDS[cls]
     kwargs = dict(zip(names, values[1 : len(names) + 1], strict=False))
-    if cls is IndexEntry and "status" in kwargs:
-        kwargs["status"] = MessageStatus(kwargs["status"])
     try:
+        if cls is IndexEntry and "status" in kwargs:
+            kwargs["status"] = MessageStatus(kwargs["status"])
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise CorruptionError(f"cannot decode {cls.__name__}: {exc}") from exc
