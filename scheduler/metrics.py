@@ -28,6 +28,13 @@ watermark_lag_ms               gauge      per shard (label shard): now - time it
 lateness_ms                    histogram  storedAt - deliverAt of delivered messages, ms
 scan_batch_size                histogram  keys per non-empty due-range scan
 commit_batch_size              histogram  messages per CommitLog append + RocksDB commit
+tx_prepared                    counter    half messages prepared (scheduler/transactions.py)
+tx_committed                   counter    transactions committed (by the producer or a check)
+tx_rolled_back                 counter    transactions rolled back
+tx_discarded                   counter    half messages discarded into TRANS_CHECK_MAX_TIME_TOPIC
+tx_checks_sent                 counter    check-backs handed out (polls and callback POSTs)
+tx_check_answers               counter    check-callback answers (label ``answer``)
+tx_prepared_pending            gauge      half messages waiting for commit, rollback or discard
 =============================  =========  =========================================================
 
 Lateness of a message that was due on arrival is 0 by definition (it is appended at once);
@@ -253,6 +260,19 @@ class EngineMetrics:
             "scan_batch_size", "Keys per non-empty due-range scan", BATCH_BUCKETS)
         self.commit_batch_size = Histogram(
             "commit_batch_size", "Messages per log append + RocksDB commit", BATCH_BUCKETS)
+        # transactions (scheduler/transactions.py, scheduler/checkback.py)
+        self.tx_prepared = Counter("transactions_prepared_total", "Half messages prepared")
+        self.tx_committed = Counter("transactions_committed_total", "Transactions committed")
+        self.tx_rolled_back = Counter(
+            "transactions_rolled_back_total", "Transactions rolled back")
+        self.tx_discarded = Counter(
+            "transactions_discarded_total", "Half messages discarded after the maximum checks")
+        self.tx_checks_sent = Counter(
+            "transaction_checks_sent_total", "Check-backs handed out (polls and callbacks)")
+        self.tx_check_answers = Counter(
+            "transaction_check_answers_total", "Check-callback answers", "answer")
+        self.tx_prepared_pending = Gauge(
+            "transactions_prepared", "Half messages waiting for commit, rollback or discard")
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, in a stable order."""

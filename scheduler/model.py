@@ -76,8 +76,9 @@ class TransactionResult:
     transaction_id: str
     msg_id: str
     topic: str
-    status: str  # PREPARED, COMMITTED, ROLLED_BACK
+    status: str  # PREPARED, COMMITTED, ROLLED_BACK, DISCARDED
     deliver_at: int | None = None  # set once committed
+    duplicate: bool = False  # a re-sent prepare of the same (topic, msgId): the first result
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
