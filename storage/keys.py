@@ -64,8 +64,9 @@ def decode_timer_key(key: bytes) -> tuple[int, str, str]:
 
 
 def time_bound(deliver_at: int) -> bytes:
-    """The smallest key whose deliverAt is ``deliver_at``: scan ``[time_bound(a), time_bound(b))``
-    for every key with a <= deliverAt < b. For "due at or before now" use ``time_bound(now + 1)``."""
+    """The smallest key whose deliverAt is ``deliver_at``: scan
+    ``[time_bound(a), time_bound(b))`` for every key with a <= deliverAt < b.
+    For "due at or before now" use ``time_bound(now + 1)``."""
     return pack_u64(min(max(deliver_at, 0), MAX_U64))
 
 

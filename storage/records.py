@@ -19,7 +19,7 @@ from storage.errors import CorruptionError
 FORMAT_VERSION = 1
 
 
-class MessageStatus(str, enum.Enum):
+class MessageStatus(enum.StrEnum):
     SCHEDULED = "SCHEDULED"
     DELIVERED = "DELIVERED"
     CANCELLED = "CANCELLED"

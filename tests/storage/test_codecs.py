@@ -149,7 +149,7 @@ def test_index_entry_round_trip(entry: IndexEntry) -> None:
 
 def test_records_evolve_by_appending_fields() -> None:
     record = MessageRecord(body=b"x", tags="t", deliver_at=5)
-    newer = msgpack.unpackb(encode_message(record)) + ["a field from the future"]
+    newer = [*msgpack.unpackb(encode_message(record)), "a field from the future"]
     assert decode_message(msgpack.packb(newer)) == record
     older = msgpack.unpackb(encode_message(record))[:3]  # version, body, tags
     assert decode_message(msgpack.packb(older)) == MessageRecord(body=b"x", tags="t")
