@@ -1,0 +1,88 @@
+"""The FastAPI application: ``create_app(settings)`` wires the engine, auth, routes, problem
+handlers, metrics and the OpenAPI document. The lifespan owns the Broker's start and close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import metadata
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import Authenticator
+from api.context import ApiContext
+from api.longpoll import DeliveryNotifier
+from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
+from api.openapi import install_openapi
+from api.problems import install_problem_handlers
+from api.routes import consume, messages, operations, transactions
+from app.settings import Settings
+from scheduler.broker import Broker
+from scheduler.clock import Clock, SystemClock
+
+log = logging.getLogger("hourglass.api")
+
+DESCRIPTION = """\
+A durable server for delayed, scheduled and transactional messages.
+
+Send a message for later (an absolute time, a delay, or a RocketMQ 4.x delay level), cancel
+it, or send it as a half message inside a local transaction; consumers read each topic's
+ordered log by offset or by group. Errors are RFC 9457 problem documents
+(`application/problem+json`) with a stable `code`.
+"""
+
+
+def _version() -> str:
+    try:
+        return metadata.version("hourglass")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def create_app(settings: Settings, *, clock: Clock | None = None,
+               broker: Broker | None = None) -> FastAPI:
+    """The HTTP app over ``broker`` (default: a new Broker over ``settings.engine`` driven
+    by ``clock``). Starting the app starts the broker; stopping it closes the broker."""
+    if not settings.tokens:
+        raise ValueError("no token configured: the server would accept nobody "
+                         "(app.server generates an admin token when none is set)")
+    engine = broker if broker is not None else Broker(settings.engine, clock or SystemClock())
+    notifier = DeliveryNotifier()
+    ctx = ApiContext(
+        settings=settings, broker=engine, auth=Authenticator(settings.tokens),
+        notifier=notifier,
+    )
+    registry = CollectorRegistry(auto_describe=True)
+    http_metrics = HttpMetrics(registry)
+    registry.register(EngineCollector(engine.metrics, ready=lambda: engine.ready))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        notifier.bind(asyncio.get_running_loop())
+        engine.add_delivery_listener(notifier.on_delivery)
+        await run_in_threadpool(engine.start)  # recovery may replay the log: keep the loop free
+        log.info("hourglass ready on %s:%s, data in %s", settings.host, settings.port,
+                 settings.data_dir)
+        try:
+            yield
+        finally:
+            notifier.close()  # release long polls first, so shutdown does not wait on them
+            await run_in_threadpool(engine.close)
+
+    app = FastAPI(
+        title="hourglass", version=_version(), description=DESCRIPTION, lifespan=lifespan,
+        openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
+    )
+    app.state.ctx = ctx
+    app.state.registry = registry
+    install_problem_handlers(app)
+    for router in (messages.build_router(ctx), consume.build_router(ctx),
+                   transactions.build_router(ctx), operations.build_router(ctx, registry)):
+        app.include_router(router)
+    install_openapi(app)
+    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)
+    return app

@@ -1,0 +1,92 @@
+"""Request bodies: read with a size cap, decode JSON or msgpack with msgspec, and turn
+``MessageIn`` into the engine's ``SendRequest``.
+
+Decoding goes straight from bytes to validated Structs (no pydantic model in between); the
+OpenAPI document still declares the same schemas (api/openapi.py), so clients see one truth.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from api.schemas import MessageIn
+from scheduler.model import SendRequest
+from storage.errors import InvalidArgument, PayloadTooLarge
+
+T = TypeVar("T")
+
+JSON = "application/json"
+MSGPACK = "application/x-msgpack"
+_MSGPACK_TYPES = (MSGPACK, "application/msgpack", "application/vnd.msgpack")
+
+_json_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+_msgpack_decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def is_msgpack(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() in _MSGPACK_TYPES
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body, or PayloadTooLarge as soon as it exceeds ``limit`` bytes
+    (by Content-Length before reading anything, or while streaming a chunked body)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode(raw: bytes, content_type: str | None, kind: type[T]) -> T:
+    """Validated ``kind`` from a JSON (default) or msgpack body; InvalidArgument otherwise."""
+    try:
+        if is_msgpack(content_type):
+            decoder = _msgpack_decoders.get(kind)
+            if decoder is None:
+                decoder = _msgpack_decoders[kind] = msgspec.msgpack.Decoder(kind)
+            return decoder.decode(raw)
+        json_decoder = _json_decoders.get(kind)
+        if json_decoder is None:
+            json_decoder = _json_decoders[kind] = msgspec.json.Decoder(kind)
+        return json_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgument(str(exc)) from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        what = "msgpack" if is_msgpack(content_type) else "JSON"
+        raise InvalidArgument(f"malformed {what} body: {exc}") from None
+
+
+def to_send_request(message: MessageIn, topic: str, where: str = "") -> SendRequest:
+    """The engine's request for one schema-valid ``MessageIn``. The engine checks the rest
+    (topic, sizes, timing, msgId); here only what it cannot see: body vs bodyBase64.
+    ``where`` prefixes errors ("messages[3]: ") so a client can find the bad batch entry."""
+    if message.body is not msgspec.UNSET:
+        if message.body_base64 is not msgspec.UNSET:
+            raise InvalidArgument(f"{where}exactly one of body and bodyBase64 is allowed, not both")
+        body = message.body.encode("utf-8")  # the decoders refuse lone surrogates
+    elif message.body_base64 is not msgspec.UNSET:
+        body = message.body_base64
+    else:
+        raise InvalidArgument(f"{where}exactly one of body and bodyBase64 is required")
+    return SendRequest(
+        topic=topic,
+        body=body,
+        tags=None if message.tags is msgspec.UNSET else message.tags,
+        keys=() if message.keys is msgspec.UNSET else tuple(message.keys),
+        properties={} if message.properties is msgspec.UNSET else message.properties,
+        msg_id=None if message.msg_id is msgspec.UNSET else message.msg_id,
+        deliver_at=None if message.deliver_at is msgspec.UNSET else message.deliver_at,
+        delay_ms=None if message.delay_ms is msgspec.UNSET else message.delay_ms,
+        delay_level=None if message.delay_level is msgspec.UNSET else message.delay_level,
+    )

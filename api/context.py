@@ -1,0 +1,61 @@
+"""What every route needs, built once per app: the engine, auth, limits, the long-poll
+notifier; plus the two small helpers every route uses (authorise, respond)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import Depends
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.auth import Authenticator, Permission, Principal
+from api.bodies import JSON, MSGPACK, is_msgpack
+from api.longpoll import DeliveryNotifier
+from app.settings import Settings
+from scheduler.broker import Broker
+from scheduler.intake import check_topic
+from storage.errors import Forbidden
+
+_json = msgspec.json.Encoder()
+_msgpack = msgspec.msgpack.Encoder()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiContext:
+    settings: Settings
+    broker: Broker
+    auth: Authenticator
+    notifier: DeliveryNotifier
+
+    @staticmethod
+    def allow(principal: Principal, permission: Permission, topic: str | None = None, *,
+              sending: bool = False) -> None:
+        """Check the role (403), the topic's name (400 TOPIC_INVALID; system topics too
+        when ``sending``) and the token's topic patterns (403)."""
+        if not principal.may(permission):
+            raise Forbidden(f"a {principal.role} token may not {permission}")
+        if topic is not None:
+            check_topic(topic, allow_system=not sending)
+            if not principal.may_use_topic(topic):
+                raise Forbidden(f"this token may not use topic {topic!r}")
+
+
+async def authenticate(request: Request) -> Principal:
+    """FastAPI dependency: the caller's principal, or 401. Dependencies run before parameters
+    are validated, so an unauthenticated call is a 401 whatever else is wrong with it."""
+    ctx: ApiContext = request.app.state.ctx
+    return ctx.auth.authenticate(request.headers.get("authorization"))
+
+
+#: Route parameter type of an authenticated caller.
+Authenticated = Annotated[Principal, Depends(authenticate)]
+
+
+def respond(doc: Any, status: int = 200, request: Request | None = None) -> Response:
+    """``doc`` (a Struct, dict or list) as JSON, or as msgpack when ``request`` accepts it."""
+    if request is not None and is_msgpack(request.headers.get("accept")):
+        return Response(_msgpack.encode(doc), status_code=status, media_type=MSGPACK)
+    return Response(_json.encode(doc), status_code=status, media_type=JSON)

@@ -1,0 +1,108 @@
+"""RFC 9457 problem documents: the one place where errors become HTTP responses.
+
+Routes raise the hierarchy of storage/errors.py (each class carries ``code`` and ``status``);
+the handlers installed here turn those, FastAPI's request validation errors (400, never 422),
+Starlette's HTTP errors (unknown path, wrong method) and storage faults (503) into
+``application/problem+json`` bodies with ``type, title, status, detail, code``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from api.schemas import Problem
+from storage.errors import HourglassError
+
+log = logging.getLogger("hourglass.api")
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:hourglass:problem:"
+
+#: code -> (HTTP status, title). The codes of the contract, plus INTERNAL for bugs.
+CODES: dict[str, tuple[int, str]] = {
+    "INVALID_ARGUMENT": (400, "Invalid argument"),
+    "TOPIC_INVALID": (400, "Invalid topic"),
+    "DELAY_TOO_LONG": (400, "Delay too long"),
+    "PAYLOAD_TOO_LARGE": (413, "Payload too large"),
+    "NOT_FOUND": (404, "Not found"),
+    "ALREADY_DELIVERED": (409, "Already delivered"),
+    "CONFLICT": (409, "Conflict"),
+    "UNAUTHORIZED": (401, "Unauthorized"),
+    "FORBIDDEN": (403, "Forbidden"),
+    "TOO_MANY_REQUESTS": (429, "Too many requests"),
+    "UNAVAILABLE": (503, "Service unavailable"),
+    "INTERNAL": (500, "Internal server error"),
+}
+_CODE_BY_STATUS = {
+    400: "INVALID_ARGUMENT", 401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND",
+    409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE", 429: "TOO_MANY_REQUESTS", 503: "UNAVAILABLE",
+}
+_encode = msgspec.json.Encoder().encode
+
+
+def problem_response(code: str, detail: str, *, status: int | None = None) -> Response:
+    default_status, title = CODES.get(code, CODES["INTERNAL"])
+    status = status or default_status
+    doc = Problem(type=TYPE_PREFIX + code.lower().replace("_", "-"), title=title,
+                  status=status, detail=detail, code=code)
+    headers = {"WWW-Authenticate": 'Bearer realm="hourglass"'} if status == 401 else None
+    return Response(_encode(doc), status_code=status, media_type=PROBLEM_MEDIA_TYPE,
+                    headers=headers)
+
+
+def describe_validation_errors(errors: Sequence[Any]) -> str:
+    """FastAPI/pydantic errors -> one readable sentence per error: "query max: ..."."""
+    parts = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ())]
+        where = f"{loc[0]} parameter {'.'.join(loc[1:])}" if len(loc) > 1 else ".".join(loc)
+        parts.append(f"{where}: {err.get('msg', 'invalid')}".strip(": "))
+    return "; ".join(parts) or "invalid request"
+
+
+async def _hourglass_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HourglassError)
+    if exc.status >= 500:
+        log.warning("%s: %s", exc.code, exc.detail or type(exc).__name__)
+    return problem_response(exc.code, exc.detail or CODES.get(exc.code, ("", exc.code))[1],
+                            status=exc.status)
+
+
+async def _validation_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return problem_response("INVALID_ARGUMENT", describe_validation_errors(exc.errors()))
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _CODE_BY_STATUS.get(exc.status_code, "INVALID_ARGUMENT")
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    return problem_response(code, detail, status=exc.status_code)
+
+
+async def _os_error(_: Request, exc: Exception) -> Response:
+    # disk full, I/O error below the engine: nothing acknowledged, try again later
+    log.error("storage fault: %s", exc)
+    return problem_response("UNAVAILABLE", f"storage fault: {exc.strerror or exc}"
+                            if isinstance(exc, OSError) else "storage fault")
+
+
+async def _unexpected(_: Request, exc: Exception) -> Response:
+    log.exception("unexpected error", exc_info=exc)
+    return problem_response("INTERNAL", "unexpected server error; see the server log")
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(HourglassError, _hourglass_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OSError, _os_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,140 @@
+"""Producing: send one, send a batch, cancel (by handle or id), status, scheduled peek."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from starlette.responses import Response
+
+from api import schemas
+from api.auth import Permission
+from api.bodies import decode, read_body, to_send_request
+from api.context import ApiContext, Authenticated, respond
+from api.openapi import operation
+from api.schemas import MSG_ID_REGEX, Topic
+from scheduler import model
+from scheduler.intake import check_msg_id
+from storage.errors import Forbidden, InvalidArgument
+from storage.keys import decode_handle
+
+#: Path parameters, validated in the handler (after auth) but documented here.
+MsgIdPath = Annotated[str, Path(alias="msgId", json_schema_extra={"pattern": MSG_ID_REGEX})]
+
+
+def send_result(result: model.SendResult) -> schemas.SendResult:
+    return schemas.SendResult(
+        msg_id=result.msg_id, topic=result.topic, deliver_at=result.deliver_at,
+        status=result.status, cancel_handle=result.cancel_handle, duplicate=result.duplicate,
+    )
+
+
+def build_router(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+    broker = ctx.broker
+    request_limit = ctx.settings.max_request_bytes
+
+    @router.post("/v1/topics/{topic}/messages", **operation(
+        "sendMessage", tag="messages", summary="Send one message", ok=201,
+        result="SendResult", result_description="Stored (scheduled, or delivered now).",
+        body="MessageIn", errors=(503,),
+        extra_responses={200: {
+            "description": "Duplicate: (topic, msgId) was sent before; the first result.",
+            "content": {"application/json": {"schema": {"$ref":
+                                                        "#/components/schemas/SendResult"}}},
+        }},
+    ))
+    async def send_message(topic: Topic, request: Request, principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.SEND, topic, sending=True)
+        raw = await read_body(request, request_limit)
+        message = decode(raw, request.headers.get("content-type"), schemas.MessageIn)
+        result = broker.send(to_send_request(message, topic))
+        return respond(send_result(result), 200 if result.duplicate else 201)
+
+    @router.post("/v1/topics/{topic}/messages:batch", **operation(
+        "sendBatch", tag="messages", summary="Send up to 1000 messages atomically", ok=201,
+        result="BatchResult", result_description="All stored; results in request order.",
+        body="BatchIn", msgpack=True, errors=(503,),
+    ))
+    async def send_batch(topic: Topic, request: Request, principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.SEND, topic, sending=True)
+        raw = await read_body(request, request_limit)
+        batch = decode(raw, request.headers.get("content-type"), schemas.BatchIn)
+        if len(batch.messages) > ctx.settings.max_batch_messages:
+            raise InvalidArgument(f"a batch holds at most {ctx.settings.max_batch_messages} "
+                                  f"messages, got {len(batch.messages)}")
+        requests = [to_send_request(m, topic, f"messages[{i}]: ")
+                    for i, m in enumerate(batch.messages)]
+        results = broker.send_batch(requests)
+        return respond(schemas.BatchResult(results=[send_result(r) for r in results]), 201,
+                       request)
+
+    @router.delete("/v1/scheduled/{cancelHandle}", **operation(
+        "cancelByHandle", tag="messages", summary="Cancel by the handle from SendResult",
+        result="CancelResult", result_description="Cancelled: it will never be delivered.",
+        errors=(404, 409, 503),
+    ))
+    async def cancel_by_handle(cancel_handle: Annotated[str, Path(alias="cancelHandle")],
+                               principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.CANCEL)
+        _, topic, _ = decode_handle(cancel_handle)  # NotFound for a handle that is not ours
+        if not principal.may_use_topic(topic):
+            raise Forbidden(f"this token may not use topic {topic!r}")
+        result = broker.cancel_by_handle(cancel_handle)
+        return respond(schemas.CancelResult(msg_id=result.msg_id, topic=result.topic,
+                                            status=result.status))
+
+    @router.delete("/v1/topics/{topic}/messages/{msgId}", **operation(
+        "cancelMessage", tag="messages", summary="Cancel by topic and msgId",
+        result="CancelResult", result_description="Cancelled: it will never be delivered.",
+        errors=(404, 409, 503),
+    ))
+    async def cancel_message(topic: Topic, msg_id: MsgIdPath,
+                             principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.CANCEL, topic)
+        result = broker.cancel(topic, check_msg_id(msg_id))
+        return respond(schemas.CancelResult(msg_id=result.msg_id, topic=result.topic,
+                                            status=result.status))
+
+    @router.get("/v1/topics/{topic}/messages/{msgId}", **operation(
+        "getMessage", tag="messages", summary="Status of a message",
+        result="MessageInfo", errors=(404, 503),
+    ))
+    async def get_message(topic: Topic, msg_id: MsgIdPath,
+                          principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.READ, topic)
+        return respond(message_info(broker.status(topic, check_msg_id(msg_id))))
+
+    @router.get("/v1/topics/{topic}/scheduled", **operation(
+        "listScheduled", tag="messages", summary="Peek at pending messages by deliver time",
+        result="ScheduledPage", errors=(503,),
+    ))
+    async def list_scheduled(
+        topic: Topic, principal: Authenticated,
+        from_ms: Annotated[int | None, Query(alias="from", ge=0,
+                                             description="Earliest deliverAt, epoch ms.")] = None,
+        to_ms: Annotated[int | None, Query(alias="to", ge=0,
+                                           description="Latest deliverAt, epoch ms.")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: Annotated[str | None, Query(max_length=1024,
+                                            description="nextCursor of the previous page.")]
+        = None,
+    ) -> Response:
+        ctx.allow(principal, Permission.READ, topic)
+        if from_ms is not None and to_ms is not None and from_ms > to_ms:
+            raise InvalidArgument(f"from ({from_ms}) is after to ({to_ms})")
+        page, next_cursor = broker.list_scheduled(topic, from_ms=from_ms, to_ms=to_ms,
+                                                  limit=limit, cursor=cursor)
+        return respond(schemas.ScheduledPage(messages=[message_info(m) for m in page],
+                                             next_cursor=next_cursor))
+
+    return router
+
+
+def message_info(info: model.MessageInfo) -> schemas.MessageInfo:
+    out = schemas.MessageInfo(msg_id=info.msg_id, topic=info.topic, status=info.status,
+                              deliver_at=info.deliver_at)
+    if info.offset is not None:
+        out.offset = info.offset
+    return out
+

@@ -1,0 +1,69 @@
+"""Operations: liveness, readiness, Prometheus metrics, engine stats, snapshots."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from prometheus_client import CollectorRegistry
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from api import schemas
+from api.auth import Permission
+from api.context import ApiContext, Authenticated, respond
+from api.metrics import CONTENT_TYPE, render
+from api.openapi import operation
+from storage.errors import Unavailable
+
+
+def build_router(ctx: ApiContext, registry: CollectorRegistry) -> APIRouter:
+    router = APIRouter()
+    broker = ctx.broker
+
+    @router.get("/healthz", **operation(
+        "getHealth", tag="operations", summary="Liveness: the process answers",
+        result="Health", auth=False,
+    ))
+    async def healthz() -> Response:
+        return respond(schemas.Health(status="ok"))
+
+    @router.get("/readyz", **operation(
+        "getReadiness", tag="operations",
+        summary="Readiness: storage open, recovery done, delivery not blocked",
+        result="Health", auth=False, errors=(503,),
+    ))
+    async def readyz() -> Response:
+        if not broker.ready:
+            raise Unavailable("the engine is not ready (starting, recovering, or delivery "
+                              "blocked by storage failures)")
+        return respond(schemas.Health(status="ready"))
+
+    @router.get("/metrics", **operation(
+        "getMetrics", tag="operations", summary="Prometheus metrics (text format)",
+        auth=False, extra_responses={200: {
+            "description": "Prometheus text exposition format 0.0.4.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }},
+    ))
+    async def metrics() -> Response:
+        body = await run_in_threadpool(render, registry)  # engine stats may touch RocksDB
+        return Response(body, media_type=CONTENT_TYPE)
+
+    @router.get("/v1/admin/stats", **operation(
+        "getStats", tag="operations",
+        summary="Pending count, delivered/cancelled totals, watermarks, lag, log sizes",
+        result="Stats", errors=(503,),
+    ))
+    async def stats(principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.ADMIN)
+        return respond(await run_in_threadpool(broker.stats))
+
+    @router.post("/v1/admin/snapshots", **operation(
+        "createSnapshot", tag="operations", ok=201,
+        summary="Consistent RocksDB checkpoint for analytics",
+        result="Snapshot", errors=(503,),
+    ))
+    async def create_snapshot(principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.ADMIN)
+        return respond(await run_in_threadpool(broker.snapshot), 201)
+
+    return router

@@ -1,0 +1,100 @@
+"""Transactions (half messages): prepare, commit, roll back, check-back polling.
+
+Commit, rollback and check-back polling name no topic, so they are authorised by role only:
+the transactionId is an unguessable capability that only the producer which prepared the
+message received (see docs/api.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from msgspec import UNSET
+from starlette.responses import Response
+
+from api import schemas
+from api.auth import Permission
+from api.bodies import decode, read_body, to_send_request
+from api.context import ApiContext, Authenticated, respond
+from api.openapi import operation
+from api.schemas import Topic
+from scheduler import model
+
+TransactionId = Annotated[str, Path(alias="transactionId", min_length=1, max_length=256,
+                                    description="From the prepare result.")]
+
+
+def transaction_result(result: model.TransactionResult) -> schemas.TransactionResult:
+    out = schemas.TransactionResult(transaction_id=result.transaction_id, msg_id=result.msg_id,
+                                    topic=result.topic, status=result.status)
+    if result.deliver_at is not None:
+        out.deliver_at = result.deliver_at
+    return out
+
+
+def transaction_check(check: model.TransactionCheck) -> schemas.TransactionCheck:
+    return schemas.TransactionCheck(
+        transaction_id=check.transaction_id, msg_id=check.msg_id, topic=check.topic,
+        producer_group=check.producer_group, check_times=check.check_times,
+        prepared_at=check.prepared_at, tags=check.tags, keys=list(check.keys),
+        properties=dict(check.properties), body_base64=check.body,
+        body=schemas.utf8_text(check.body),
+    )
+
+
+def build_router(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+    broker = ctx.broker
+
+    @router.post("/v1/topics/{topic}/transactions", **operation(
+        "prepareTransaction", tag="transactions", ok=201,
+        summary="Prepare a half message (invisible until committed)",
+        result="TransactionResult", body="TransactionIn", errors=(503,),
+    ))
+    async def prepare_transaction(topic: Topic, request: Request,
+                                  principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.SEND, topic, sending=True)
+        raw = await read_body(request, ctx.settings.max_request_bytes)
+        body = decode(raw, request.headers.get("content-type"), schemas.TransactionIn)
+        immunity = None if body.check_immunity_seconds is UNSET else body.check_immunity_seconds
+        result = broker.prepare_transaction(
+            to_send_request(body, topic), producer_group=body.producer_group,
+            check_immunity_seconds=immunity,
+        )
+        return respond(transaction_result(result), 201)
+
+    @router.post("/v1/transactions/{transactionId}/commit", **operation(
+        "commitTransaction", tag="transactions",
+        summary="Commit: the message is scheduled by its own timing",
+        result="TransactionResult", errors=(404, 409, 503),
+    ))
+    async def commit_transaction(transaction_id: TransactionId,
+                                 principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.TRANSACT)
+        return respond(transaction_result(broker.commit_transaction(transaction_id)))
+
+    @router.post("/v1/transactions/{transactionId}/rollback", **operation(
+        "rollbackTransaction", tag="transactions", summary="Roll back: never delivered",
+        result="TransactionResult", errors=(404, 409, 503),
+    ))
+    async def rollback_transaction(transaction_id: TransactionId,
+                                   principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.TRANSACT)
+        return respond(transaction_result(broker.rollback_transaction(transaction_id)))
+
+    @router.get("/v1/producer-groups/{group}/transaction-checks", **operation(
+        "pollTransactionChecks", tag="transactions",
+        summary="Check-back: prepared messages whose producer must decide",
+        result="TransactionChecks", errors=(503,),
+    ))
+    async def poll_transaction_checks(
+        group: Annotated[str, Path(pattern=schemas.GROUP_REGEX, description="Producer group.")],
+        principal: Authenticated,
+        max_checks: Annotated[int, Query(alias="max", ge=1, le=1000)] = schemas.DEFAULT_PULL,
+    ) -> Response:
+        ctx.allow(principal, Permission.TRANSACT)
+        checks = broker.poll_transaction_checks(group, max_checks)
+        return respond(schemas.TransactionChecks(checks=[transaction_check(c) for c in checks]))
+
+    return router

@@ -1,0 +1,113 @@
+"""``hourglass serve``: settings from defaults < TOML < env < flags, then one uvicorn worker
+(uvloop + httptools) serving the API. The FastAPI lifespan starts and closes the engine.
+
+One worker only: the engine owns the RocksDB directory (an exclusive lock) and the CommitLog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from app.settings import Role, Settings, TokenSpec, load_settings
+from storage.errors import InvalidArgument
+
+log = logging.getLogger("hourglass.server")
+
+TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters, 256 bits
+
+
+def ensure_admin_token(settings: Settings) -> Settings:
+    """With no token configured at all, use the admin token kept in the data directory,
+    generating it (mode 0600) on first start; say where it is, never what it is."""
+    if settings.tokens:
+        return settings
+    path = settings.admin_token_file
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            log.warning("%s is readable by others (mode %o); chmod 600 it", path, mode)
+        token = path.read_text(encoding="utf-8").strip()
+        created = False
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(token + "\n")
+        created = True
+    print(f"hourglass: no token configured; {'generated an' if created else 'using the'} admin "
+          f"token in {path} (send it as 'Authorization: Bearer <token>')", file=sys.stderr)
+    return settings.with_tokens((TokenSpec(token=token, role=Role.ADMIN,
+                                           name=f"generated {path.name}"),))
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, releasing long polls as soon as shutdown starts: uvicorn waits for
+    in-flight requests before running the lifespan shutdown, and a long poll may wait 30 s."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
+
+def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        ws="none", lifespan="on", workers=1, log_level=settings.log_level,
+        access_log=settings.access_log, timeout_graceful_shutdown=10,
+        server_header=False,
+    )
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="hourglass serve",
+        description="Run the hourglass HTTP server. Settings: defaults < --config TOML file "
+                    "< HOURGLASS_* environment < these flags (see docs/api.md).",
+    )
+    parser.add_argument("--data-dir", type=Path, help="data directory (default ./data)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", help="listen port (default 7740)")
+    parser.add_argument("--config", type=Path, help="TOML settings file")
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    try:
+        settings = load_settings(
+            cli={"data_dir": str(args.data_dir) if args.data_dir else None, "host": args.host,
+                 "port": args.port},
+            env=os.environ, config_file=args.config,
+        )
+    except InvalidArgument as exc:
+        print(f"hourglass serve: error: {exc.detail}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace"
+                        else "DEBUG", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = ensure_admin_token(settings)
+    except OSError as exc:
+        print(f"hourglass serve: error: cannot set up the admin token: {exc}", file=sys.stderr)
+        return 2
+
+    from api.app import create_app  # the one place app/ reaches up into api/: the wiring
+
+    app = create_app(settings)
+    server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.notifier.close)
+    server.run()
+    return 0 if server.started else 1
