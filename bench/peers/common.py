@@ -222,23 +222,27 @@ class Tracker:
         idx = np.fromiter((msg_index(i) for i in ids), dtype=np.int64, count=len(ids))
         self.due[idx] = due_ms
 
-    def record(self, ids: Sequence[str | bytes], recv_ms: float,
+    def record(self, ids: Sequence[str | bytes], recv_ms: float | Sequence[float],
                server_late: Sequence[float] | None = None) -> None:
+        """One received batch: its ids, when it was received (one time, or one per id) and,
+        if the system reports it, each message's server-side lateness."""
         if not ids:
             return
         idx = np.fromiter((msg_index(i) for i in ids), dtype=np.int64, count=len(ids))
         ok = (idx >= 0) & (idx < self.n)
+        recv = np.broadcast_to(np.asarray(recv_ms, dtype=float), idx.shape)[ok]
         with self._lock:
             self.unexpected += int((~ok).sum())
             idx_ok = idx[ok]
             np.add.at(self.count, idx_ok, 1)
-            first = idx_ok[np.isnan(self.recv[idx_ok])]
-            self.recv[first] = recv_ms
+            first = np.isnan(self.recv[idx_ok])
+            self.recv[idx_ok[first]] = recv[first]
             if server_late is not None:
                 sl = np.asarray(server_late, dtype=float)[ok]
-                self.server_late[idx_ok] = sl
+                self.server_late[idx_ok[first]] = sl[first]
             self.received += len(ids)
-            self.last_recv = recv_ms
+            if recv.size:
+                self.last_recv = float(recv.max())
 
     @property
     def distinct(self) -> int:

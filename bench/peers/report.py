@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 ORDER = ("hourglass", "redis", "bullmq", "postgres")
 COLORS = {"hourglass": "#d62728", "redis": "#1f77b4", "bullmq": "#ff7f0e",
@@ -40,6 +42,11 @@ def _label(results: dict, name: str) -> str:
 
 
 # ---------------------------------------------------------------- formatting
+
+def _cell(text: object) -> str:
+    """Anything as one Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
 
 def _num(v: float | None, digits: int = 0) -> str:
     if v is None:
@@ -138,6 +145,11 @@ def write_markdown(results: dict, out: Path) -> Path:
         "server instance; client and servers share the machine.",
     ]
     lines += [f"- {note}" for note in meta.get("notes", [])]
+    for n in names:
+        sp = results["systems"][n].get("params")
+        if sp and sp != p and not results["systems"][n].get("skipped"):
+            diff = ", ".join(f"{k}={v}" for k, v in sp.items() if p.get(k) != v)
+            lines.append(f"- **Note**: {_label(results, n)} ran with different parameters: {diff}")
     lines += [
         "",
         "## Results",
@@ -152,7 +164,7 @@ def write_markdown(results: dict, out: Path) -> Path:
         s = results["systems"][n]
         if s.get("skipped"):
             lines.append(f"| {_label(results, n)} | {s.get('guarantee', '')} | "
-                         f"{s.get('durability', '')} | skipped: {s['skipped']} "
+                         f"{s.get('durability', '')} | skipped: {_cell(s['skipped'])} "
                          "| | | | | | | | |")
             continue
         m = _metrics(s)
@@ -206,7 +218,7 @@ def write_markdown(results: dict, out: Path) -> Path:
 
         def cpu(k: str, w: dict = w) -> str:
             a, b = _get(w, k, "server_cpu_s"), _get(w, k, "client_cpu_s")
-            return "—" if a is None else f"{a:,.0f} s / {b:,.0f} s"
+            return "—" if a is None else f"{a:,.1f} s / {b:,.1f} s"
 
         srv = " · ".join(_pcts(_get(w, k, "server_lateness_ms")) for k in ("w2", "w3"))
         lines.append(
@@ -257,6 +269,7 @@ def _bars(ax: Any, names: list[str], values: list[float | None], results: dict,
     ax.set_xticks(xs, [_label(results, n) for n in names], rotation=12)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
     ax.margins(y=0.15)
     ax.grid(axis="y", alpha=0.3)
 
@@ -299,7 +312,9 @@ def _pct_bars(ax: Any, names: list[str], results: dict, wl: str, scale: float,
     ax.set_xticks(xs, [_label(results, n) for n in names], rotation=12)
     ax.set_ylabel(f"lateness ({unit}, log scale; lower is better)")
     ax.set_title(title)
-    ax.legend(title="light → dark: p50, p99, max", fontsize=8, title_fontsize=8)
+    handles = [Patch(facecolor="#555555", alpha=a, edgecolor="black", label=k)
+               for k, a in zip(keys, shades, strict=True)]
+    ax.legend(handles=handles, title="shade", fontsize=8, title_fontsize=8, loc="upper left")
     ax.grid(axis="y", alpha=0.3, which="both")
 
 

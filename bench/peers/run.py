@@ -111,7 +111,7 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
     options = {"consumers": args.consumers, "bullmq_concurrency": args.bullmq_concurrency,
                "hourglass_url": args.hourglass_url, "token": args.token,
                "hourglass_cmd": args.hourglass_cmd}
-    entry: dict = {"workloads": {}, "errors": {}}
+    entry: dict = {"workloads": {}, "errors": {}, "params": asdict(params)}
     results["systems"][name] = entry
     ctx: dict = {}
     plan = list(args.workloads)

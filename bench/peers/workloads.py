@@ -57,26 +57,37 @@ class Params:
 
 
 class CpuMeter:
-    """CPU seconds used by the server processes and by this harness during a phase."""
+    """CPU seconds used during a phase by the servers, and by the client side: this harness
+    plus any consumer processes it spawned (BullMQ's workers)."""
 
     def __init__(self, system: System) -> None:
         self.system = system
-        self.server0 = self._server()
-        self.client0 = time.process_time()
+        self.server0, self.client0 = self._measure()
 
-    def _server(self) -> float:
-        total = 0.0
-        for p in self.system.server_processes():
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-        return total
+    def _measure(self) -> tuple[float, float]:
+        servers = {p.pid: p for p in self.system.server_processes()}
+        me = psutil.Process()
+        try:
+            clients = [me, *(c for c in me.children(recursive=True) if c.pid not in servers)]
+        except psutil.Error:
+            clients = [me]
+
+        def cpu(procs: list[psutil.Process]) -> float:
+            total = 0.0
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.Error:
+                    pass
+            return total
+
+        return cpu(list(servers.values())), cpu(clients)
 
     def result(self) -> dict[str, float]:
-        return {"server_cpu_s": round(self._server() - self.server0, 2),
-                "client_cpu_s": round(time.process_time() - self.client0, 2)}
+        server, client = self._measure()
+        return {"server_cpu_s": round(server - self.server0, 2),
+                "client_cpu_s": round(client - self.client0, 2)}
 
 
 # ---------------------------------------------------------------- producing

@@ -20,8 +20,8 @@ import psutil
 
 from ..common import Batch
 
-# sink(ids, recv_ms, server_lateness_ms or None)
-Sink = Callable[[Sequence[str], float, Sequence[float] | None], None]
+# sink(ids, recv_ms (one for the batch, or one per id), server_lateness_ms or None)
+Sink = Callable[[Sequence[str], float | Sequence[float], Sequence[float] | None], None]
 
 
 class SystemUnavailable(RuntimeError):

@@ -31,7 +31,16 @@ import httpx
 import orjson
 import psutil
 
-from ..common import Batch, ManagedProcess, dir_size, free_port, now_ms, tree_memory, wait_until
+from ..common import (
+    Batch,
+    ManagedProcess,
+    dir_size,
+    free_port,
+    log,
+    now_ms,
+    tree_memory,
+    wait_until,
+)
 from .base import Sink, System, SystemUnavailable
 
 REPO = Path(__file__).resolve().parents[3]
@@ -130,8 +139,13 @@ class HourglassSystem(System):
         try:
             wait_until(ready, 90, "hourglass", self.proc, interval=0.25)
         except RuntimeError as exc:
+            tail = self.proc.log_tail(40) if self.proc is not None else ""
+            last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), str(exc))
+            if tail:
+                log(f"hourglass server output:\n{tail}")
             self.stop()
-            raise SystemUnavailable(f"hourglass server did not start: {exc}") from exc
+            how = self.url or "hourglass serve"
+            raise SystemUnavailable(f"hourglass server did not start ({how}): {last}") from exc
         self._refresh_stats()
 
     def stop(self) -> None:

@@ -15,7 +15,7 @@ Schema::
                                   ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
     RETURNING msg_id, run_at;  COMMIT
 
-  when nothing is due, ``SELECT min(run_at)`` and sleep until then (at most 50 ms).
+  when nothing is due, ``SELECT min(run_at)`` and sleep until then (1 ms to 50 ms).
 
 The server: ``initdb`` into the run's directory, started as the ``postgres`` user when the
 harness runs as root, on 127.0.0.1 and a free port. fsync, synchronous_commit and
@@ -60,6 +60,7 @@ SETTINGS = {
 }
 CLAIM_BATCH = 1000
 IDLE_SLEEP_S = 0.05
+MIN_SLEEP_S = 0.001  # a 1 ms floor: no busy loop while messages trickle in
 TOPIC = "bench"
 
 SCHEMA = """
@@ -229,10 +230,10 @@ class PostgresSystem(System):
                 cur.execute("SELECT min(run_at) FROM jobs")
                 nxt = cur.fetchone()[0]
                 c.commit()
-            wait = IDLE_SLEEP_S if nxt is None else min(max((nxt - now_ms()) / 1000, 0),
-                                                         IDLE_SLEEP_S)
-            if wait > 0:
-                stop.wait(wait)
+            wait = IDLE_SLEEP_S
+            if nxt is not None:
+                wait = min(max((nxt - now_ms()) / 1000, MIN_SLEEP_S), wait)
+            stop.wait(wait)
 
     # --- inspection ------------------------------------------------------------------------
     def server_processes(self) -> list[psutil.Process]:

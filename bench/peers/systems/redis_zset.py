@@ -5,7 +5,7 @@
   atomically takes up to 1000 members with score <= now (``ZRANGEBYSCORE ... LIMIT``),
   ``RPUSH``es them to the ready list and ``ZREM``s them, and returns the next due score; the
   mover loops at once while it moves full batches, else sleeps until the next due score
-  (at most 50 ms, so a newly added earlier message waits at most that long).
+  (at least 1 ms, at most 50 ms: a newly added earlier message waits at most that long).
 - consumers: ``LPOP ready 1000``; when empty, ``BLPOP ready 0.5`` (one message) and go on.
 
 Guarantee: at-most-once to the consumer (a popped message is gone; a consumer crash loses it),
@@ -44,6 +44,7 @@ READY = "dq:bench:ready"
 MOVE_BATCH = 1000
 POP_BATCH = 1000
 IDLE_SLEEP_S = 0.05
+MIN_SLEEP_S = 0.001  # a 1 ms floor: no busy loop while messages trickle in
 
 
 class RedisZSetSystem(System):
@@ -111,13 +112,10 @@ class RedisZSetSystem(System):
                 self.moved += moved
                 if moved >= MOVE_BATCH:
                     continue
+                wait = IDLE_SLEEP_S
                 if len(res) > 1:
-                    wait = (float(res[1]) - now_ms()) / 1000.0
-                    wait = min(max(wait, 0.0), IDLE_SLEEP_S)
-                else:
-                    wait = IDLE_SLEEP_S
-                if wait > 0:
-                    stop.wait(wait)
+                    wait = min(max((float(res[1]) - now_ms()) / 1000.0, MIN_SLEEP_S), wait)
+                stop.wait(wait)
         except Exception as exc:
             log(f"redis mover died: {exc!r}")
             self.consumer_error = exc
