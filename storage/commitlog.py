@@ -2,7 +2,9 @@
 
 A position is a global byte offset: segment start offset + offset inside the segment.
 
-Record = 12-byte header ``<magic u32 LE, length u32 LE, crc32c(payload) u32 LE>`` + payload.
+Record = 12-byte header ``<magic u32 LE, length u32 LE, crc u32 LE>`` + payload, where
+crc = CRC32C of the payload seeded with ``length ^ CRC_SEED``: it covers the length too, and
+a magic followed by zeros (torn garbage) is not a valid empty record.
 A record never spans segments: when the next record does not fit, an end-of-segment header
 (magic ``EOS_MAGIC``) is written if there is room for one, and the record goes at the start
 of the next segment (base = previous base + previous size). Bytes after the last record are
@@ -39,6 +41,7 @@ HEADER = struct.Struct("<III")
 HEADER_SIZE = HEADER.size
 RECORD_MAGIC = 0x31474C48  # b"HLG1" little-endian
 EOS_MAGIC = 0x534F4548  # b"HEOS": rest of the segment is padding
+CRC_SEED = 0x9E3779B9
 FLUSH_POLICIES = ("async", "sync")
 MIN_SEGMENT_SIZE = 64
 _CHECKPOINT = struct.Struct("<QI")  # flushed position, crc32c of those 8 bytes
@@ -107,7 +110,7 @@ def _invalid(magic: int, length: int, crc: int, mm: mmap.mmap, off: int,
         return f"impossible length {length}"
     start = off + HEADER_SIZE
     with memoryview(mm) as view:
-        if crc32c(view[start:start + length]) != crc:
+        if crc32c(view[start:start + length], length ^ CRC_SEED) != crc:
             return "CRC32C mismatch"
     return None
 
@@ -136,6 +139,7 @@ class CommitLog:
         self._read_only = read_only
         self._lock = threading.Lock()  # appends, rolls and the end position
         self._flush_lock = threading.Lock()  # msync + checkpoint
+        self._flushed_cond = threading.Condition(threading.Lock())
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._closed = False
@@ -301,7 +305,8 @@ class CommitLog:
     def _write_run(self, seg: Segment, off: int, payloads: Sequence[bytes],
                    lengths: list[int]) -> list[int]:
         """Frame and copy records that all fit in ``seg`` at ``off``: one memmove."""
-        headers = map(HEADER.pack, itertools.repeat(RECORD_MAGIC), lengths, map(crc32c, payloads))
+        crcs = map(crc32c, payloads, [n ^ CRC_SEED for n in lengths])
+        headers = map(HEADER.pack, itertools.repeat(RECORD_MAGIC), lengths, crcs)
         buf = b"".join(itertools.chain.from_iterable(zip(headers, payloads, strict=True)))
         start = seg.base + off
         positions = list(itertools.accumulate((n + HEADER_SIZE for n in lengths[:-1]),
@@ -376,7 +381,7 @@ class CommitLog:
         if start + length > seg.size:
             raise CorruptionError(f"record at {position}: impossible length {length}")
         payload = seg.mm[start:start + length]
-        if crc32c(payload) != crc:
+        if crc32c(payload, length ^ CRC_SEED) != crc:
             raise CorruptionError(f"record at {position}: CRC32C mismatch")
         return payload
 
@@ -467,7 +472,22 @@ class CommitLog:
                 self._sync_range(self._flushed, end)
             if end != self._flushed:
                 self._write_checkpoint(end)
-                self._flushed = end
+                with self._flushed_cond:
+                    self._flushed = end
+                    self._flushed_cond.notify_all()
+
+    @property
+    def flushed_position(self) -> int:
+        """Everything before this position is msync'ed and recorded in the checkpoint."""
+        return self._flushed
+
+    def wait_flushed(self, position: int, timeout_s: float | None = None) -> bool:
+        """Block until ``position`` is flushed (group commit for "async": wait for the next
+        background flush instead of an msync per batch). False on timeout or close."""
+        with self._flushed_cond:
+            return self._flushed_cond.wait_for(
+                lambda: self._flushed >= position or self._closed, timeout_s
+            ) and self._flushed >= position
 
     def _write_checkpoint(self, position: int) -> None:
         raw = struct.pack("<Q", position)
@@ -502,6 +522,8 @@ class CommitLog:
             with self._lock, self._flush_lock:
                 self._closed = True
                 self._close_segments()
+            with self._flushed_cond:
+                self._flushed_cond.notify_all()
 
     def _close_segments(self) -> None:
         for seg in self._segments:
