@@ -1,0 +1,124 @@
+"""A real uvicorn on 127.0.0.1 (a free port, in a thread of this process) serving the API over
+a real Broker on tmp_path, so tests can drive its FakeClock and call ``broker.drain()``."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from api.app import create_app
+from app.server import Server, uvicorn_config
+from app.settings import Role, Settings, TokenSpec, load_settings
+from scheduler.broker import Broker
+from scheduler.clock import Clock, FakeClock
+
+with warnings.catch_warnings():
+    # schemathesis' pytest plugin imports this lazily inside the first test it sees, where
+    # jsonschema's DeprecationWarning would be an error (filterwarnings = error); import it
+    # once here, outside any test.
+    warnings.simplefilter("ignore")
+    import schemathesis._hypothesis  # noqa: F401
+
+ADMIN = "admin-token-0123456789abcdef"
+PRODUCER = "producer-orders-0123456789"  # producer, topics orders.*
+CONSUMER = "consumer-orders-0123456789"  # consumer, topics orders.*
+PRODUCER_ALL = "producer-all-0123456789ab"  # producer, every topic
+
+TOKENS = (
+    TokenSpec(token=ADMIN, role=Role.ADMIN, name="admin"),
+    TokenSpec(token=PRODUCER, role=Role.PRODUCER, topics=("orders.*",), name="producer"),
+    TokenSpec(token=CONSUMER, role=Role.CONSUMER, topics=("orders.*",), name="consumer"),
+    TokenSpec(token=PRODUCER_ALL, role=Role.PRODUCER, name="producer-all"),
+)
+T0 = 1_700_000_000_000
+
+
+@dataclass
+class Live:
+    base_url: str
+    app: FastAPI
+    broker: Broker
+    clock: Clock
+    settings: Settings
+
+    def client(self, token: str | None = ADMIN, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30.0, **kwargs)
+
+    @property
+    def fake_clock(self) -> FakeClock:
+        assert isinstance(self.clock, FakeClock)
+        return self.clock
+
+    def advance(self, ms: int) -> None:
+        """Move fake time on and wait until everything due is in the log."""
+        self.fake_clock.advance(ms)
+        self.broker.drain()
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    settings = load_settings(cli={"data_dir": str(data_dir)})
+    return replace(settings, tokens=TOKENS, **overrides)
+
+
+@contextmanager
+def serve(settings: Settings, clock: Clock) -> Iterator[Live]:
+    """Start app + uvicorn on a pre-bound loopback socket; stop and join on exit."""
+    app = create_app(settings, clock=clock)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn_config(app, replace(settings, host="127.0.0.1", port=port,
+                                         log_level="warning"))
+    server = Server(config, on_shutdown=app.state.ctx.notifier.close)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:  # start-up, not a due time: a short poll is fine here
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    try:
+        yield Live(base_url=f"http://127.0.0.1:{port}", app=app,
+                   broker=app.state.ctx.broker, clock=clock,
+                   settings=settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Live]:
+    """A server over a FakeClock-driven Broker."""
+    with serve(make_settings(tmp_path / "data"), clock=FakeClock(T0)) as server:
+        yield server
+
+
+@pytest.fixture
+def live_factory(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    """Start servers with custom settings (each on its own data directory)."""
+    stack: list[Any] = []
+
+    def start(clock: Clock | None = None, **overrides: Any) -> Live:
+        cm = serve(make_settings(tmp_path / f"data{len(stack)}", **overrides),
+                   clock=clock or FakeClock(T0))
+        stack.append(cm)
+        return cm.__enter__()
+
+    yield start
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
