@@ -1,17 +1,43 @@
 """The engine: one Broker object that the API and the CLI drive.
 
-INTERFACE STUB — being implemented (issue 3). Signatures are the contract for api/ and app/.
+Wiring (docs/engine.md has the reasons and the measurements):
+
+    send ──► Intake.prepare ──► shard locks ──► due now / below the scan frontier? ──► Committer
+                                     │                                                    ▲
+                                     └── else: timer key + index SCHEDULED (one write)    │
+    Scanner (one per timer shard) ──► bounded queue ──► DeliveryStage ───────────────────►┘
+                                                                        CommitLog append, then
+                                                                        ONE RocksDB write
+
+Locks, always taken in this order: shard locks (ascending shard number) ─► commit lock.
+A send holds the locks of its shards while it checks idempotency and writes; a cancel
+holds its shard's lock and the commit lock; the delivery stage holds only the commit lock;
+a scanner holds only its shard's lock, and only while it scans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from scheduler.clock import Clock
+from scheduler.clock import Clock, SystemClock
+from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
+from scheduler.delivery import DeliveryStage
+from scheduler.intake import Intake, PreparedMessage, check_msg_id, check_topic, expiry_key
+from scheduler.levels import DelayLevels
+from scheduler.listing import list_scheduled
+from scheduler.maintenance import Maintenance
+from scheduler.metrics import EngineMetrics
 from scheduler.model import (
     CancelResult,
+    Delivered,
     MessageInfo,
     PullResult,
     SendRequest,
@@ -19,75 +45,476 @@ from scheduler.model import (
     TransactionCheck,
     TransactionResult,
 )
+from scheduler.scanner import Progress, Scanner, ShardState
+from storage.commitlog import CommitLog
+from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, GROUP_PATTERN, META_GROUP_OFFSET_PREFIX
+from storage.consume_queue import ConsumeQueue
+from storage.errors import (
+    AlreadyDelivered,
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+from storage.keys import (
+    SEP,
+    decode_handle,
+    encode_handle,
+    encode_timer_key,
+    index_key,
+    pack_u64,
+    unpack_u64,
+)
+from storage.records import (
+    FLAG_IMMEDIATE,
+    IndexEntry,
+    LogRecord,
+    MessageStatus,
+    decode_index,
+    decode_log_record,
+    encode_index,
+    encode_message,
+)
+from storage.timer_store import Batch, TimerStore
+
+log = logging.getLogger(__name__)
+
+ROCKSDB_DIR = "rocksdb"  # data_dir / ROCKSDB_DIR: the TimerStore
+COMMITLOG_DIR = "commitlog"  # data_dir / COMMITLOG_DIR: the CommitLog segments
+SNAPSHOTS_DIR = "snapshots"
+SEND_BATCH_MAX = 1000
+PULL_MAX = 1000
+
+LogFactory = Callable[[Path, EngineConfig], Log]
+
+
+def open_commitlog(directory: Path, config: EngineConfig) -> Log:
+    return CommitLog(directory, segment_size=config.segment_size,
+                     flush_policy=config.flush_policy, flush_interval_ms=config.flush_interval_ms)
+
+
+def check_config(config: EngineConfig) -> DelayLevels:
+    """Validate the tunables; returns the parsed delay levels. InvalidArgument on a bad one."""
+    levels = DelayLevels.parse(config.message_delay_level)
+    positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
+                "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
+                "compact_after_deletes", "flush_interval_ms")
+    for name in positive:
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise InvalidArgument(f"engine setting {name} must be a positive integer, got "
+                                  f"{value!r}")
+    if config.retention_ms < 0:
+        raise InvalidArgument("engine setting retention_ms must be >= 0")
+    if levels.max_delay_ms > config.max_delay_ms:
+        raise InvalidArgument(f"messageDelayLevel has a level of {levels.max_delay_ms} ms, "
+                              f"beyond max_delay_ms={config.max_delay_ms}")
+    return levels
 
 
 class Broker:
-    def __init__(self, config: EngineConfig, clock: Clock | None = None) -> None:
-        raise NotImplementedError
+    def __init__(
+        self, config: EngineConfig, clock: Clock | None = None, *,
+        log_factory: LogFactory | None = None,
+    ) -> None:
+        """``log_factory`` opens the CommitLog (default: storage.commitlog.CommitLog); tests
+        pass one that wraps it to inject faults."""
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.levels = check_config(config)
+        self.metrics = EngineMetrics()
+        self._log_factory = log_factory or open_commitlog
+        self._state = "new"  # new -> running -> closing -> closed
+        self._state_lock = threading.Lock()
+        self._listeners: list[Callable[[Collection[str]], None]] = []
+        self._stopping = threading.Event()
+        self._progress = Progress()
+        self._store: TimerStore | None = None
+        self._log: Log | None = None
+        self._shards: list[ShardState] = []
+        self._scanners: list[Scanner] = []
+        self._delivery: DeliveryStage | None = None
+        self._maintenance: Maintenance | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Open storage, recover (replay the log past the applied position), start threads."""
-        raise NotImplementedError
+        with self._state_lock:
+            if self._state != "new":
+                raise InvalidArgument(f"a Broker starts once (it is {self._state})")
+            self._state = "starting"
+        cfg = self.config
+        try:
+            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+            self._store = store = TimerStore(cfg.data_dir / ROCKSDB_DIR,
+                                             timer_shards=cfg.timer_shards,
+                                             sync_writes=cfg.sync_writes)
+            self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
+            self._queues = ConsumeQueue(store)
+            self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
+                                  max_body_bytes=cfg.max_body_bytes, shard_of=store.shard_of)
+            self._committer = Committer(store=store, log=self._log, queues=self._queues,
+                                        clock=self.clock, retention_ms=cfg.retention_ms,
+                                        on_replayed=self._on_replayed)
+            replayed = self._committer.recover()
+            if replayed:
+                log.info("recovery applied %d log records to RocksDB", len(replayed))
+            self._shards = [ShardState(s, store.watermark(s)) for s in range(cfg.timer_shards)]
+            self.metrics.pending.set(sum(
+                sum(1 for _ in store.scan(st.cf, st.frontier_key)) for st in self._shards))
+            self._delivery = DeliveryStage(
+                committer=self._committer, clock=self.clock, metrics=self.metrics,
+                progress=self._progress, queue_batches=cfg.delivery_queue_batches,
+                batch_max=cfg.delivery_batch_max, max_backoff_ms=cfg.retry_max_backoff_ms,
+                on_commit=self._on_commit)
+            self._scanners = [
+                Scanner(state=st, store=store, clock=self.clock, batch_size=cfg.scan_batch_size,
+                        hand_off=self._delivery.put, progress=self._progress,
+                        metrics=self.metrics, stopping=self._stopping)
+                for st in self._shards]
+            self._maintenance = Maintenance(
+                store=store, clock=self.clock, metrics=self.metrics,
+                retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes)
+            self.metrics.watermark_lag_ms.set_label_function(self._lags)
+            self._delivery.start()
+            for scanner in self._scanners:
+                scanner.start()
+            self._maintenance.start()
+        except BaseException:
+            self._shutdown()
+            with self._state_lock:
+                self._state = "closed"
+            raise
+        with self._state_lock:
+            self._state = "running"
 
     def close(self) -> None:
-        """Stop intake, drain or hand back in-memory work, flush, close storage."""
-        raise NotImplementedError
+        """Stop intake, stop the scanners, hand back queued batches (they are still in
+        RocksDB), wait for sends and cancels in progress, flush the log, close storage."""
+        with self._state_lock:
+            if self._state in ("closed", "closing", "new"):
+                self._state = "closed" if self._state == "new" else self._state
+                return
+            self._state = "closing"
+        try:
+            self._shutdown()
+        finally:
+            with self._state_lock:
+                self._state = "closed"
+
+    def _shutdown(self) -> None:
+        self._stopping.set()
+        for st in self._shards:
+            st.wake.set()
+        if self._delivery is not None:
+            self._delivery.queue.close()  # releases scanners blocked on a full queue
+        for scanner in self._scanners:
+            if scanner.is_alive():
+                scanner.join()
+        if self._delivery is not None:
+            self._delivery.stop()
+        if self._maintenance is not None:
+            self._maintenance.stop()
+        with self._all_locks():  # sends and cancels in progress finish first
+            try:
+                if self._log is not None:
+                    self._log.close()  # flushes
+            finally:
+                if self._store is not None:
+                    self._store.close()
+
+    def __enter__(self) -> Broker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def ready(self) -> bool:
         """Storage open, recovery done, delivery stage not blocked by failures."""
-        raise NotImplementedError
+        return (self._state == "running" and self._delivery is not None
+                and not self._delivery.blocked and not self._committer.needs_replay)
 
     def drain(self, timeout_s: float = 30.0) -> None:
-        """Block until every message due at the clock's current time is in the log."""
-        raise NotImplementedError
+        """Block until every message due at the clock's current time is in the log; raises
+        TimeoutError after ``timeout_s`` real seconds (e.g. while delivery keeps failing)."""
+        self._check_running()
+        target = self.clock.now_ms()
+        deadline = time.monotonic() + timeout_s
+        progress = self._progress
+        with progress.cond:
+            while not (progress.committed >= progress.handed
+                       and all(st.covered_ms >= target for st in self._shards)):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"messages due at {target} not all delivered within "
+                                       f"{timeout_s} s")
+                progress.cond.wait(remaining)
 
     # --- producing ------------------------------------------------------------------------
+    def prepare(self, request: SendRequest, *, now_ms: int | None = None,
+                tx_id: str | None = None) -> PreparedMessage:
+        """Validate and resolve one request (no I/O); see ``submit``."""
+        self._check_running()
+        now = self.clock.now_ms() if now_ms is None else now_ms
+        return self._intake.prepare(request, now, tx_id=tx_id)
+
     def send(self, request: SendRequest) -> SendResult:
         """Raises InvalidArgument / DelayTooLong / Unavailable (storage.errors)."""
-        raise NotImplementedError
+        return self.send_batch([request])[0]
 
     def send_batch(self, requests: Sequence[SendRequest]) -> list[SendResult]:
         """All requests are validated before anything is stored; one atomic write."""
-        raise NotImplementedError
+        if len(requests) > SEND_BATCH_MAX:
+            raise InvalidArgument(f"a batch holds at most {SEND_BATCH_MAX} messages")
+        self._check_running()
+        now = self.clock.now_ms()
+        prepare = self._intake.prepare
+        return self.submit([prepare(r, now) for r in requests])
 
+    def submit(
+        self, messages: Sequence[PreparedMessage], *,
+        extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
+    ) -> list[SendResult]:
+        """Store prepared messages atomically: each is scheduled (timer key + index entry)
+        or, when already due, appended to the log; idempotent on (topic, msgId).
+
+        For composition (transactions): ``extra(batch)`` runs while every lock is held
+        (shard locks and the commit lock) and adds its own operations to the one RocksDB
+        batch that also schedules the messages; it may raise to abort, before anything is
+        written. ``replace_prepared``: an index entry PREPARED for the same (topic, msgId)
+        is the half message being committed, not a duplicate.
+        """
+        if not messages:
+            return []
+        store, committer = self._live()
+        results: list[SendResult | None] = [None] * len(messages)
+        shards = sorted({m.shard for m in messages})
+        with self._locks(shards):
+            self._check_running()
+            if committer.needs_replay:
+                with committer.lock:
+                    committer.replay_if_needed()
+            duplicates = self._find_duplicates(store, messages, results, replace_prepared)
+            now = self.clock.now_ms()
+            due: list[PreparedMessage] = []
+            later: list[PreparedMessage] = []
+            for m, result in zip(messages, results, strict=True):
+                if result is not None:
+                    continue
+                if m.deliver_at <= now or self._shards[m.shard].below_frontier(m.timer_key):
+                    due.append(m)
+                else:
+                    later.append(m)
+            batch = store.batch()
+            if later:
+                self._add_scheduled(batch, later, now)
+            outcome = None
+            if due or extra is not None:
+                with committer.lock:
+                    committer.replay_if_needed()
+                    if extra is not None:
+                        extra(batch)
+                    outcome = committer.commit_immediate(batch, due)
+            else:
+                store.write(batch)
+            for m in later:
+                self._shards[m.shard].note_scheduled(m.deliver_at)
+        self._count_sent(later, due, duplicates, outcome)
+        return self._results(messages, results, {m.index_key for m in due})
+
+    def _find_duplicates(
+        self, store: TimerStore, messages: Sequence[PreparedMessage],
+        results: list[SendResult | None], replace_prepared: bool,
+    ) -> int:
+        """Fill ``results`` for re-sends (stored before, or earlier in this batch)."""
+        lookup = [i for i, m in enumerate(messages) if not m.generated_id]
+        if not lookup:
+            return 0
+        found = store.multi_get(CF_INDEX, [messages[i].index_key for i in lookup])
+        count = 0
+        for i, raw in zip(lookup, found, strict=True):
+            if raw is None:
+                continue
+            entry = decode_index(raw)
+            if replace_prepared and entry.status is MessageStatus.PREPARED:
+                continue
+            results[i] = _duplicate_result(messages[i], entry)
+            count += 1
+        first: dict[bytes, int] = {}
+        for i in lookup:
+            if results[i] is not None:
+                continue
+            j = first.setdefault(messages[i].index_key, i)
+            if j != i:  # the second occurrence in one batch is a duplicate of the first
+                results[i] = _PENDING_DUPLICATE
+                count += 1
+        return count
+
+    def _add_scheduled(self, batch: Batch, later: list[PreparedMessage], now: int) -> None:
+        by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
+        for m in later:
+            by_shard.setdefault(self._shards[m.shard].cf, []).append(
+                (m.timer_key, encode_message(m.record)))
+        for cf, items in by_shard.items():
+            batch.put_many(cf, items)
+        batch.put_many(CF_INDEX, [
+            (m.index_key, encode_index(IndexEntry(status=MessageStatus.SCHEDULED,
+                                                  deliver_at=m.deliver_at, updated_at=now,
+                                                  tx_id=m.tx_id)))
+            for m in later])
+
+    def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
+                 delivered: set[bytes]) -> list[SendResult]:
+        out: list[SendResult] = []
+        first: dict[bytes, SendResult] = {}
+        for m, result in zip(messages, results, strict=True):
+            if result is _PENDING_DUPLICATE:
+                result = replace(first[m.index_key], duplicate=True)
+            elif result is None:
+                result = SendResult(
+                    msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
+                    status=(MessageStatus.DELIVERED if m.index_key in delivered
+                            else MessageStatus.SCHEDULED),
+                    cancel_handle=encode_handle(m.deliver_at, m.topic, m.msg_id))
+            first.setdefault(m.index_key, result)
+            out.append(result)
+        return out
+
+    def _count_sent(self, later: list[PreparedMessage], due: list[PreparedMessage],
+                    duplicates: int, outcome: CommitOutcome | None) -> None:
+        metrics = self.metrics
+        if later:
+            metrics.scheduled.inc(len(later))
+            metrics.pending.inc(len(later))
+            for m in later:
+                if m.level is not None:
+                    metrics.scheduled_by_level.labels(m.level).inc()
+        if duplicates:
+            metrics.duplicates.inc(duplicates)
+        if due and outcome is not None:
+            metrics.delivered.inc(len(due))
+            metrics.delivered_immediate.inc(len(due))
+            metrics.lateness_ms.observe_many(outcome.lateness_ms)
+            metrics.commit_batch_size.observe(len(due))
+            self._notify(outcome.topics)
+
+    # --- cancelling -----------------------------------------------------------------------
     def cancel_by_handle(self, handle: str) -> CancelResult:
         """Raises NotFound, AlreadyDelivered."""
-        raise NotImplementedError
+        deliver_at, topic, msg_id = decode_handle(handle)
+        return self._cancel(topic, msg_id, deliver_at)
 
     def cancel(self, topic: str, msg_id: str) -> CancelResult:
         """Raises NotFound, AlreadyDelivered."""
-        raise NotImplementedError
+        check_topic(topic, allow_system=True)
+        check_msg_id(msg_id)
+        return self._cancel(topic, msg_id, None)
 
+    def _cancel(self, topic: str, msg_id: str, handle_at: int | None) -> CancelResult:
+        store, committer = self._live()
+        shard = self._shards[store.shard_of(topic, msg_id)]
+        ikey = index_key(topic, msg_id)
+        with shard.lock, committer.lock:
+            self._check_running()
+            committer.replay_if_needed()  # a message in the log is delivered, whatever RocksDB says
+            raw = store.get(CF_INDEX, ikey)
+            entry = None if raw is None else decode_index(raw)
+            if entry is None or (handle_at is not None and entry.deliver_at != handle_at):
+                raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+            result = CancelResult(msg_id=msg_id, topic=topic, status=MessageStatus.CANCELLED)
+            if entry.status is MessageStatus.CANCELLED:
+                return result
+            if entry.status is MessageStatus.DELIVERED:
+                raise AlreadyDelivered(f"message {msg_id!r} of topic {topic!r} was delivered "
+                                       f"at queue offset {entry.queue_offset}")
+            if entry.status is not MessageStatus.SCHEDULED:
+                raise Conflict(f"message {msg_id!r} of topic {topic!r} is a transactional "
+                               f"message ({entry.status}); use its transaction instead")
+            now = self.clock.now_ms()
+            timer_key = encode_timer_key(entry.deliver_at, topic, msg_id)
+            batch = store.batch()
+            batch.delete(shard.cf, timer_key)
+            batch.put(CF_INDEX, ikey, encode_index(replace(
+                entry, status=MessageStatus.CANCELLED, updated_at=now)))
+            batch.put(CF_EXPIRY, expiry_key(now + self.config.retention_ms, ikey), b"")
+            committer.commit_plain(batch)
+            if shard.below_frontier(timer_key):  # maybe queued for delivery: filter it out
+                committer.skip(timer_key)
+        self.metrics.cancelled.inc()
+        self.metrics.pending.dec()
+        return result
+
+    # --- reading --------------------------------------------------------------------------
     def status(self, topic: str, msg_id: str) -> MessageInfo:
         """Raises NotFound."""
-        raise NotImplementedError
+        check_topic(topic, allow_system=True)
+        check_msg_id(msg_id)
+        store, _ = self._live()
+        raw = store.get(CF_INDEX, index_key(topic, msg_id))
+        if raw is None:
+            raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+        entry = decode_index(raw)
+        return MessageInfo(msg_id=msg_id, topic=topic, status=entry.status,
+                           deliver_at=entry.deliver_at, offset=entry.queue_offset)
 
     def list_scheduled(
         self, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
         cursor: str | None,
     ) -> tuple[list[MessageInfo], str | None]:
-        """Pending messages of ``topic`` by deliver time; returns (page, next cursor or None)."""
-        raise NotImplementedError
+        """Pending messages of ``topic`` by deliver time; returns (page, next cursor or None).
+        ``from_ms`` inclusive, ``to_ms`` exclusive; a page may be short (see listing.py)."""
+        check_topic(topic, allow_system=True)
+        store, _ = self._live()
+        return list_scheduled(store, topic, from_ms=from_ms, to_ms=to_ms, limit=limit,
+                              cursor=cursor)
 
     # --- consuming ------------------------------------------------------------------------
     def pull(self, topic: str, offset: int, max_messages: int) -> PullResult:
-        raise NotImplementedError
+        check_topic(topic, allow_system=True)
+        if offset < 0:
+            raise InvalidArgument("offset must be >= 0")
+        if not 1 <= max_messages <= PULL_MAX:
+            raise InvalidArgument(f"max must be in 1..{PULL_MAX}")
+        self._live()
+        assert self._log is not None
+        messages = []
+        for entry in self._queues.read(topic, offset, max_messages):
+            rec = decode_log_record(self._log.read(entry.position))
+            messages.append(_delivered(rec))
+        next_offset = messages[-1].offset + 1 if messages else offset
+        return PullResult(messages=messages, next_offset=next_offset)
 
     def end_offset(self, topic: str) -> int:
         """The next queue offset of ``topic`` (number of messages delivered to it)."""
-        raise NotImplementedError
+        check_topic(topic, allow_system=True)
+        self._live()
+        return self._queues.end_offset(topic)
 
     def add_delivery_listener(self, listener: Callable[[Collection[str]], None]) -> None:
-        """``listener(topics)`` is called from the delivery thread after each commit."""
-        raise NotImplementedError
+        """``listener(topics)`` is called after each commit that appended messages: from
+        the delivery thread, and from the sending thread for messages due on arrival. It
+        must be quick and must not call back into the Broker's write paths."""
+        self._listeners.append(listener)
 
     def get_group_offset(self, topic: str, group: str) -> int:
-        raise NotImplementedError
+        store, _ = self._live()
+        raw = store.get(CF_META, _group_key(topic, group))
+        return 0 if raw is None else unpack_u64(raw)
 
     def commit_group_offset(self, topic: str, group: str, offset: int) -> int:
-        raise NotImplementedError
+        store, _ = self._live()
+        key = _group_key(topic, group)
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument("offset must be an integer >= 0")
+        end = self._queues.end_offset(topic)
+        if offset > end:
+            raise InvalidArgument(f"offset {offset} is beyond the end of {topic!r} ({end})")
+        batch = store.batch()
+        batch.put(CF_META, key, pack_u64(offset))
+        store.write(batch)
+        return offset
 
     # --- transactions (issue 5) -------------------------------------------------------------
     def prepare_transaction(
@@ -96,26 +523,153 @@ class Broker:
     ) -> TransactionResult:
         """Store a half message (invisible to consumers). RocketMQ immunity rule:
         max(check_immunity_seconds parsed as RocketMQ does, transaction timeout)."""
-        raise NotImplementedError
+        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
 
     def commit_transaction(self, transaction_id: str) -> TransactionResult:
         """Idempotent; raises NotFound, Conflict (after a rollback)."""
-        raise NotImplementedError
+        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
 
     def rollback_transaction(self, transaction_id: str) -> TransactionResult:
         """Idempotent; raises NotFound, Conflict (after a commit)."""
-        raise NotImplementedError
+        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
 
-    def poll_transaction_checks(self, producer_group: str, max_checks: int) -> list[TransactionCheck]:
+    def poll_transaction_checks(
+        self, producer_group: str, max_checks: int,
+    ) -> list[TransactionCheck]:
         """Prepared messages of the group whose immunity passed and next check is due; each
         returned check counts; past the maximum the message is DISCARDED."""
-        raise NotImplementedError
-
-    def snapshot(self) -> dict[str, Any]:
-        """RocksDB checkpoint + manifest: {"snapshotId", "path", "createdAt"}."""
-        raise NotImplementedError
+        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
 
     # --- operations -----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """RocksDB checkpoint + manifest: {"snapshotId", "path", "createdAt"}."""
+        from storage.snapshots import create_snapshot  # lazily: an optional colleague module
+
+        store, _ = self._live()
+        info = create_snapshot(store, self.config.data_dir / SNAPSHOTS_DIR,
+                               extra=self._positions(), now_ms=self.clock.now_ms())
+        return {"snapshotId": info.snapshot_id, "path": str(info.path),
+                "createdAt": info.created_at}
+
     def stats(self) -> dict[str, Any]:
         """Pending count, delivered/cancelled totals, watermarks, delivery lag, log sizes."""
-        raise NotImplementedError
+        self._live()
+        m = self.metrics
+        now = self.clock.now_ms()
+        lateness = m.lateness_ms.snapshot()
+        return {
+            "ready": self.ready,
+            "pending": int(m.pending.value),
+            "scheduled": m.scheduled.value,
+            "delivered": m.delivered.value,
+            "deliveredImmediate": m.delivered_immediate.value,
+            "cancelled": m.cancelled.value,
+            "duplicates": m.duplicates.value,
+            "retries": m.retries.value,
+            "deliveryQueueBatches": int(m.delivery_queue_batches.value),
+            "deliveryQueueMessages": int(m.delivery_queue_messages.value),
+            "watermarkLagMs": max(self._lags(now).values(), default=0),
+            "latenessP50Ms": lateness.quantile(0.5),
+            "latenessP99Ms": lateness.quantile(0.99),
+            **self._positions(),
+        }
+
+    def _positions(self) -> dict[str, Any]:
+        store, committer = self._live()
+        assert self._log is not None
+        return {
+            "timerShards": len(self._shards),
+            "watermarks": {str(st.shard): store.watermark(st.shard) for st in self._shards},
+            "appliedLogPosition": committer.applied_position,
+            "logEndPosition": self._log.end_position,
+        }
+
+    # --- internals ------------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise Unavailable(f"the engine is {self._state}")
+
+    def _live(self) -> tuple[TimerStore, Committer]:
+        self._check_running()
+        assert self._store is not None
+        return self._store, self._committer
+
+    @contextlib.contextmanager
+    def _locks(self, shards: Sequence[int]) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for s in shards:
+                stack.enter_context(self._shards[s].lock)
+            yield
+
+    @contextlib.contextmanager
+    def _all_locks(self) -> Iterator[None]:
+        with self._locks(range(len(self._shards))):
+            committer = getattr(self, "_committer", None)
+            with committer.lock if committer is not None else contextlib.nullcontext():
+                yield
+
+    def _lags(self, now: int | None = None) -> dict[str, float]:
+        now = self.clock.now_ms() if now is None else now
+        return {str(s.state.shard): float(s.lag_ms(now)) for s in self._scanners}
+
+    def _notify(self, topics: Collection[str]) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(topics)
+            except Exception:
+                log.exception("delivery listener %r failed", listener)
+
+    def _on_commit(self, outcome: CommitOutcome) -> None:
+        n = len(outcome.delivered)
+        m = self.metrics
+        if n:
+            m.delivered.inc(n)
+            m.pending.dec(n)
+            m.lateness_ms.observe_many(outcome.lateness_ms)
+            m.commit_batch_size.observe(n)
+        if self._maintenance is not None:
+            for shard, count in outcome.removed_by_shard.items():
+                self._maintenance.note_delivered(shard, count)
+        if n:
+            self._notify(outcome.topics)
+
+    def _on_replayed(self, records: list[LogRecord], runtime: bool) -> None:
+        self.metrics.replayed.inc(len(records))
+        if runtime:  # a failed commit's records, now applied: they count as delivered
+            self.metrics.delivered.inc(len(records))
+            self.metrics.pending.dec(sum(1 for r in records if not r.flags & FLAG_IMMEDIATE))
+            self._notify({r.topic for r in records})
+
+
+_PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
+                                status=MessageStatus.SCHEDULED, cancel_handle="")
+
+
+def _duplicate_result(m: PreparedMessage, entry: IndexEntry) -> SendResult:
+    if entry.status in (MessageStatus.PREPARED, MessageStatus.ROLLED_BACK,
+                        MessageStatus.DISCARDED):
+        raise Conflict(f"msgId {m.msg_id!r} of topic {m.topic!r} belongs to a transactional "
+                       f"message ({entry.status})")
+    status = (MessageStatus.DELIVERED if entry.status is MessageStatus.DELIVERED
+              else MessageStatus.SCHEDULED)
+    return SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=entry.deliver_at,
+                      status=status,
+                      cancel_handle=encode_handle(entry.deliver_at, m.topic, m.msg_id),
+                      duplicate=True)
+
+
+def _delivered(rec: LogRecord) -> Delivered:
+    return Delivered(offset=rec.queue_offset, msg_id=rec.msg_id, topic=rec.topic, body=rec.body,
+                     tags=rec.tags, keys=tuple(rec.keys), properties=rec.properties,
+                     born_at=rec.born_at, deliver_at=rec.deliver_at, stored_at=rec.stored_at)
+
+
+def _group_key(topic: str, group: str) -> bytes:
+    check_topic(topic, allow_system=True)
+    if not isinstance(group, str) or not GROUP_PATTERN.match(group):
+        raise InvalidArgument(f"group {group!r} does not match {GROUP_PATTERN.pattern}")
+    return META_GROUP_OFFSET_PREFIX + topic.encode() + SEP + group.encode()
+
+
+__all__ = ["COMMITLOG_DIR", "ROCKSDB_DIR", "SNAPSHOTS_DIR", "Broker", "check_config",
+           "open_commitlog"]

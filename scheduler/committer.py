@@ -1,0 +1,315 @@
+"""The exactly-once hand-off: CommitLog append, then ONE RocksDB write.
+
+Every message reaches the log through this module, whether it was due on arrival (the send
+path, synchronously) or found due by a scanner (the delivery stage):
+
+1. under the commit lock, drop what must not be delivered (the *skip set*, below);
+2. assign each message its topic's next queue offset (in memory) and append the batch to the
+   CommitLog: each record carries topic, msgId, queue offset and deliverAt;
+3. commit ONE RocksDB batch: the scanned timer ranges deleted (``delete_range``: a scanned
+   range of a shard is contiguous and nothing new can land in it, see scanner.py), the
+   shards' watermarks, consume-queue entries, index -> DELIVERED with offset and position,
+   expiry entries for the retention clean-up, and the applied log position.
+
+A crash between 2 and 3 leaves records in the log that RocksDB does not know; ``replay``
+applies every record past the applied position (timer key re-derived from deliverAt, topic
+and msgId; consume-queue entry at the record's own queue offset; index -> DELIVERED), which
+is idempotent. It runs on start, and also at run time: a failed step 3 sets
+``needs_replay`` and the next commit, cancel or send replays before it looks at anything, so
+a retried batch never appends a message twice.
+
+The skip set. Delivery does not read the index to learn whether a scanned message is still
+wanted (that multi-get would cost more than the rest of the commit). Instead, a cancel of a
+message the scanner may already have handed on (its key lies below the shard's scan
+frontier) adds the key to the skip set, under the same locks, and so does a replay for the
+keys it delivered. A batch's skipped keys leave the set only once that batch has been
+committed, so a failed attempt retried later still skips them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.clock import Clock
+from scheduler.intake import PreparedMessage, expiry_key
+from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
+from storage.keys import decode_timer_key, encode_timer_key, index_key, pack_u64, unpack_u64
+from storage.records import (
+    FLAG_IMMEDIATE,
+    IndexEntry,
+    LogRecord,
+    MessageStatus,
+    decode_index,
+    decode_log_record,
+    decode_message,
+    encode_index,
+    encode_log_record,
+)
+from storage.timer_store import Batch, TimerStore
+
+log = logging.getLogger(__name__)
+
+REPLAY_CHUNK = 4096  # log records per RocksDB batch when replaying
+
+
+class Log(Protocol):
+    """What the engine needs of storage.commitlog.CommitLog (tests wrap it to inject faults)."""
+
+    @property
+    def end_position(self) -> int: ...
+    def append_batch(self, payloads: Sequence[bytes]) -> list[int]: ...
+    def read(self, position: int) -> bytes: ...
+    def iter_from(self, position: int) -> Iterable[tuple[int, bytes]]: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Queues(Protocol):
+    """What the engine needs of storage.consume_queue.ConsumeQueue."""
+
+    def put(self, batch: Batch, topic: str, queue_offset: int, position: int,
+            size: int) -> None: ...
+    def end_offset(self, topic: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanBatch:
+    """Due keys a scanner found: every key of ``shard`` in [start, end), in order."""
+
+    shard: int
+    start: bytes
+    end: bytes
+    items: list[tuple[bytes, bytes]]  # (timer key, encoded MessageRecord)
+
+    @property
+    def watermark_ms(self) -> int:
+        """Every key of the shard with deliverAt below this is handled once this is committed."""
+        return unpack_u64(self.end)
+
+
+@dataclass(slots=True)
+class CommitOutcome:
+    """What one commit appended: per message (topic, msgId, queue offset, position)."""
+
+    delivered: list[tuple[str, str, int, int]] = field(default_factory=list)
+    lateness_ms: list[int] = field(default_factory=list)
+    skipped: int = 0
+    removed_by_shard: dict[int, int] = field(default_factory=dict)  # timer keys deleted
+
+    @property
+    def topics(self) -> set[str]:
+        return {d[0] for d in self.delivered}
+
+
+class Committer:
+    def __init__(
+        self, *, store: TimerStore, log: Log, queues: Queues, clock: Clock, retention_ms: int,
+        on_replayed: Callable[[list[LogRecord], bool], None] | None = None,
+    ) -> None:
+        self.lock = threading.Lock()  # THE commit lock: append + RocksDB commit, cancels
+        self._store = store
+        self._log = log
+        self._queues = queues
+        self._clock = clock
+        self._retention_ms = retention_ms
+        self._on_replayed = on_replayed
+        self._offsets: dict[str, int] = {}  # topic -> next queue offset (lazily loaded)
+        self._skip: set[bytes] = set()
+        self.applied_position = 0
+        self.needs_replay = False
+
+    # --- queue offsets ---------------------------------------------------------------------
+    def _take_offsets(self, topics: Sequence[str]) -> list[int]:
+        offsets = self._offsets
+        out = []
+        for topic in topics:
+            nxt = offsets.get(topic)
+            if nxt is None:
+                nxt = self._queues.end_offset(topic)
+            out.append(nxt)
+            offsets[topic] = nxt + 1
+        return out
+
+    # --- skip set ------------------------------------------------------------------------------
+    def skip(self, timer_key: bytes) -> None:
+        """Never deliver the scanned-but-uncommitted message with this key (lock held)."""
+        self._skip.add(timer_key)
+
+    # --- recovery ------------------------------------------------------------------------------
+    def recover(self) -> list[LogRecord]:
+        """On start: apply every log record past the persisted applied position."""
+        with self.lock:
+            raw = self._store.get(CF_META, META_APPLIED_POSITION)
+            self.applied_position = 0 if raw is None else unpack_u64(raw)
+            end = self._log.end_position
+            if self.applied_position > end:
+                log.error("applied log position %d is past the log's end %d: the log lost its "
+                          "tail (power loss with async flushing?); continuing from the end",
+                          self.applied_position, end)
+                self.applied_position = end
+            return self._replay(runtime=False)
+
+    def replay_if_needed(self) -> None:
+        """After a failed RocksDB commit: apply what the log holds first (lock held)."""
+        if self.needs_replay:
+            self._replay(runtime=True)
+
+    def _replay(self, *, runtime: bool) -> list[LogRecord]:
+        replayed: list[LogRecord] = []
+        chunk: list[tuple[int, int, LogRecord]] = []
+        for position, payload in self._log.iter_from(self.applied_position):
+            if len(chunk) >= REPLAY_CHUNK:
+                self._apply(chunk, position, runtime)
+                replayed.extend(r for _, _, r in chunk)
+                chunk = []
+            chunk.append((position, len(payload), decode_log_record(payload)))
+        if chunk:
+            self._apply(chunk, self._log.end_position, runtime)
+            replayed.extend(r for _, _, r in chunk)
+        self.needs_replay = False
+        self._offsets.clear()  # reloaded from the consume queues, which now hold everything
+        if replayed and self._on_replayed is not None:
+            self._on_replayed(replayed, runtime)
+        return replayed
+
+    def _apply(self, chunk: list[tuple[int, int, LogRecord]], applied_after: int,
+               runtime: bool) -> None:
+        store = self._store
+        batch = store.batch()
+        ikeys = [index_key(r.topic, r.msg_id) for _, _, r in chunk]
+        previous = store.multi_get(CF_INDEX, ikeys) if ikeys else []
+        skip_keys = []
+        for (position, size, rec), ikey, old in zip(chunk, ikeys, previous, strict=True):
+            if not rec.flags & FLAG_IMMEDIATE:
+                tkey = encode_timer_key(rec.deliver_at, rec.topic, rec.msg_id)
+                batch.delete(timer_cf(store.shard_of(rec.topic, rec.msg_id)), tkey)
+                skip_keys.append(tkey)
+            self._queues.put(batch, rec.topic, rec.queue_offset, position, size)
+            tx_id = None if old is None else decode_index(old).tx_id
+            batch.put(CF_INDEX, ikey, encode_index(IndexEntry(
+                status=MessageStatus.DELIVERED, deliver_at=rec.deliver_at,
+                updated_at=rec.stored_at, queue_offset=rec.queue_offset, log_position=position,
+                tx_id=tx_id)))
+            batch.put(CF_EXPIRY, expiry_key(rec.stored_at + self._retention_ms, ikey), b"")
+        batch.put(CF_META, META_APPLIED_POSITION, pack_u64(applied_after))
+        store.write(batch)
+        self.applied_position = applied_after
+        if runtime:  # these may sit in a scanned batch that will be retried: never again
+            self._skip.update(skip_keys)
+
+    # --- commits ---------------------------------------------------------------------------------
+    def commit_due(self, scans: Sequence[ScanBatch]) -> CommitOutcome:
+        """Deliver scanned batches (the delivery stage; takes the commit lock)."""
+        with self.lock:
+            self.replay_if_needed()
+            now = self._clock.now_ms()
+            skip = self._skip
+            skipped: list[bytes] = []
+            keys: list[bytes] = []
+            values: list[bytes] = []
+            for scan in scans:
+                for key, value in scan.items:
+                    if key in skip:
+                        skipped.append(key)
+                    else:
+                        keys.append(key)
+                        values.append(value)
+            parts = [decode_timer_key(k) for k in keys]
+            records = []
+            for (deliver_at, topic, msg_id), value, offset in zip(
+                    parts, values, self._take_offsets([p[1] for p in parts]), strict=True):
+                msg = decode_message(value)
+                records.append(LogRecord(
+                    topic=topic, msg_id=msg_id, queue_offset=offset, body=msg.body,
+                    tags=msg.tags, keys=msg.keys, properties=msg.properties,
+                    born_at=msg.born_at, deliver_at=deliver_at, stored_at=now,
+                    flags=msg.flags))
+            batch = self._store.batch()
+            self._add_ranges(batch, scans)
+            outcome = self._append_and_commit(batch, records, [k[8:] for k in keys])
+            skip.difference_update(skipped)
+            outcome.skipped = len(skipped)
+            for scan in scans:
+                removed = outcome.removed_by_shard
+                removed[scan.shard] = removed.get(scan.shard, 0) + len(scan.items)
+            outcome.lateness_ms = [now - p[0] for p in parts]
+            return outcome
+
+    def commit_immediate(self, batch: Batch, messages: Sequence[PreparedMessage]) -> CommitOutcome:
+        """Append messages due on arrival and write them with ``batch`` (which may hold the
+        caller's own operations, e.g. scheduled siblings of a send batch). Lock held."""
+        now = self._clock.now_ms()
+        offsets = self._take_offsets([m.topic for m in messages])
+        records = [
+            LogRecord(topic=m.topic, msg_id=m.msg_id, queue_offset=offset, body=m.record.body,
+                      tags=m.record.tags, keys=m.record.keys,
+                      properties=m.record.properties, born_at=m.record.born_at,
+                      deliver_at=m.deliver_at, stored_at=now,
+                      flags=m.record.flags | FLAG_IMMEDIATE)
+            for m, offset in zip(messages, offsets, strict=True)
+        ]
+        tx_ids = [m.tx_id for m in messages]
+        outcome = self._append_and_commit(batch, records, [m.index_key for m in messages], tx_ids)
+        outcome.lateness_ms = [now - max(m.deliver_at, m.record.born_at) for m in messages]
+        return outcome
+
+    def commit_plain(self, batch: Batch) -> None:
+        """Write ``batch`` under the commit lock with nothing appended (lock held)."""
+        self.replay_if_needed()
+        self._write(batch)
+
+    def _add_ranges(self, batch: Batch, scans: Sequence[ScanBatch]) -> None:
+        """One delete_range per run of contiguous scans of a shard, and its new watermark."""
+        runs: dict[int, list[bytes]] = {}
+        for scan in scans:
+            run = runs.get(scan.shard)
+            if run is not None and run[1] == scan.start:
+                run[1] = scan.end
+                continue
+            if run is not None:
+                batch.delete_range(timer_cf(scan.shard), run[0], run[1])
+            runs[scan.shard] = [scan.start, scan.end]
+        for shard, (start, end) in runs.items():
+            batch.delete_range(timer_cf(shard), start, end)
+            TimerStore.put_watermark(batch, shard, unpack_u64(end))
+
+    def _append_and_commit(
+        self, batch: Batch, records: list[LogRecord], ikeys: list[bytes],
+        tx_ids: list[str | None] | None = None,
+    ) -> CommitOutcome:
+        outcome = CommitOutcome()
+        if records:
+            payloads = [encode_log_record(r) for r in records]
+            try:
+                positions = self._log.append_batch(payloads)
+            except BaseException:
+                self._offsets.clear()  # offsets handed out for nothing: reload them
+                raise
+            queues = self._queues
+            index_puts = []
+            expiry_base = records[0].stored_at + self._retention_ms
+            for i, (rec, ikey, position, payload) in enumerate(
+                    zip(records, ikeys, positions, payloads, strict=True)):
+                queues.put(batch, rec.topic, rec.queue_offset, position, len(payload))
+                index_puts.append((ikey, encode_index(IndexEntry(
+                    status=MessageStatus.DELIVERED, deliver_at=rec.deliver_at,
+                    updated_at=rec.stored_at, queue_offset=rec.queue_offset,
+                    log_position=position, tx_id=None if tx_ids is None else tx_ids[i]))))
+                outcome.delivered.append((rec.topic, rec.msg_id, rec.queue_offset, position))
+            batch.put_many(CF_INDEX, index_puts)
+            batch.put_many(CF_EXPIRY, ((expiry_key(expiry_base, k), b"") for k in ikeys))
+            self.needs_replay = True  # until the write below succeeds
+        self._write(batch)
+        return outcome
+
+    def _write(self, batch: Batch) -> None:
+        end = self._log.end_position
+        if end != self.applied_position:
+            batch.put(CF_META, META_APPLIED_POSITION, pack_u64(end))
+        self._store.write(batch)
+        self.applied_position = end
+        self.needs_replay = False

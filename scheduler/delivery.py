@@ -1,0 +1,179 @@
+"""The delivery stage: a bounded queue of scan batches drained by one committing thread.
+
+Flow control: scanners block in ``put`` while the queue holds ``delivery_queue_batches``
+batches, so however many messages are due at once, at most that many scan batches (plus the
+one being committed) are in memory. The consumer takes a batch and, without waiting, as
+many more as fit in ``delivery_batch_max`` messages, and commits them with ONE log append
+and ONE RocksDB write (scheduler/committer.py).
+
+Failures: a failed commit is retried with back-off min(n x 100 ms, retry_max_backoff_ms)
+measured on the engine clock; the batch is never dropped. While it fails the stage is
+``blocked`` (the Broker reports itself not ready) and every retry is counted. Shutdown
+closes the queue: queued batches are dropped, which loses nothing, since their keys are
+still in RocksDB below no persisted watermark and are scanned again on the next start.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+
+from scheduler.clock import Clock
+from scheduler.committer import CommitOutcome, Committer, ScanBatch
+from scheduler.metrics import EngineMetrics
+from scheduler.scanner import Progress
+
+log = logging.getLogger(__name__)
+
+
+class BoundedQueue:
+    """A FIFO of scan batches with a capacity in batches; ``close`` wakes every waiter."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self._capacity = capacity
+        self._items: collections.deque[ScanBatch] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.messages = 0
+
+    def put(self, item: ScanBatch) -> bool:
+        """Block while full; False when the queue was closed (the item is not queued)."""
+        with self._cond:
+            while len(self._items) >= self._capacity and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return False
+            self._items.append(item)
+            self.messages += len(item.items)
+            self._cond.notify_all()
+            return True
+
+    def get(self) -> ScanBatch | None:
+        """Block until an item is there; None once closed."""
+        with self._cond:
+            while not self._items and not self._closed:
+                self._cond.wait()
+            return self._pop() if not self._closed else None
+
+    def get_nowait(self) -> ScanBatch | None:
+        with self._cond:
+            return self._pop() if self._items and not self._closed else None
+
+    def _pop(self) -> ScanBatch:
+        item = self._items.popleft()
+        self.messages -= len(item.items)
+        self._cond.notify_all()
+        return item
+
+    def close(self) -> int:
+        """Close and drop what is queued; returns the number of dropped batches."""
+        with self._cond:
+            self._closed = True
+            dropped = len(self._items)
+            self._items.clear()
+            self.messages = 0
+            self._cond.notify_all()
+            return dropped
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class DeliveryStage:
+    def __init__(
+        self, *, committer: Committer, clock: Clock, metrics: EngineMetrics,
+        progress: Progress, queue_batches: int, batch_max: int, max_backoff_ms: int,
+        on_commit: Callable[[CommitOutcome], None],
+    ) -> None:
+        self._committer = committer
+        self._clock = clock
+        self._metrics = metrics
+        self._progress = progress
+        self._batch_max = batch_max
+        self._max_backoff_ms = max_backoff_ms
+        self._on_commit = on_commit
+        self.queue = BoundedQueue(queue_batches)
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # clock.wait's event: a FakeClock sets it on advance
+        self._thread = threading.Thread(target=self._run, name="delivery", daemon=True)
+        self.blocked = False
+        metrics.delivery_queue_batches.set_function(lambda: len(self.queue))
+        metrics.delivery_queue_messages.set_function(lambda: self.queue.messages)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, batch: ScanBatch) -> bool:
+        """Hand a scan batch over (blocks while the queue is full); False when stopping."""
+        return self.queue.put(batch)
+
+    def stop(self) -> None:
+        """Stop taking batches; a commit in progress finishes, a back-off wait is cut short;
+        queued batches are dropped (they are still in RocksDB)."""
+        self._stop.set()
+        self._wake.set()
+        dropped = self.queue.close()
+        if dropped:
+            log.info("delivery stopped with %d scan batches queued: they stay in RocksDB",
+                     dropped)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            batches = [first]
+            count = len(first.items)
+            while count < self._batch_max:
+                more = self.queue.get_nowait()
+                if more is None:
+                    break
+                batches.append(more)
+                count += len(more.items)
+            if not self._commit(batches):
+                return
+
+    def _commit(self, batches: list[ScanBatch]) -> bool:
+        """Commit, retrying with back-off until it works (True) or the stage stops (False)."""
+        attempt = 0
+        while True:
+            try:
+                outcome = self._committer.commit_due(batches)
+                break
+            except Exception as exc:
+                attempt += 1
+                backoff = min(attempt * 100, self._max_backoff_ms)
+                self._metrics.retries.inc()
+                self._metrics.storage_errors.inc()
+                if not self.blocked:
+                    self.blocked = True
+                    self._metrics.blocked.set(1)
+                log.warning("delivery of %d messages failed (attempt %d), retrying in %d ms: %s",
+                            sum(len(b.items) for b in batches), attempt, backoff, exc)
+                if not self._sleep(backoff):
+                    return False
+        if self.blocked:
+            self.blocked = False
+            self._metrics.blocked.set(0)
+            log.info("delivery recovered after %d failed attempts", attempt)
+        self._on_commit(outcome)
+        self._progress.commit(len(batches))
+        return True
+
+    def _sleep(self, ms: int) -> bool:
+        """Wait ``ms`` on the engine clock; False when stopped meanwhile."""
+        deadline = self._clock.now_ms() + ms
+        while not self._stop.is_set():
+            if self._clock.now_ms() >= deadline:
+                return True
+            self._wake.clear()
+            if self._stop.is_set():  # stop() sets _stop before _wake: no lost wake-up
+                break
+            self._clock.wait(self._wake, deadline)
+        return False

@@ -1,0 +1,89 @@
+"""``list_scheduled``: one topic's pending messages by deliver time, paged by an opaque cursor.
+
+Timer keys are ordered by (deliverAt, topic, msgId) and spread over the shards, so a page
+is a k-way merge of the shards' key ranges, filtered by topic. That costs the keys of other
+topics in the same time range, so every call reads at most ``scan_budget`` keys: a page can
+come back short (even empty) with a cursor to go on from; ``None`` means the range is done.
+The cursor is the last key looked at, so paging is stable under concurrent sends and
+deliveries (a message delivered meanwhile simply no longer shows up).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import heapq
+from collections.abc import Iterator
+
+from scheduler.model import MessageInfo
+from storage.errors import InvalidArgument
+from storage.keys import MAX_U64, decode_timer_key, time_bound
+from storage.records import MessageStatus
+from storage.timer_store import TimerStore
+
+CURSOR_VERSION = 1
+MAX_PAGE = 1000
+SCAN_BUDGET = 100_000  # keys read per call at most
+
+
+def encode_cursor(topic: str, timer_key: bytes) -> str:
+    """Opaque: version, the topic it belongs to, and the last timer key looked at (which
+    may be another topic's)."""
+    raw = bytes([CURSOR_VERSION]) + topic.encode("utf-8") + b"\x00" + timer_key
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def decode_cursor(cursor: str, topic: str) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        if not raw or raw[0] != CURSOR_VERSION:
+            raise ValueError("unknown cursor version")
+        cursor_topic, sep, key = raw[1:].partition(b"\x00")
+        if not sep:
+            raise ValueError("no topic")
+        decode_timer_key(key)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument(f"malformed cursor {cursor!r}") from None
+    if cursor_topic != topic.encode("utf-8"):
+        raise InvalidArgument("the cursor belongs to another topic")
+    return key
+
+
+def _shard_keys(store: TimerStore, cf: str, start: bytes, end: bytes | None) -> Iterator[bytes]:
+    for key, _ in store.scan(cf, start, end):
+        yield key
+
+
+def list_scheduled(
+    store: TimerStore, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
+    cursor: str | None, scan_budget: int = SCAN_BUDGET,
+) -> tuple[list[MessageInfo], str | None]:
+    """Pending messages of ``topic`` with from_ms <= deliverAt < to_ms, by deliver time."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidArgument(f"limit must be in 1..{MAX_PAGE}")
+    for name, value in (("from", from_ms), ("to", to_ms)):
+        if value is not None and not 0 <= value <= MAX_U64:
+            raise InvalidArgument(f"{name} must be a time in epoch ms")
+    start = time_bound(from_ms or 0)
+    if cursor is not None:
+        start = max(start, decode_cursor(cursor, topic) + b"\x00")
+    end = None if to_ms is None else time_bound(to_ms)
+    if end is not None and end <= start:
+        return [], None
+    merged = heapq.merge(*(_shard_keys(store, cf, start, end) for cf in store.timer_cf_names()))
+    wanted = topic.encode("utf-8") + b"\x00"
+    page: list[MessageInfo] = []
+    last = None
+    for read, key in enumerate(merged, start=1):
+        last = key
+        if key[8:8 + len(wanted)] == wanted:
+            deliver_at, _, msg_id = decode_timer_key(key)
+            page.append(MessageInfo(msg_id=msg_id, topic=topic,
+                                    status=MessageStatus.SCHEDULED, deliver_at=deliver_at))
+            if len(page) == limit:
+                break
+        if read >= scan_budget:
+            break
+    else:
+        return page, None  # the range is exhausted
+    return page, encode_cursor(topic, last) if last is not None else None

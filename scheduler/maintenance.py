@@ -1,0 +1,117 @@
+"""Background upkeep on the engine clock: status retention and the delivered prefix.
+
+- Retention: a final state (DELIVERED, CANCELLED, ...) stays readable for ``retention_ms``.
+  Whoever writes a final state also writes ``expiry`` key = 8-byte expiresAt + topic NUL
+  msgId; this thread deletes the index entries whose expiry is due, oldest first, in
+  bounded batches, sleeping until the next expiry (never a fixed poll). An index entry that
+  is no longer final (the key was re-used after an earlier clean-up) is left alone.
+- Delivered prefix: delivery deletes each scanned range with ``delete_range``; once a
+  shard has had ``compact_after_deletes`` keys delivered since its last clean-up, this
+  thread runs ``cleanup_prefix`` (delete_range + compact_range below the persisted
+  watermark) so range tombstones do not pile up at the head of the key space. Compaction
+  releases the GIL, so it costs the delivery thread little.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from scheduler.clock import Clock
+from scheduler.metrics import EngineMetrics
+from storage.constants import CF_EXPIRY, CF_INDEX, timer_cf
+from storage.keys import MAX_U64, time_bound, unpack_u64
+from storage.records import FINAL_STATUSES, decode_index
+from storage.timer_store import TimerStore
+
+log = logging.getLogger(__name__)
+
+EXPIRY_BATCH = 1000
+
+
+class Maintenance(threading.Thread):
+    def __init__(
+        self, *, store: TimerStore, clock: Clock, metrics: EngineMetrics, retention_ms: int,
+        compact_after_deletes: int,
+    ) -> None:
+        super().__init__(name="maintenance", daemon=True)
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._retention_ms = retention_ms
+        self._compact_after = compact_after_deletes
+        self._halt = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._deleted: dict[int, int] = {}  # shard -> keys delivered since its last clean-up
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._wake.set()
+        if self.is_alive():
+            self.join()
+
+    def note_delivered(self, shard: int, count: int) -> None:
+        """Delivery removed ``count`` keys of ``shard``; wakes the thread past the threshold."""
+        with self._lock:
+            total = self._deleted.get(shard, 0) + count
+            self._deleted[shard] = total
+        if total >= self._compact_after:
+            self._wake.set()
+
+    def run(self) -> None:
+        failures = 0
+        while not self._halt.is_set():
+            self._wake.clear()
+            if self._halt.is_set():
+                return
+            try:
+                next_at = self.expire_due()
+                self.cleanup_prefixes()
+                failures = 0
+            except Exception:
+                failures += 1
+                self._metrics.storage_errors.inc()
+                log.exception("maintenance failed (%d in a row)", failures)
+                next_at = self._clock.now_ms() + min(failures * 1000, 60_000)
+            self._clock.wait(self._wake, next_at)
+
+    def expire_due(self) -> int:
+        """Remove every due expiry; returns when the next one is due (or a bound on it)."""
+        store = self._store
+        while True:
+            now = self._clock.now_ms()
+            due = list(store.scan(CF_EXPIRY, b"", time_bound(now + 1), EXPIRY_BATCH))
+            if due:
+                self._expire(due)
+            if len(due) < EXPIRY_BATCH:
+                break
+        first = list(store.scan(CF_EXPIRY, b"", None, 1))
+        if first:
+            return unpack_u64(first[0][0])
+        # nothing pending: anything written from now on expires after now + retention
+        return min(now + max(self._retention_ms, 1), MAX_U64)
+
+    def _expire(self, due: list[tuple[bytes, bytes]]) -> None:
+        store = self._store
+        ikeys = [key[8:] for key, _ in due]
+        entries = store.multi_get(CF_INDEX, ikeys)
+        batch = store.batch()
+        removed = 0
+        for (key, _), ikey, raw in zip(due, ikeys, entries, strict=True):
+            batch.delete(CF_EXPIRY, key)
+            if raw is not None and decode_index(raw).status in FINAL_STATUSES:
+                batch.delete(CF_INDEX, ikey)
+                removed += 1
+        store.write(batch)
+        self._metrics.expired.inc(removed)
+
+    def cleanup_prefixes(self) -> None:
+        with self._lock:
+            ready = [s for s, n in self._deleted.items() if n >= self._compact_after]
+            for shard in ready:
+                self._deleted[shard] = 0
+        for shard in ready:
+            watermark = self._store.watermark(shard)
+            self._store.cleanup_prefix(timer_cf(shard), watermark)
+            log.info("cleaned the delivered prefix of shard %d below %d", shard, watermark)

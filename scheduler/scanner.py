@@ -1,0 +1,160 @@
+"""Scanners: one thread per timer shard, handing due key ranges to the delivery stage.
+
+Each shard's state is shared with the send and cancel paths and guarded by the shard's lock:
+
+- ``frontier_key``: every key of the shard below it has been handed to delivery. A scan
+  reads [frontier, time_bound(now + 1)) (at most ``scan_batch_size`` keys) and moves the
+  frontier to its end, all under the lock.
+- The watermark race. A send whose key falls below the frontier would be stranded (the
+  scanner has passed it) or, worse, erased by the delivery's ``delete_range`` of the
+  scanned range. So the send path decides under the same lock: a key below the frontier is
+  already due (its deliverAt <= the time of that scan <= now) and goes straight to the log
+  through the commit path; any other key is written while the lock is held, so the next scan
+  sees it. Hence nothing new ever lands inside a scanned range, and the range delete of a
+  committed batch deletes exactly what was scanned.
+- ``wake_at``: when the idle scanner will next look (the first pending key), or None. A send
+  of an earlier key lowers it and sets ``wake``; the scanner clears ``wake`` under the lock
+  before it looks, so a wake-up cannot be lost. Sleeping is ``clock.wait(wake, wake_at)``:
+  no fixed poll, and a FakeClock wakes it when a test advances time.
+- ``covered_ms``: every key with deliverAt <= covered_ms has been handed on (used by
+  ``Broker.drain`` and the watermark-lag metric).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from scheduler.clock import Clock
+from scheduler.committer import ScanBatch
+from scheduler.metrics import EngineMetrics
+from storage.constants import timer_cf
+from storage.keys import MAX_U64, time_bound, unpack_u64
+from storage.timer_store import TimerStore
+
+log = logging.getLogger(__name__)
+
+NOTHING_PENDING = MAX_U64  # covered_ms of a shard with no pending key at all
+
+
+class ShardState:
+    def __init__(self, shard: int, watermark_ms: int) -> None:
+        self.shard = shard
+        self.cf = timer_cf(shard)
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.frontier_key = time_bound(watermark_ms)
+        self.wake_at: int | None = None
+        self.covered_ms = watermark_ms - 1
+
+    def below_frontier(self, timer_key: bytes) -> bool:
+        """True when the scanner has passed this key (lock held)."""
+        return timer_key < self.frontier_key
+
+    def note_scheduled(self, deliver_at: int) -> None:
+        """A key due at ``deliver_at`` was just written (lock held): wake the scanner if it
+        sleeps past that time."""
+        if self.wake_at is None or deliver_at < self.wake_at:
+            self.wake_at = deliver_at
+            self.covered_ms = min(self.covered_ms, deliver_at - 1)
+            self.wake.set()
+
+
+class Progress:
+    """Batches handed to delivery vs. committed, for ``Broker.drain``."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.handed = 0
+        self.committed = 0
+
+    def hand(self) -> None:
+        with self.cond:
+            self.handed += 1
+
+    def commit(self, batches: int) -> None:
+        with self.cond:
+            self.committed += batches
+            self.cond.notify_all()
+
+    def notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+
+class Scanner(threading.Thread):
+    def __init__(
+        self, *, state: ShardState, store: TimerStore, clock: Clock, batch_size: int,
+        hand_off: Callable[[ScanBatch], bool], progress: Progress, metrics: EngineMetrics,
+        stopping: threading.Event,
+    ) -> None:
+        super().__init__(name=f"scanner-{state.shard}", daemon=True)
+        self.state = state
+        self._store = store
+        self._clock = clock
+        self._batch_size = batch_size
+        self._hand_off = hand_off
+        self._progress = progress
+        self._metrics = metrics
+        self._stopping = stopping
+
+    def run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                found = self.step()
+                failures = 0
+            except Exception:  # a failed scan is retried with back-off, never fatal
+                failures += 1
+                self._metrics.storage_errors.inc()
+                log.exception("scan of timer shard %d failed (%d in a row)", self.state.shard,
+                              failures)
+                backoff = min(failures * 100, 60_000)
+                self._clock.wait(self.state.wake, self._clock.now_ms() + backoff)
+                continue
+            if found is None:
+                return  # the hand-off refused: shutting down
+            if not found and not self._stopping.is_set():  # (stop sets it, then wake)
+                self._clock.wait(self.state.wake, self.state.wake_at)
+
+    def step(self) -> bool | None:
+        """Scan once. True: handed a batch on (scan again at once); False: nothing due
+        (sleep until ``wake_at``); None: the hand-off was refused (stopping)."""
+        st = self.state
+        limit = self._batch_size
+        batch = None
+        with st.lock:  # scan and frontier move are atomic w.r.t. the send path
+            st.wake.clear()
+            now = self._clock.now_ms()
+            start = st.frontier_key
+            end = time_bound(now + 1)
+            items = list(self._store.scan(st.cf, start, end, limit)) if start < end else []
+            complete = len(items) < limit
+            if items:
+                st.frontier_key = end if complete else items[-1][0] + b"\x00"
+                batch = ScanBatch(shard=st.shard, start=start, end=st.frontier_key, items=items)
+            else:
+                if start < end:
+                    st.frontier_key = end
+                # from the frontier KEY: handed-on keys below it stay stored until their
+                # batch commits, and are not pending
+                first = list(self._store.scan(st.cf, st.frontier_key, None, 1))
+                st.wake_at = unpack_u64(first[0][0]) if first else None
+                st.covered_ms = NOTHING_PENDING if st.wake_at is None else st.wake_at - 1
+        if batch is None:
+            self._progress.notify()
+            return False
+        self._metrics.scan_batch_size.observe(len(items))
+        self._progress.hand()
+        if not self._hand_off(batch):
+            return None
+        if complete:
+            with st.lock:
+                st.covered_ms = max(st.covered_ms, now)
+            self._progress.notify()
+        return True
+
+    def lag_ms(self, now_ms: int) -> int:
+        covered = self.state.covered_ms
+        return 0 if covered >= now_ms else now_ms - covered
