@@ -155,7 +155,11 @@ class CommitLog:
             self._close_segments()
             raise
         self._flushed = self._end
+        self._spare: Segment | None = None  # next segment, made ahead by the flusher
+        self._create_lock = threading.Lock()  # segment creation (appender vs flusher)
         if not read_only:
+            if not self._segments:
+                self._add(Segment.create(self._dir, 0, self._segment_size))
             self._write_checkpoint(self._end)
             self._flusher = threading.Thread(
                 target=self._flush_loop, name=f"commitlog-flush:{self._dir.name}", daemon=True)
@@ -295,12 +299,41 @@ class CommitLog:
 
     def _current_segment(self) -> Segment:
         if not self._segments:
-            self._add(Segment.create(self._dir, 0, self._segment_size))
+            self._add(self._new_segment(0))
         seg = self._segments[-1]
         if self._end >= seg.end:  # ends exactly at the boundary
-            self._add(Segment.create(self._dir, seg.end, self._segment_size))
+            self._add(self._new_segment(seg.end))
             seg = self._segments[-1]
         return seg
+
+    def _new_segment(self, base: int) -> Segment:
+        """The segment starting at ``base``: the spare if the flusher made it, else a new one."""
+        with self._create_lock:
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                if spare.base == base:
+                    return spare
+                self._discard(spare)
+            return Segment.create(self._dir, base, self._segment_size)
+
+    def _prepare_spare(self) -> None:
+        """Create the next segment ahead of time once the current one is half full, so a
+        roll-over does not pay for allocating and populating it on the append path."""
+        segments = self._segments
+        if self._spare is not None or not segments:
+            return
+        current = segments[-1]
+        if self._end - current.base < current.size // 2:
+            return
+        with self._create_lock:
+            if self._spare is None and self._segments and self._segments[-1] is current:
+                self._spare = Segment.create(self._dir, current.end, self._segment_size)
+
+    @staticmethod
+    def _discard(seg: Segment) -> None:
+        seg.close()
+        with contextlib.suppress(OSError):
+            seg.path.unlink()
 
     def _write_run(self, seg: Segment, off: int, payloads: Sequence[bytes],
                    lengths: list[int]) -> list[int]:
@@ -331,13 +364,10 @@ class CommitLog:
         try:
             for n in range(seg_index):
                 base = seg.end + n * self._segment_size
-                created.append(
-                    Segment.create(self._dir, base, self._segment_size))
+                created.append(self._new_segment(base))
         except StorageError:
             for extra in created:
-                extra.close()
-                with contextlib.suppress(OSError):
-                    extra.path.unlink()
+                self._discard(extra)
             raise
         targets = [seg, *created]
         positions: list[int] = []
@@ -508,6 +538,7 @@ class CommitLog:
         while not self._stop.wait(self._interval_s):
             with contextlib.suppress(StorageError):  # retried next tick; close() reports
                 self.flush()
+                self._prepare_spare()
 
     def close(self) -> None:
         """Stop the flusher, msync, and unmap every segment. Idempotent."""
@@ -516,6 +547,9 @@ class CommitLog:
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join()
+        if self._spare is not None:
+            self._discard(self._spare)
+            self._spare = None
         try:
             self.flush()
         finally:
