@@ -1,0 +1,184 @@
+"""The report's charts (matplotlib, Agg backend), each returned as PNG bytes."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+COLORS = {"main": "#3467a8", "second": "#e08a2c", "bad": "#c23b3b", "ok": "#3a9a5b",
+          "grey": "#888888"}
+LEVEL_CMAP = "YlOrRd"
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _ts(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def due_load(due: Mapping[str, Any]) -> bytes:
+    """Messages due per second / minute / hour / day ahead of the snapshot."""
+    panels = [("perSecond", "seconds ahead", "per second, next hour"),
+              ("perMinute", "minutes ahead", "per minute, next 24 h"),
+              ("perHour", "hours ahead", "per hour, next 7 days"),
+              ("perDay", "days ahead", "per day, next year")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 10.5))
+    for ax, (key, xlabel, title) in zip(axes, panels, strict=True):
+        series = due[key]["messages"]
+        ax.bar(range(len(series)), series, width=1.0, color=COLORS["main"], linewidth=0)
+        if series and max(series) > 0:
+            peak = max(range(len(series)), key=series.__getitem__)
+            ax.annotate(f"peak {series[peak]:,}", (peak, series[peak]), xytext=(6, -2),
+                        textcoords="offset points", fontsize=8, color=COLORS["bad"])
+        ax.set_title(f"Messages due {title}", fontsize=10, loc="left")
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel("messages", fontsize=8)
+        ax.set_xlim(-0.5, len(series) - 0.5)
+        ax.tick_params(labelsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"Due load from {_ts(due['now'])} "
+                 f"(overdue at snapshot: {due['overdue']['messages']:,})", fontsize=11)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def value_sizes(vs: Mapping[str, Any]) -> bytes:
+    """Value-size histogram (messages and bytes) with the blob-separation thresholds."""
+    hist = vs["histogram"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    labels = [_size(h["upTo"]) for h in hist]
+    total_v = max(vs["values"], 1)
+    total_b = max(vs["bytes"], 1)
+    ax1.bar(labels, [h["values"] / total_v for h in hist], color=COLORS["main"], label="values")
+    ax1.bar(labels, [h["bytes"] / total_b for h in hist], color=COLORS["second"], alpha=0.6,
+            label="bytes")
+    ax1.set_title("Share of waiting messages by value size (up to)", fontsize=10, loc="left")
+    ax1.tick_params(axis="x", labelrotation=60, labelsize=7)
+    ax1.legend(fontsize=8)
+    blob = vs["blobSeparation"]
+    xs = [_size(b["thresholdBytes"]) for b in blob]
+    ax2.plot(xs, [b["shareOfBytes"] for b in blob], marker="o", color=COLORS["second"],
+             label="share of bytes moved")
+    ax2.plot(xs, [b["shareOfValues"] for b in blob], marker="o", color=COLORS["main"],
+             label="share of values moved")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_title("Blob separation at min_blob_size =", fontsize=10, loc="left")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _size(n: int) -> str:
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:g} {unit}"
+    return f"{n} B"
+
+
+def lsm_map(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int], now_ms: int,
+            max_panels: int = 4) -> bytes:
+    """SST files of each timer shard over deliverAt (x) and level (y), shaded by their
+    share of tombstones, with the watermark and the snapshot time."""
+    shards = sorted({str(f["cf"]) for f in ssts if str(f["cf"]).startswith("timer.")})
+    shards = shards[:max_panels] or ["timer.0"]
+    fig, axes = plt.subplots(len(shards), 1, figsize=(10, 2.3 * len(shards) + 0.6),
+                             squeeze=False)
+    cmap = plt.get_cmap(LEVEL_CMAP)
+    for ax, cf in zip(axes[:, 0], shards, strict=True):
+        files = [f for f in ssts if f["cf"] == cf and f["start_time"] is not None]
+        for f in files:
+            start, end = int(f["start_time"]) / 1000, int(f["end_time"]) / 1000
+            share = f["num_deletions"] / f["num_entries"] if f["num_entries"] else 0
+            ax.barh(f["level"], max(end - start, 1), left=start, height=0.6,
+                    color=cmap(0.15 + 0.85 * share), edgecolor="#333333", linewidth=0.4)
+        shard = int(cf.split(".")[1])
+        ax.axvline(now_ms / 1000, color=COLORS["ok"], linewidth=1.2, label="snapshot time")
+        if shard in watermarks:
+            ax.axvline(watermarks[shard] / 1000, color=COLORS["bad"], linestyle="--",
+                       linewidth=1.2, label="watermark")
+        ax.set_ylim(6.6, -0.6)
+        ax.set_ylabel("level", fontsize=8)
+        ax.set_title(f"{cf}: {len(files)} SST files (darker = more tombstones)", fontsize=10,
+                     loc="left")
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7, loc="upper right")
+        ticks = ax.get_xticks()
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([datetime.fromtimestamp(t, UTC).strftime("%m-%d %H:%M")
+                            for t in ticks], fontsize=7)
+    axes[-1, 0].set_xlabel("deliverAt (UTC)", fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def levels(sst: Mapping[str, Any]) -> bytes:
+    """Bytes and tombstones per level."""
+    rows = sst["byLevel"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    names = [f"L{r['level']}" for r in rows]
+    ax1.bar(names, [r["bytes"] / (1 << 20) for r in rows], color=COLORS["main"])
+    ax1.set_title("SST MiB per level", fontsize=10, loc="left")
+    ax2.bar(names, [r["deletions"] for r in rows], color=COLORS["bad"])
+    ax2.set_title("Tombstones per level", fontsize=10, loc="left")
+    for ax in (ax1, ax2):
+        ax.grid(axis="y", alpha=0.3)
+        ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def topics(tp: Mapping[str, Any], top: int = 12) -> bytes:
+    rows = tp["top"][:top]
+    fig, ax = plt.subplots(figsize=(10, 0.32 * max(len(rows), 3) + 0.9))
+    ax.barh([r["topic"] for r in rows][::-1], [r["messages"] for r in rows][::-1],
+            color=COLORS["main"])
+    for i, r in enumerate(rows[::-1]):
+        ax.text(r["messages"], i, f" {r['share']:.1%}", va="center", fontsize=8)
+    ax.set_title(f"Waiting messages per topic (top {len(rows)} of {tp['count']}, "
+                 f"Gini {tp['gini']:.2f})", fontsize=10, loc="left")
+    ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def trends(series: Mapping[str, Any], created: Sequence[int]) -> bytes:
+    """Small multiples of the trend metrics, plus write amplification per interval."""
+    names = [n for n, t in series["trends"].items() if any(v is not None for v in t["values"])]
+    cols = 3
+    panels = len(names) + 1
+    rows = (panels + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.4 * rows), squeeze=False)
+    xs = [(t - created[0]) / 60_000 for t in created]
+    flat = list(axes.flat)
+    for ax, name in zip(flat, names, strict=False):
+        values = series["trends"][name]["values"]
+        ax.plot(xs, [float("nan") if v is None else v for v in values], marker="o",
+                color=COLORS["main"])
+        ax.set_title(name, fontsize=9, loc="left")
+    wa_ax = flat[len(names)]
+    wa = [i.get("writeAmplification") for i in series["intervals"]]
+    wa_ax.bar(range(1, len(wa) + 1), [w or 0 for w in wa], color=COLORS["second"])
+    wa_ax.set_title("write amplification per interval", fontsize=9, loc="left")
+    for ax in flat[: len(names)]:
+        ax.set_xlabel("minutes since first snapshot", fontsize=7)
+    for ax in flat:
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in flat[panels:]:
+        ax.axis("off")
+    fig.tight_layout()
+    return _png(fig)
