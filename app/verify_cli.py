@@ -1,0 +1,123 @@
+"""``hourglass verify``: an integrity check of a data directory, for post-mortems.
+
+It changes nothing on disk (the CommitLog and the store are opened read-only, so it also runs
+beside a live server) and checks:
+
+1. the CommitLog: every record's framing and CRC32C (``CommitLog.verify``);
+2. the applied position recorded in RocksDB is not past the log's end;
+3. the consume queues: each topic's offsets run 0, 1, 2, ... without a gap, and each entry
+   points at a log record of that topic with that queue offset and the recorded size.
+
+Exit code 0 when everything is consistent, 1 when a problem was found, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR
+from storage.commitlog import CommitLog
+from storage.constants import CF_CQ, CF_META, META_APPLIED_POSITION
+from storage.errors import HourglassError
+from storage.keys import decode_cq_key, unpack_u64
+from storage.records import decode_log_record
+from storage.timer_store import TimerStore
+
+MAX_LISTED = 20  # problems listed one by one; the rest are counted
+
+
+@dataclass
+class Report:
+    log_records: int = 0
+    log_bytes: int = 0
+    log_end: int = 0
+    applied_position: int = 0
+    topics: dict[str, int] = field(default_factory=dict)  # topic -> consume-queue length
+    problems: list[str] = field(default_factory=list)
+    problem_count: int = 0
+
+    def problem(self, text: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_LISTED:
+            self.problems.append(text)
+
+
+def verify(data_dir: Path) -> Report:
+    report = Report()
+    log = CommitLog(data_dir / COMMITLOG_DIR, read_only=True)
+    try:
+        checked = log.verify()
+        report.log_records, report.log_bytes = checked.records, checked.bytes
+        report.log_end = log.end_position
+        for error in checked.errors:
+            report.problem(f"commitlog: {error}")
+        store = TimerStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
+        try:
+            raw = store.get(CF_META, META_APPLIED_POSITION)
+            report.applied_position = 0 if raw is None else unpack_u64(raw)
+            if report.applied_position > report.log_end:
+                report.problem(f"applied position {report.applied_position} is past the "
+                               f"log's end {report.log_end}: log records were lost")
+            _check_consume_queues(store, log, report)
+        finally:
+            store.close()
+    finally:
+        log.close()
+    return report
+
+
+def _check_consume_queues(store: TimerStore, log: CommitLog, report: Report) -> None:
+    for key, value in store.scan(CF_CQ):
+        topic, offset = decode_cq_key(key)
+        expected = report.topics.get(topic, 0)
+        if offset != expected:
+            report.problem(f"consume queue {topic}: offset {offset} where {expected} was "
+                           "expected (a gap)")
+        report.topics[topic] = offset + 1
+        position, size = unpack_u64(value), int.from_bytes(value[8:12], "big")
+        try:
+            payload = log.read(position)
+            record = decode_log_record(payload)
+        except HourglassError as exc:
+            report.problem(f"consume queue {topic}@{offset}: log position {position}: {exc}")
+            continue
+        if (record.topic, record.queue_offset, len(payload)) != (topic, offset, size):
+            report.problem(
+                f"consume queue {topic}@{offset}: points at {record.topic}@"
+                f"{record.queue_offset} ({len(payload)} bytes, expected {size})")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hourglass verify",
+        description="Check a data directory's CommitLog and consume queues (read-only).")
+    parser.add_argument("--data-dir", default="data", type=Path,
+                        help="the server's data directory (default: ./data)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    if not (args.data_dir / COMMITLOG_DIR).is_dir() or not (args.data_dir / ROCKSDB_DIR).is_dir():
+        print(f"hourglass verify: {args.data_dir} is not an hourglass data directory "
+              f"(no {COMMITLOG_DIR}/ and {ROCKSDB_DIR}/ in it)", file=sys.stderr)
+        return 2
+    try:
+        report = verify(args.data_dir)
+    except HourglassError as exc:
+        print(f"hourglass verify: cannot open {args.data_dir}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+    else:
+        print(f"commitlog: {report.log_records} records, {report.log_bytes} payload bytes, "
+              f"end at {report.log_end}; applied position {report.applied_position}")
+        print(f"consume queues: {len(report.topics)} topics, "
+              f"{sum(report.topics.values())} entries")
+        for problem in report.problems:
+            print(f"PROBLEM: {problem}")
+        if report.problem_count > len(report.problems):
+            print(f"... and {report.problem_count - len(report.problems)} more problems")
+        print("OK" if not report.problem_count else f"{report.problem_count} problem(s) found")
+    return 0 if not report.problem_count else 1
