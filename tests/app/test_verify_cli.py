@@ -34,7 +34,9 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_consistent_directory_verifies(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_consistent_directory_verifies(
+    data_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["--data-dir", str(data_dir), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["log_records"] == 30
