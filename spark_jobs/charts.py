@@ -38,7 +38,10 @@ def due_load(due: Mapping[str, Any]) -> bytes:
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 10.5))
     for ax, (key, xlabel, title) in zip(axes, panels, strict=True):
         series = due[key]["messages"]
-        ax.bar(range(len(series)), series, width=1.0, color=COLORS["main"], linewidth=0)
+        if len(series) > 400:  # vlines keep a lone busy slot visible among 1-pixel slots
+            ax.vlines(range(len(series)), 0, series, color=COLORS["main"], linewidth=1.0)
+        else:
+            ax.bar(range(len(series)), series, width=0.9, color=COLORS["main"], linewidth=0)
         if series and max(series) > 0:
             peak = max(range(len(series)), key=series.__getitem__)
             ax.annotate(f"peak {series[peak]:,}", (peak, series[peak]), xytext=(6, -2),
@@ -59,23 +62,28 @@ def value_sizes(vs: Mapping[str, Any]) -> bytes:
     """Value-size histogram (messages and bytes) with the blob-separation thresholds."""
     hist = vs["histogram"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
-    labels = [_size(h["upTo"]) for h in hist]
+    labels = [f"≤ {_size(h['upTo'])}" for h in hist]
     total_v = max(vs["values"], 1)
     total_b = max(vs["bytes"], 1)
-    ax1.bar(labels, [h["values"] / total_v for h in hist], color=COLORS["main"], label="values")
-    ax1.bar(labels, [h["bytes"] / total_b for h in hist], color=COLORS["second"], alpha=0.6,
-            label="bytes")
-    ax1.set_title("Share of waiting messages by value size (up to)", fontsize=10, loc="left")
-    ax1.tick_params(axis="x", labelrotation=60, labelsize=7)
+    xs = range(len(hist))
+    ax1.bar([x - 0.2 for x in xs], [h["values"] / total_v for h in hist], width=0.4,
+            color=COLORS["main"], label="share of messages")
+    ax1.bar([x + 0.2 for x in xs], [h["bytes"] / total_b for h in hist], width=0.4,
+            color=COLORS["second"], label="share of value bytes")
+    ax1.set_xticks(list(xs))
+    ax1.set_xticklabels(labels)
+    ax1.set_title("Waiting messages by value size", fontsize=10, loc="left")
+    ax1.tick_params(axis="x", labelrotation=45, labelsize=7)
+    ax1.grid(axis="y", alpha=0.3)
     ax1.legend(fontsize=8)
     blob = vs["blobSeparation"]
-    xs = [_size(b["thresholdBytes"]) for b in blob]
-    ax2.plot(xs, [b["shareOfBytes"] for b in blob], marker="o", color=COLORS["second"],
+    names = [_size(b["thresholdBytes"]) for b in blob]
+    ax2.plot(names, [b["shareOfBytes"] for b in blob], marker="o", color=COLORS["second"],
              label="share of bytes moved")
-    ax2.plot(xs, [b["shareOfValues"] for b in blob], marker="o", color=COLORS["main"],
+    ax2.plot(names, [b["shareOfValues"] for b in blob], marker="o", color=COLORS["main"],
              label="share of values moved")
     ax2.set_ylim(0, 1.05)
-    ax2.set_title("Blob separation at min_blob_size =", fontsize=10, loc="left")
+    ax2.set_title("What blob files would take, by min_blob_size", fontsize=10, loc="left")
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.3)
     fig.tight_layout()
@@ -91,37 +99,50 @@ def _size(n: int) -> str:
 
 def lsm_map(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int], now_ms: int,
             max_panels: int = 4) -> bytes:
-    """SST files of each timer shard over deliverAt (x) and level (y), shaded by their
-    share of tombstones, with the watermark and the snapshot time."""
+    """SST files of each timer shard laid out over deliverAt (x): one row per L0 file (they
+    overlap), one row per deeper level; shaded by their share of tombstones, with the
+    watermark and the snapshot time."""
     shards = sorted({str(f["cf"]) for f in ssts if str(f["cf"]).startswith("timer.")})
     shards = shards[:max_panels] or ["timer.0"]
-    fig, axes = plt.subplots(len(shards), 1, figsize=(10, 2.3 * len(shards) + 0.6),
-                             squeeze=False)
-    cmap = plt.get_cmap(LEVEL_CMAP)
-    for ax, cf in zip(axes[:, 0], shards, strict=True):
+    panels = []
+    for cf in shards:
         files = [f for f in ssts if f["cf"] == cf and f["start_time"] is not None]
-        for f in files:
-            start, end = int(f["start_time"]) / 1000, int(f["end_time"]) / 1000
-            share = f["num_deletions"] / f["num_entries"] if f["num_entries"] else 0
-            ax.barh(f["level"], max(end - start, 1), left=start, height=0.6,
-                    color=cmap(0.15 + 0.85 * share), edgecolor="#333333", linewidth=0.4)
+        l0 = sorted((f for f in files if f["level"] == 0), key=lambda f: -int(f["file_number"]))
+        rows = [(f"L0 #{f['file_number']}", [f]) for f in l0]
+        deeper = sorted({int(f["level"]) for f in files if f["level"] > 0})
+        rows += [(f"L{lv}", [f for f in files if f["level"] == lv]) for lv in deeper]
+        panels.append((cf, files, rows))
+    heights = [max(len(rows), 1) * 0.38 + 0.9 for _, _, rows in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights) + 0.8), squeeze=False,
+                             gridspec_kw={"height_ratios": heights}, layout="constrained")
+    cmap = plt.get_cmap(LEVEL_CMAP)
+    for ax, (cf, files, rows) in zip(axes[:, 0], panels, strict=True):
+        for y, (_, row_files) in enumerate(rows):
+            for f in row_files:
+                start, end = int(f["start_time"]) / 1000, int(f["end_time"]) / 1000
+                share = f["num_deletions"] / f["num_entries"] if f["num_entries"] else 0
+                ax.barh(y, max(end - start, 1), left=start, height=0.7,
+                        color=cmap(0.1 + 0.9 * share), edgecolor="#333333", linewidth=0.4)
         shard = int(cf.split(".")[1])
-        ax.axvline(now_ms / 1000, color=COLORS["ok"], linewidth=1.2, label="snapshot time")
+        ax.axvline(now_ms / 1000, color=COLORS["ok"], linewidth=1.4, label="snapshot time")
         if shard in watermarks:
             ax.axvline(watermarks[shard] / 1000, color=COLORS["bad"], linestyle="--",
-                       linewidth=1.2, label="watermark")
-        ax.set_ylim(6.6, -0.6)
-        ax.set_ylabel("level", fontsize=8)
-        ax.set_title(f"{cf}: {len(files)} SST files (darker = more tombstones)", fontsize=10,
-                     loc="left")
+                       linewidth=1.4, label="watermark")
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([label for label, _ in rows], fontsize=7)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_title(f"{cf}: {len(files)} SST files (colour = share of tombstones)",
+                     fontsize=10, loc="left")
         ax.tick_params(labelsize=8)
-        ax.legend(fontsize=7, loc="upper right")
         ticks = ax.get_xticks()
         ax.set_xticks(ticks)
         ax.set_xticklabels([datetime.fromtimestamp(t, UTC).strftime("%m-%d %H:%M")
                             for t in ticks], fontsize=7)
+    scale = matplotlib.cm.ScalarMappable(cmap=cmap, norm=matplotlib.colors.Normalize(0, 1))
+    fig.colorbar(scale, ax=list(axes[:, 0]), fraction=0.025, label="tombstones / entries")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper right", fontsize=8, ncols=2)
     axes[-1, 0].set_xlabel("deliverAt (UTC)", fontsize=8)
-    fig.tight_layout()
     return _png(fig)
 
 
