@@ -172,6 +172,13 @@ class CallbackRegistry:
         with self._lock:
             return dict(self._by_group)
 
+    def active(self) -> dict[str, CallbackRegistration]:
+        """The registrations whose host the current allow-list still allows (the list may
+        have shrunk since a URL was registered)."""
+        return {group: reg for group, reg in self.snapshot().items()
+                if host_allowed(urllib.parse.urlsplit(reg.url).hostname or "",
+                                self._allowed_hosts)}
+
     def has(self, group: str) -> bool:
         with self._lock:
             return group in self._by_group
@@ -335,7 +342,7 @@ class CheckbackDispatcher:
         """Claim and submit due checks; returns (when to look again, idle)."""
         now = self._clock.now_ms()
         deadline: int | None = None
-        regs = sorted(self._registry.snapshot().items())
+        regs = sorted(self._registry.active().items())
         if regs:  # start at a different group each round: one busy group cannot starve others
             self._rotation = (self._rotation + 1) % len(regs)
             regs = regs[self._rotation:] + regs[:self._rotation]
