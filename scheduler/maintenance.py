@@ -4,7 +4,9 @@
   Whoever writes a final state also writes ``expiry`` key = 8-byte expiresAt + topic NUL
   msgId; this thread deletes the index entries whose expiry is due, oldest first, in
   bounded batches, sleeping until the next expiry (never a fixed poll). An index entry that
-  is no longer final (the key was re-used after an earlier clean-up) is left alone.
+  is no longer final (the key was re-used after an earlier clean-up) is left alone. An
+  expiry value, when not empty, is a tx column-family key to delete as well (a finished
+  transaction's entry; its expiry key has an index part starting with NUL, so no index key).
 - Delivered prefix: delivery deletes each scanned range with ``delete_range``; once a
   shard has had ``compact_after_deletes`` keys delivered since its last clean-up, this
   thread runs ``cleanup_prefix`` (delete_range + compact_range below the persisted
@@ -19,7 +21,7 @@ import threading
 
 from scheduler.clock import Clock
 from scheduler.metrics import EngineMetrics
-from storage.constants import CF_EXPIRY, CF_INDEX, timer_cf
+from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
 from storage.keys import MAX_U64, time_bound, unpack_u64
 from storage.records import FINAL_STATUSES, decode_index
 from storage.timer_store import TimerStore
@@ -98,8 +100,10 @@ class Maintenance(threading.Thread):
         entries = store.multi_get(CF_INDEX, ikeys)
         batch = store.batch()
         removed = 0
-        for (key, _), ikey, raw in zip(due, ikeys, entries, strict=True):
+        for (key, value), ikey, raw in zip(due, ikeys, entries, strict=True):
             batch.delete(CF_EXPIRY, key)
+            if value:  # a transaction entry (tx CF key) that expires too: scheduler/transactions
+                batch.delete(CF_TX, value)
             if raw is not None and decode_index(raw).status in FINAL_STATUSES:
                 batch.delete(CF_INDEX, ikey)
                 removed += 1
