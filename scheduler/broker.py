@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
@@ -46,6 +47,7 @@ from scheduler.model import (
     TransactionResult,
 )
 from scheduler.scanner import Progress, Scanner, ShardState
+from scheduler.transactions import TransactionManager
 from storage.commitlog import CommitLog
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, GROUP_PATTERN, META_GROUP_OFFSET_PREFIX
 from storage.consume_queue import ConsumeQueue
@@ -86,11 +88,16 @@ SEND_BATCH_MAX = 1000
 PULL_MAX = 1000
 
 LogFactory = Callable[[Path, EngineConfig], Log]
+StoreFactory = Callable[[Path, EngineConfig], TimerStore]
 
 
 def open_commitlog(directory: Path, config: EngineConfig) -> Log:
     return CommitLog(directory, segment_size=config.segment_size,
                      flush_policy=config.flush_policy, flush_interval_ms=config.flush_interval_ms)
+
+
+def open_store(directory: Path, config: EngineConfig) -> TimerStore:
+    return TimerStore(directory, timer_shards=config.timer_shards, sync_writes=config.sync_writes)
 
 
 def check_config(config: EngineConfig) -> DelayLevels:
@@ -115,15 +122,16 @@ def check_config(config: EngineConfig) -> DelayLevels:
 class Broker:
     def __init__(
         self, config: EngineConfig, clock: Clock | None = None, *,
-        log_factory: LogFactory | None = None,
+        log_factory: LogFactory | None = None, store_factory: StoreFactory | None = None,
     ) -> None:
-        """``log_factory`` opens the CommitLog (default: storage.commitlog.CommitLog); tests
-        pass one that wraps it to inject faults."""
+        """``log_factory`` / ``store_factory`` open the CommitLog and the TimerStore (default:
+        ``open_commitlog`` / ``open_store``); tests pass ones that wrap them to inject faults."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.levels = check_config(config)
         self.metrics = EngineMetrics()
         self._log_factory = log_factory or open_commitlog
+        self._store_factory = store_factory or open_store
         self._state = "new"  # new -> running -> closing -> closed
         self._state_lock = threading.Lock()
         self._listeners: list[Callable[[Collection[str]], None]] = []
@@ -135,6 +143,7 @@ class Broker:
         self._scanners: list[Scanner] = []
         self._delivery: DeliveryStage | None = None
         self._maintenance: Maintenance | None = None
+        self._transactions: TransactionManager | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -146,9 +155,7 @@ class Broker:
         cfg = self.config
         try:
             cfg.data_dir.mkdir(parents=True, exist_ok=True)
-            self._store = store = TimerStore(cfg.data_dir / ROCKSDB_DIR,
-                                             timer_shards=cfg.timer_shards,
-                                             sync_writes=cfg.sync_writes)
+            self._store = store = self._store_factory(cfg.data_dir / ROCKSDB_DIR, cfg)
             self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
             self._queues = ConsumeQueue(store)
             self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
@@ -156,6 +163,11 @@ class Broker:
             self._committer = Committer(store=store, log=self._log, queues=self._queues,
                                         clock=self.clock, retention_ms=cfg.retention_ms,
                                         on_replayed=self._on_replayed)
+            self._transactions = TransactionManager(
+                store=store, config=cfg, clock=self.clock, intake=self._intake,
+                committer=self._committer, submit=self.submit, metrics=self.metrics,
+                shard_locks=self._locks,
+                on_appended=lambda due, outcome: self._count_sent([], list(due), 0, outcome))
             replayed = self._committer.recover()
             if replayed:
                 log.info("recovery applied %d log records to RocksDB", len(replayed))
@@ -180,6 +192,7 @@ class Broker:
             for scanner in self._scanners:
                 scanner.start()
             self._maintenance.start()
+            self._transactions.start()
         except BaseException:
             self._shutdown()
             with self._state_lock:
@@ -204,6 +217,8 @@ class Broker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
+        if self._transactions is not None:
+            self._transactions.close()  # no more check-back callbacks
         for st in self._shards:
             st.wake.set()
         if self._delivery is not None:
@@ -523,22 +538,47 @@ class Broker:
     ) -> TransactionResult:
         """Store a half message (invisible to consumers). RocketMQ immunity rule:
         max(check_immunity_seconds parsed as RocketMQ does, transaction timeout)."""
-        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
+        return self.transactions.prepare(request, producer_group=producer_group,
+                                         check_immunity_seconds=check_immunity_seconds)
 
     def commit_transaction(self, transaction_id: str) -> TransactionResult:
         """Idempotent; raises NotFound, Conflict (after a rollback)."""
-        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
+        return self.transactions.commit(transaction_id)
 
     def rollback_transaction(self, transaction_id: str) -> TransactionResult:
         """Idempotent; raises NotFound, Conflict (after a commit)."""
-        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
+        return self.transactions.rollback(transaction_id)
 
     def poll_transaction_checks(
         self, producer_group: str, max_checks: int,
     ) -> list[TransactionCheck]:
         """Prepared messages of the group whose immunity passed and next check is due; each
         returned check counts; past the maximum the message is DISCARDED."""
-        raise NotImplementedError("transactions are issue 5 (scheduler/transactions.py)")
+        return self.transactions.poll_checks(producer_group, max_checks)
+
+    def transaction_status(self, transaction_id: str) -> TransactionResult:
+        """Raises NotFound."""
+        return self.transactions.get(transaction_id)
+
+    def set_check_callback(self, producer_group: str, url: str,
+                           secret: str | None = None) -> CallbackRegistration:
+        """Check-back by callback for the group (host on the allow-list, else InvalidArgument)."""
+        return self.transactions.register_callback(producer_group, url, secret)
+
+    def get_check_callback(self, producer_group: str) -> CallbackRegistration:
+        """Raises NotFound."""
+        return self.transactions.callbacks.get(producer_group)
+
+    def delete_check_callback(self, producer_group: str) -> CallbackRegistration:
+        """Raises NotFound."""
+        return self.transactions.callbacks.delete(producer_group)
+
+    @property
+    def transactions(self) -> TransactionManager:
+        """scheduler/transactions.py's manager (tests: ``transactions.dispatcher.join()``)."""
+        self._check_running()
+        assert self._transactions is not None
+        return self._transactions
 
     # --- operations -----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -571,6 +611,7 @@ class Broker:
             "watermarkLagMs": max(self._lags(now).values(), default=0),
             "latenessP50Ms": lateness.quantile(0.5),
             "latenessP99Ms": lateness.quantile(0.99),
+            "transactionsPrepared": int(m.tx_prepared_pending.value),
             **self._positions(),
         }
 
@@ -635,6 +676,8 @@ class Broker:
 
     def _on_replayed(self, records: list[LogRecord], runtime: bool) -> None:
         self.metrics.replayed.inc(len(records))
+        if self._transactions is not None:  # finish transactions whose record outran RocksDB
+            self._transactions.on_replayed(records)
         if runtime:  # a failed commit's records, now applied: they count as delivered
             self.metrics.delivered.inc(len(records))
             self.metrics.pending.dec(sum(1 for r in records if not r.flags & FLAG_IMMEDIATE))
@@ -672,4 +715,4 @@ def _group_key(topic: str, group: str) -> bytes:
 
 
 __all__ = ["COMMITLOG_DIR", "ROCKSDB_DIR", "SNAPSHOTS_DIR", "Broker", "check_config",
-           "open_commitlog"]
+           "open_commitlog", "open_store"]

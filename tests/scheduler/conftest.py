@@ -1,0 +1,183 @@
+"""Fixtures of the engine tests: a real Broker (RocksDB + CommitLog under tmp_path) on a
+FakeClock, with small segments, and fault-injecting wrappers of the log and the store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.broker import Broker, open_commitlog, open_store
+from scheduler.clock import FakeClock
+from scheduler.committer import Log
+from scheduler.config import EngineConfig
+from scheduler.model import Delivered
+from storage.errors import StorageError
+from storage.timer_store import Batch, TimerStore
+
+START_MS = 1_700_000_000_000
+
+
+class FlakyLog:
+    """Wraps the real CommitLog; ``fail_appends = n`` makes the next n appends raise (and
+    append nothing, as a real failed append); ``after_append`` runs after a successful one."""
+
+    def __init__(self, inner: Log) -> None:
+        self.inner = inner
+        self.fail_appends = 0
+        self.appends = 0
+        self.records = 0
+        self.after_append: Callable[[list[int]], None] | None = None
+        self.before_append: Callable[[], None] | None = None
+
+    @property
+    def end_position(self) -> int:
+        return self.inner.end_position
+
+    def append_batch(self, payloads: Sequence[bytes]) -> list[int]:
+        if self.before_append is not None:
+            self.before_append()
+        if self.fail_appends > 0:
+            self.fail_appends -= 1
+            raise StorageError("injected: disk full")
+        positions = self.inner.append_batch(payloads)
+        self.appends += 1
+        self.records += len(payloads)
+        if self.after_append is not None:
+            self.after_append(positions)
+        return positions
+
+    def read(self, position: int) -> bytes:
+        return self.inner.read(position)
+
+    def iter_from(self, position: int) -> Any:
+        return self.inner.iter_from(position)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FlakyStore(TimerStore):
+    """A real TimerStore whose ``write`` fails ``fail_writes`` times when armed."""
+
+    fail_writes = 0
+
+    def write(self, batch: Batch, *, sync: bool | None = None) -> None:
+        if self.fail_writes > 0:
+            self.fail_writes -= 1
+            raise StorageError("injected: RocksDB write failed")
+        super().write(batch, sync=sync)
+
+
+def make_config(data_dir: Path, **overrides: Any) -> EngineConfig:
+    settings: dict[str, Any] = {
+        "data_dir": data_dir, "timer_shards": 2, "segment_size": 1 << 20,
+        "flush_interval_ms": 50,
+    }
+    settings.update(overrides)
+    return EngineConfig(**settings)
+
+
+class Harness:
+    """Opens Brokers on one data dir and closes every one at teardown."""
+
+    def __init__(self, data_dir: Path, clock: FakeClock) -> None:
+        self.data_dir = data_dir
+        self.clock = clock
+        self.brokers: list[Broker] = []
+        self.log: FlakyLog | None = None
+        self.store: FlakyStore | None = None
+
+    def open(self, *, flaky: bool = False, **overrides: Any) -> Broker:
+        config = make_config(self.data_dir, **overrides)
+
+        def log_factory(directory: Path, cfg: EngineConfig) -> Log:
+            self.log = FlakyLog(open_commitlog(directory, cfg))
+            return self.log
+
+        def store_factory(directory: Path, cfg: EngineConfig) -> TimerStore:
+            self.store = FlakyStore(directory, timer_shards=cfg.timer_shards)
+            return self.store
+
+        broker = Broker(config, self.clock,
+                        log_factory=log_factory if flaky else None,
+                        store_factory=store_factory if flaky else open_store)
+        self.brokers.append(broker)
+        broker.start()
+        return broker
+
+    def close_all(self) -> None:
+        for broker in self.brokers:
+            broker.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START_MS)
+
+
+@pytest.fixture
+def harness(tmp_path: Path, clock: FakeClock) -> Iterator[Harness]:
+    h = Harness(tmp_path / "data", clock)
+    yield h
+    h.close_all()
+
+
+@pytest.fixture
+def broker(harness: Harness) -> Broker:
+    return harness.open()
+
+
+def read_topic(broker: Broker, topic: str) -> list[Delivered]:
+    """Every message delivered to ``topic``, in queue order."""
+    out: list[Delivered] = []
+    offset = 0
+    while True:
+        page = broker.pull(topic, offset, 1000)
+        out.extend(page.messages)
+        if not page.messages:
+            return out
+        offset = page.next_offset
+
+
+def run_threads(targets: Sequence[Callable[[], None]]) -> None:
+    """Start every target at once (a barrier), join them, re-raise the first error."""
+    barrier = threading.Barrier(len(targets))
+    errors: list[BaseException] = []
+
+    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                barrier.wait()
+                fn()
+            except BaseException as exc:
+                errors.append(exc)
+        return run
+
+    threads = [threading.Thread(target=wrap(t)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def advance_until(clock: FakeClock, condition: Callable[[], bool], step: int = 100,
+                  timeout_s: float = 60.0) -> None:
+    """Advance fake time by ``step`` until ``condition()`` holds. Between steps the test
+    yields the CPU for a moment so the engine threads can react (this never waits for a
+    due time: fake time only moves here)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition never held")
+        clock.advance(step)
+        time.sleep(0.001)

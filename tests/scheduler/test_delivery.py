@@ -1,0 +1,180 @@
+"""Scheduling and delivery under a FakeClock: never early, in order, all of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.broker import Broker
+from scheduler.clock import FakeClock
+from scheduler.model import SendRequest
+from storage.errors import DelayTooLong, InvalidArgument, NotFound, TopicInvalid
+from storage.records import MessageStatus
+
+from .conftest import START_MS, Harness, read_topic
+
+
+def test_never_early_and_in_deliver_time_order(broker: Broker, clock: FakeClock) -> None:
+    delays = [700, 50, 300, 50, 1, 999, 300, 120, 5, 640]
+    sent = [broker.send(SendRequest(topic="t", body=f"m{i}".encode(), msg_id=f"m{i}",
+                                    delay_ms=d)) for i, d in enumerate(delays)]
+    assert all(r.status is MessageStatus.SCHEDULED for r in sent)
+    for step in range(0, 1001, 1):
+        if step:
+            clock.advance(1)
+        broker.drain()
+        got = read_topic(broker, "t")
+        now = clock.now_ms()
+        # exactly the messages due by now are in the log, and none early
+        assert sorted(m.msg_id for m in got) == sorted(
+            r.msg_id for r in sent if r.deliver_at <= now)
+        assert all(m.stored_at >= m.deliver_at for m in got)
+    got = read_topic(broker, "t")
+    assert [m.offset for m in got] == list(range(len(delays)))
+    assert [m.deliver_at for m in got] == sorted(m.deliver_at for m in got)
+    assert broker.stats()["pending"] == 0
+
+
+def test_many_messages_with_one_deliver_at_are_all_delivered(harness: Harness,
+                                                            clock: FakeClock) -> None:
+    broker = harness.open(scan_batch_size=100, delivery_queue_batches=2, delivery_batch_max=250)
+    due = START_MS + 10_000
+    for chunk in range(20):
+        broker.send_batch([SendRequest(topic=f"t{i % 3}", body=b"x" * 100,
+                                       msg_id=f"c{chunk}-{i}", deliver_at=due)
+                           for i in range(1000)])
+    clock.advance(9_999)
+    broker.drain()
+    assert sum(broker.end_offset(f"t{i}") for i in range(3)) == 0
+    clock.advance(1)
+    broker.drain(timeout_s=120)
+    got = [m for i in range(3) for m in read_topic(broker, f"t{i}")]
+    assert len(got) == 20_000
+    assert len({m.msg_id for m in got}) == 20_000
+    assert all(m.deliver_at == due and m.stored_at == due for m in got)
+    stats = broker.stats()
+    assert stats["pending"] == 0 and stats["delivered"] == 20_000
+    # each topic's offsets are dense
+    for i in range(3):
+        assert [m.offset for m in read_topic(broker, f"t{i}")] == list(
+            range(broker.end_offset(f"t{i}")))
+    assert broker.metrics.scan_batch_size.snapshot().count >= 200  # bounded scans of <= 100
+
+
+def test_past_deliver_at_is_delivered_at_once(broker: Broker, clock: FakeClock) -> None:
+    r = broker.send(SendRequest(topic="t", body=b"late", deliver_at=START_MS - 60_000))
+    assert r.status is MessageStatus.DELIVERED
+    r2 = broker.send(SendRequest(topic="t", body=b"now"))  # no timing at all: now
+    assert r2.status is MessageStatus.DELIVERED
+    got = read_topic(broker, "t")  # synchronously: no drain, no clock advance
+    assert [m.body for m in got] == [b"late", b"now"]
+    assert got[0].deliver_at == START_MS - 60_000 and got[0].stored_at == START_MS
+    assert broker.status("t", r.msg_id).status is MessageStatus.DELIVERED
+    assert broker.metrics.delivered_immediate.value == 2
+
+
+def test_delay_levels_and_clamping(broker: Broker, clock: FakeClock) -> None:
+    r1 = broker.send(SendRequest(topic="t", body=b"a", delay_level=1))
+    r3 = broker.send(SendRequest(topic="t", body=b"b", properties={"DELAY": "3"}))
+    r99 = broker.send(SendRequest(topic="t", body=b"c", delay_level=99))
+    assert (r1.deliver_at, r3.deliver_at, r99.deliver_at) == (
+        START_MS + 1000, START_MS + 10_000, START_MS + 7_200_000)
+    by_level = {labels["level"]: v for labels, v in
+                    broker.metrics.scheduled_by_level.samples()}
+    assert by_level == {"1": 1.0, "3": 1.0, "18": 1.0}
+    with pytest.raises(InvalidArgument):
+        broker.send(SendRequest(topic="t", body=b"d", delay_level=0))
+    clock.advance(7_200_000 - 1)
+    broker.drain()
+    assert [m.body for m in read_topic(broker, "t")] == [b"a", b"b"]
+    clock.advance(1)
+    broker.drain()
+    assert [m.body for m in read_topic(broker, "t")] == [b"a", b"b", b"c"]
+
+
+def test_maximum_delay_is_configurable_and_changes_nothing(harness: Harness) -> None:
+    broker = harness.open(max_delay_ms=86_400_000)
+    broker.send(SendRequest(topic="t", body=b"ok", msg_id="ok", delay_ms=86_400_000))
+    with pytest.raises(DelayTooLong):
+        broker.send(SendRequest(topic="t", body=b"x", msg_id="far", delay_ms=86_400_001))
+    with pytest.raises(NotFound):
+        broker.status("t", "far")
+    assert broker.stats()["pending"] == 1
+
+
+def test_a_bad_message_rejects_the_whole_batch(broker: Broker) -> None:
+    good = [SendRequest(topic="t", body=b"x", msg_id=f"g{i}", delay_ms=10) for i in range(5)]
+    with pytest.raises(TopicInvalid):
+        broker.send_batch([*good, SendRequest(topic="bad topic", body=b"x")])
+    with pytest.raises(InvalidArgument):
+        broker.send_batch([SendRequest(topic="t", body=b"x")] * 1001)
+    for i in range(5):
+        with pytest.raises(NotFound):
+            broker.status("t", f"g{i}")
+    assert broker.stats()["pending"] == 0 and broker.end_offset("t") == 0
+
+
+def test_idempotent_resend(broker: Broker, clock: FakeClock) -> None:
+    first = broker.send(SendRequest(topic="t", body=b"one", msg_id="m", delay_ms=100))
+    again = broker.send(SendRequest(topic="t", body=b"two", msg_id="m", delay_ms=5))
+    assert again.duplicate and not first.duplicate
+    assert (again.deliver_at, again.cancel_handle, again.status) == (
+        first.deliver_at, first.cancel_handle, MessageStatus.SCHEDULED)
+    # the same msgId in another topic is another message
+    other = broker.send(SendRequest(topic="u", body=b"u", msg_id="m", delay_ms=100))
+    assert not other.duplicate
+    # within one batch the second occurrence is a duplicate of the first
+    batch = broker.send_batch([
+        SendRequest(topic="t", body=b"b1", msg_id="n", delay_ms=50),
+        SendRequest(topic="t", body=b"b2", msg_id="n", delay_ms=70),
+        SendRequest(topic="t", body=b"now", msg_id="k"),
+        SendRequest(topic="t", body=b"now2", msg_id="k"),
+    ])
+    assert [r.duplicate for r in batch] == [False, True, False, True]
+    assert batch[1].deliver_at == batch[0].deliver_at == START_MS + 50
+    assert batch[3].status is MessageStatus.DELIVERED
+    clock.advance(200)
+    broker.drain()
+    after = broker.send(SendRequest(topic="t", body=b"three", msg_id="m"))
+    assert after.duplicate and after.status is MessageStatus.DELIVERED
+    got = read_topic(broker, "t")
+    assert sorted(m.body for m in got) == [b"b1", b"now", b"one"]  # each exactly once
+    assert broker.metrics.duplicates.value == 4
+
+
+def test_pull_group_offsets_and_listener(broker: Broker, clock: FakeClock) -> None:
+    seen: list[set[str]] = []
+    broker.add_delivery_listener(lambda topics: seen.append(set(topics)))
+    broker.send_batch([SendRequest(topic="t", body=f"{i}".encode(), delay_ms=10)
+                       for i in range(5)])
+    assert seen == []
+    clock.advance(10)
+    broker.drain()
+    assert seen and set().union(*seen) == {"t"}
+    page = broker.pull("t", 1, 3)
+    assert [m.offset for m in page.messages] == [1, 2, 3] and page.next_offset == 4
+    assert broker.pull("t", 5, 10).messages == [] and broker.pull("t", 5, 10).next_offset == 5
+    assert broker.get_group_offset("t", "g") == 0
+    assert broker.commit_group_offset("t", "g", 4) == 4
+    assert broker.get_group_offset("t", "g") == 4
+    with pytest.raises(InvalidArgument):
+        broker.commit_group_offset("t", "g", 6)
+    with pytest.raises(InvalidArgument):
+        broker.commit_group_offset("t", "g", -1)
+    with pytest.raises(InvalidArgument):
+        broker.pull("t", -1, 5)
+    with pytest.raises(InvalidArgument):
+        broker.pull("t", 0, 1001)
+
+
+def test_bad_engine_configuration_fails_at_construction(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from scheduler.config import EngineConfig
+
+    data = Path(str(tmp_path))
+    with pytest.raises(InvalidArgument, match="messageDelayLevel"):
+        Broker(EngineConfig(data_dir=data, message_delay_level="1s 2x"))
+    with pytest.raises(InvalidArgument, match="max_delay_ms"):
+        Broker(EngineConfig(data_dir=data, message_delay_level="1s 2d", max_delay_ms=86_400_000))
+    with pytest.raises(InvalidArgument, match="scan_batch_size"):
+        Broker(EngineConfig(data_dir=data, scan_batch_size=0))

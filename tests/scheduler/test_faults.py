@@ -1,0 +1,144 @@
+"""Storage faults: retried with back-off, never dropped, never duplicated."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.broker import Broker
+from scheduler.clock import FakeClock
+from scheduler.model import SendRequest
+from storage.errors import StorageError, Unavailable
+from storage.records import MessageStatus
+
+from .conftest import Harness, advance_until, read_topic
+
+
+def test_commitlog_failure_is_retried_with_backoff_and_nothing_is_lost(
+        harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(flaky=True, retry_max_backoff_ms=300)
+    log = harness.log
+    assert log is not None
+    broker.send_batch([SendRequest(topic="t", body=f"{i}".encode(), msg_id=f"m{i}",
+                                   delay_ms=10) for i in range(50)])
+    log.fail_appends = 5
+    assert broker.ready
+    clock.advance(10)
+    advance_until(clock, lambda: broker.metrics.retries.value >= 1, step=1)
+    assert not broker.ready and broker.metrics.blocked.value == 1
+    # back-off grows by 100 ms per attempt and is driven by the engine clock: without time
+    # passing, no further attempt is made
+    retries = broker.metrics.retries.value
+    assert broker.metrics.retries.value == retries
+    advance_until(clock, lambda: broker.ready, step=50)
+    broker.drain()
+    assert broker.metrics.retries.value == 5
+    got = read_topic(broker, "t")
+    assert sorted(m.msg_id for m in got) == sorted(f"m{i}" for i in range(50))
+    assert broker.metrics.blocked.value == 0 and broker.stats()["pending"] == 0
+
+
+def test_rocksdb_failure_after_the_append_is_replayed_not_duplicated(
+        harness: Harness, clock: FakeClock) -> None:
+    """The log append succeeds, the RocksDB commit fails: the records are in the log; the
+    retry must apply them (replay) and append nothing twice."""
+    broker = harness.open(flaky=True)
+    store, log = harness.store, harness.log
+    assert store is not None and log is not None
+    broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i}", delay_ms=10)
+                       for i in range(30)])
+
+    def fail_next_write(_positions: list[int]) -> None:
+        store.fail_writes = 1
+        log.after_append = None
+
+    log.after_append = fail_next_write
+    clock.advance(10)
+    advance_until(clock, lambda: broker.metrics.retries.value >= 1, step=1)
+    advance_until(clock, lambda: broker.ready)
+    broker.drain()
+    got = read_topic(broker, "t")
+    assert sorted(m.msg_id for m in got) == sorted(f"m{i}" for i in range(30))
+    assert [m.offset for m in got] == list(range(30))
+    assert log.records == 30  # the retry appended nothing: the first append was replayed
+    assert broker.metrics.replayed.value == 30
+    assert all(broker.status("t", f"m{i}").status is MessageStatus.DELIVERED
+               for i in range(30))
+    assert broker.stats()["pending"] == 0
+
+
+def test_failed_immediate_send_is_unavailable_and_a_resend_is_exactly_once(
+        harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(flaky=True)
+    store, log = harness.store, harness.log
+    assert store is not None and log is not None
+    log.fail_appends = 1
+    with pytest.raises(Unavailable):
+        broker.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+    assert read_topic(broker, "t") == []
+    assert broker.send(SendRequest(topic="t", body=b"a", msg_id="a")).status is (
+        MessageStatus.DELIVERED)
+    # now the append works but RocksDB fails: the client sees 503, the log has the record
+    store.fail_writes = 1
+    with pytest.raises(StorageError):
+        broker.send(SendRequest(topic="t", body=b"b", msg_id="b"))
+    assert not broker.ready
+    again = broker.send(SendRequest(topic="t", body=b"b", msg_id="b"))  # the client retries
+    assert again.duplicate and again.status is MessageStatus.DELIVERED
+    assert broker.ready
+    assert [m.msg_id for m in read_topic(broker, "t")] == ["a", "b"]
+
+
+def test_a_failed_scheduled_send_changes_nothing(harness: Harness) -> None:
+    broker = harness.open(flaky=True)
+    assert harness.store is not None
+    harness.store.fail_writes = 1
+    with pytest.raises(Unavailable):
+        broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i}", delay_ms=10)
+                           for i in range(3)])
+    assert broker.stats()["pending"] == 0
+    assert broker.list_scheduled("t", from_ms=None, to_ms=None, limit=10, cursor=None)[0] == []
+
+
+def test_memory_stays_bounded_while_delivery_is_blocked(harness: Harness,
+                                                        clock: FakeClock) -> None:
+    """Flow control: with delivery failing, scanners stop once the queue is full."""
+    broker = harness.open(flaky=True, scan_batch_size=50, delivery_queue_batches=3,
+                          delivery_batch_max=50)
+    assert harness.log is not None
+    for chunk in range(10):
+        broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"{chunk}-{i}",
+                                       delay_ms=10) for i in range(1000)])
+    harness.log.fail_appends = 1_000_000
+    clock.advance(10)
+    advance_until(clock, lambda: broker.metrics.retries.value >= 3, step=1)
+    # let the scanners run as far as they can: the queue never exceeds its bound
+    for _ in range(50):
+        clock.advance(1)
+        assert broker.metrics.delivery_queue_batches.value <= 3
+        assert broker.metrics.delivery_queue_messages.value <= 150
+    scanned = broker.metrics.scan_batch_size.snapshot().count
+    assert scanned <= 2 * (3 + 1 + 1)  # queue + the batch in commit + one blocked in put
+    harness.log.fail_appends = 0
+    advance_until(clock, lambda: broker.ready)
+    broker.drain(timeout_s=120)
+    assert len(read_topic(broker, "t")) == 10_000
+
+
+def test_drain_times_out_while_delivery_is_blocked(harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(flaky=True)
+    assert harness.log is not None
+    broker.send(SendRequest(topic="t", body=b"x", delay_ms=1))
+    harness.log.fail_appends = 1_000
+    clock.advance(1)
+    with pytest.raises(TimeoutError):
+        broker.drain(timeout_s=0.3)
+
+
+def test_unavailable_after_close(broker: Broker) -> None:
+    broker.close()
+    with pytest.raises(Unavailable):
+        broker.send(SendRequest(topic="t", body=b"x"))
+    with pytest.raises(Unavailable):
+        broker.status("t", "m")
+    assert not broker.ready
+    broker.close()  # idempotent
