@@ -19,6 +19,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from spark_jobs.keyspace import CfKind
 from storage.constants import CF_TIMER_PREFIX
@@ -36,66 +37,80 @@ class Horizons:
     days: int = 366  # per-day profile length
 
 
-def _profile(df: DataFrame, unit_s: int, start_s: int, length: int) -> dict[str, Any]:
-    """Messages/bytes due in each of ``length`` units of ``unit_s`` seconds from ``start_s``."""
-    rows = (df.withColumn("u", F.floor((F.col("sec") - start_s) / unit_s))
-            .where((F.col("u") >= 0) & (F.col("u") < length))
-            .groupBy("u").agg(F.sum("n").alias("n"), F.sum("b").alias("b")).collect())
-    messages, sizes = [0] * length, [0] * length
+UNITS = {1: "perSecond", 60: "perMinute", 3600: "perHour", 86_400: "perDay"}
+PEAK_UNITS = {1: "peakSecond", 60: "peakMinute", 3600: "peakHour"}
+TOP_SLOTS = 10
+
+
+def _slots(future: DataFrame, now_s: int, horizons: Horizons) -> tuple[dict[str, Any], dict]:
+    """Profiles (per second / minute / hour / day ahead) and the busiest slots of each unit,
+    in one Spark job: messages are counted per second, each second is credited to its slot
+    of every unit, and one collect returns the slots inside a profile or in a unit's top 10."""
+    lengths = {1: horizons.seconds, 60: horizons.minutes, 3600: horizons.hours,
+               86_400: horizons.days}
+    per_sec = (future.groupBy(F.floor(F.col("deliver_at") / 1000).alias("sec"))
+               .agg(F.count("*").alias("n"), F.sum("value_size").alias("b")))
+    unit = F.explode(F.array(*(F.lit(u) for u in UNITS))).alias("unit")
+    per_slot = (per_sec.select("sec", "n", "b", unit)
+                .groupBy("unit", F.floor(F.col("sec") / F.col("unit")).alias("slot"))
+                .agg(F.sum("n").alias("n"), F.sum("b").alias("b")))
+    rank = F.row_number().over(Window.partitionBy("unit").orderBy(F.desc("n"), F.asc("slot")))
+    first = F.floor(F.lit(now_s) / F.col("unit"))
+    length = F.create_map(*(x for u, n in lengths.items() for x in (F.lit(u), F.lit(n))))
+    offset = F.col("slot") - first
+    rows = (per_slot.withColumn("rank", rank).withColumn("offset", offset)
+            .where((F.col("rank") <= TOP_SLOTS)
+                   | ((F.col("offset") >= 0) & (F.col("offset") < length[F.col("unit")])))
+            .collect())
+    counts = {u: [0] * lengths[u] for u in UNITS}
+    sizes = {u: [0] * lengths[u] for u in UNITS}
+    tops: dict[int, list[dict[str, Any]]] = {u: [] for u in UNITS}
     for r in rows:
-        messages[int(r["u"])] = int(r["n"])
-        sizes[int(r["u"])] = int(r["b"])
-    return {"unitSeconds": unit_s, "startsAt": start_s * 1000, "messages": messages,
-            "bytes": sizes}
-
-
-def _peaks(df: DataFrame, unit_s: int, top: int) -> list[dict[str, Any]]:
-    rows = (df.groupBy(F.floor(F.col("sec") / unit_s).alias("u"))
-            .agg(F.sum("n").alias("n"), F.sum("b").alias("b"))
-            .orderBy(F.desc("n"), F.asc("u")).limit(top).collect())
-    return [{"at": int(r["u"]) * unit_s * 1000, "messages": int(r["n"]), "bytes": int(r["b"])}
-            for r in rows]
+        u, off = int(r["unit"]), int(r["offset"])
+        if 0 <= off < lengths[u]:
+            counts[u][off] = int(r["n"])
+            sizes[u][off] = int(r["b"])
+        if int(r["rank"]) <= TOP_SLOTS:
+            tops[u].append({"rank": int(r["rank"]), "at": int(r["slot"]) * u * 1000,
+                            "messages": int(r["n"]), "bytes": int(r["b"])})
+    for slots in tops.values():
+        slots.sort(key=lambda t: t["rank"])
+        for t in slots:
+            del t["rank"]
+    profiles = {name: {"unitSeconds": u, "startsAt": now_s // u * u * 1000,
+                       "messages": counts[u], "bytes": sizes[u]} for u, name in UNITS.items()}
+    return profiles, tops
 
 
 def due_load(waiting: DataFrame, now_ms: int, horizons: Horizons) -> dict[str, Any]:
-    overdue = (waiting.where(F.col("deliver_at") < now_ms)
-               .agg(F.count("*").alias("n"), F.sum("value_size").alias("b"),
-                    F.min("deliver_at").alias("oldest")).collect()[0])
-    future = waiting.where(F.col("deliver_at") >= now_ms)
-    per_sec = (future.groupBy(F.floor(F.col("deliver_at") / 1000).alias("sec"))
-               .agg(F.count("*").alias("n"), F.sum("value_size").alias("b"))
-               .persist(StorageLevel.MEMORY_AND_DISK))
-    try:
-        now_s = now_ms // 1000
-        top_seconds = _peaks(per_sec, 1, 10)
-        stats = future.agg(
-            F.count("*").alias("n"), F.sum("value_size").alias("b"),
-            F.percentile_approx(F.col("deliver_at") - now_ms, list(PERCENTILES),
-                                PERCENTILE_ACCURACY).alias("p"),
-            F.max(F.col("deliver_at") - now_ms).alias("max")).collect()[0]
-        horizon_end_s = now_s + 86_400 * horizons.days
-        beyond = (per_sec.where(F.col("sec") >= horizon_end_s)
-                  .agg(F.sum("n").alias("n"), F.sum("b").alias("b")).collect()[0])
-        out: dict[str, Any] = {
-            "now": now_ms,
-            "future": {"messages": int(stats["n"]), "bytes": int(stats["b"] or 0)},
-            "overdue": {"messages": int(overdue["n"]), "bytes": int(overdue["b"] or 0),
-                        "oldestAgeMs": (now_ms - int(overdue["oldest"]))
-                        if overdue["oldest"] is not None else None},
-            "delayPercentilesMs": _percentiles(stats["p"], stats["max"]),
-            "perSecond": _profile(per_sec, 1, now_s, horizons.seconds),
-            "perMinute": _profile(per_sec, 60, now_s // 60 * 60, horizons.minutes),
-            "perHour": _profile(per_sec, 3600, now_s // 3600 * 3600, horizons.hours),
-            "perDay": _profile(per_sec, 86_400, now_s // 86_400 * 86_400, horizons.days),
-            "beyondPerDay": {"messages": int(beyond["n"] or 0), "bytes": int(beyond["b"] or 0)},
-            "peakSecond": top_seconds[0] if top_seconds else None,
-            "topSeconds": top_seconds,
-            "peakMinute": next(iter(_peaks(per_sec, 60, 1)), None),
-            "peakHour": next(iter(_peaks(per_sec, 3600, 1)), None),
-        }
-    finally:
-        per_sec.unpersist()
-    return out
+    d = F.col("deliver_at")
+    past, ahead = d < now_ms, d >= now_ms
+    beyond = d >= (now_ms // 86_400_000 + horizons.days) * 86_400_000
+    stats = waiting.agg(
+        F.sum(F.when(past, 1).otherwise(0)).alias("on"),
+        F.sum(F.when(past, F.col("value_size")).otherwise(0)).alias("ob"),
+        F.min(F.when(past, d)).alias("oldest"),
+        F.sum(F.when(ahead, 1).otherwise(0)).alias("n"),
+        F.sum(F.when(ahead, F.col("value_size")).otherwise(0)).alias("b"),
+        F.percentile_approx(F.when(ahead, d - now_ms), list(PERCENTILES),
+                            PERCENTILE_ACCURACY).alias("p"),
+        F.max(F.when(ahead, d - now_ms)).alias("max"),
+        F.sum(F.when(beyond, 1).otherwise(0)).alias("bn"),
+        F.sum(F.when(beyond, F.col("value_size")).otherwise(0)).alias("bb"),
+    ).collect()[0]
+    profiles, tops = _slots(waiting.where(ahead), now_ms // 1000, horizons)
+    return {
+        "now": now_ms,
+        "future": {"messages": int(stats["n"] or 0), "bytes": int(stats["b"] or 0)},
+        "overdue": {"messages": int(stats["on"] or 0), "bytes": int(stats["ob"] or 0),
+                    "oldestAgeMs": None if stats["oldest"] is None
+                    else now_ms - int(stats["oldest"])},
+        "delayPercentilesMs": _percentiles(stats["p"], stats["max"]),
+        **profiles,
+        "beyondPerDay": {"messages": int(stats["bn"] or 0), "bytes": int(stats["bb"] or 0)},
+        "topSeconds": tops[1],
+        **{name: (tops[u][0] if tops[u] else None) for u, name in PEAK_UNITS.items()},
+    }
 
 
 def _percentiles(values: list[Any] | None, maximum: Any) -> dict[str, int | None]:
@@ -175,15 +190,19 @@ def topics_and_shards(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
 
 
 def column_families(rows: DataFrame) -> dict[str, Any]:
-    by_cf = (rows.groupBy("cf").agg(F.count("*").alias("n"), F.sum("key_size").alias("k"),
-                                    F.sum("value_size").alias("v")).collect())
-    states = (rows.where(F.col("cf") == CfKind.INDEX.value).groupBy("state").count().collect())
-    by_cf.sort(key=lambda r: str(r["cf"]))
-    return {
-        "byCf": {str(r["cf"]): {"rows": int(r["n"]), "keyBytes": int(r["k"]),
-                                "valueBytes": int(r["v"])} for r in by_cf},
-        "indexStates": {str(r["state"]): int(r["count"]) for r in states},
-    }
+    groups = (rows.groupBy("cf", "state").agg(F.count("*").alias("n"),
+                                              F.sum("key_size").alias("k"),
+                                              F.sum("value_size").alias("v")).collect())
+    by_cf: dict[str, dict[str, int]] = {}
+    states: dict[str, int] = {}
+    for r in sorted(groups, key=lambda r: (str(r["cf"]), str(r["state"]))):
+        acc = by_cf.setdefault(str(r["cf"]), {"rows": 0, "keyBytes": 0, "valueBytes": 0})
+        acc["rows"] += int(r["n"])
+        acc["keyBytes"] += int(r["k"])
+        acc["valueBytes"] += int(r["v"])
+        if r["cf"] == CfKind.INDEX.value:
+            states[str(r["state"])] = int(r["n"])
+    return {"byCf": by_cf, "indexStates": states}
 
 
 def logical_figures(rows: DataFrame, now_ms: int, horizons: Horizons) -> dict[str, Any]:

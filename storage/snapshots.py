@@ -96,7 +96,7 @@ class DiskUsage:
     """Bytes a snapshot occupies, by how they are shared with the live DB and other snapshots."""
 
     total_bytes: int  # every file of the checkpoint, shared or not
-    pinned_bytes: int  # files the live DB no longer has: disk kept alive only by snapshots
+    pinned_bytes: int  # SST files the live DB no longer has: kept alive only by snapshots
     exclusive_bytes: int  # files no one else links: what removing this snapshot frees
 
 
@@ -454,9 +454,12 @@ def _check_id(snapshot_id: str) -> None:
 
 
 def disk_usage(snapshot: SnapshotInfo | Path, live_db_dir: str | Path | None = None) -> DiskUsage:
-    """How much disk a snapshot holds. With ``live_db_dir`` a file is pinned when the live DB
-    has no link to it; without it, when no one else links it (an undercount when two
-    snapshots share a file the live DB dropped)."""
+    """How much disk a snapshot holds.
+
+    ``pinned_bytes`` counts SST files the live DB no longer has (compaction replaced them):
+    with ``live_db_dir`` by comparing inodes with its files, without it by link count 1 (an
+    undercount when two snapshots share a file the live DB dropped). ``exclusive_bytes`` is
+    every file no one else links, the snapshot's own MANIFEST and WAL copies included."""
     path = snapshot.path if isinstance(snapshot, SnapshotInfo) else Path(snapshot)
     db_dir = resolve_db_dir(path)
     live: set[tuple[int, int]] | None = None
@@ -471,9 +474,10 @@ def disk_usage(snapshot: SnapshotInfo | Path, live_db_dir: str | Path | None = N
             continue
         st = f.stat()
         total += st.st_size
-        if st.st_nlink <= 1:
+        alone = st.st_nlink <= 1
+        if alone:
             exclusive += st.st_size
-        if (st.st_nlink <= 1) if live is None else ((st.st_dev, st.st_ino) not in live):
+        if f.suffix == ".sst" and (alone if live is None else (st.st_dev, st.st_ino) not in live):
             pinned += st.st_size
     return DiskUsage(total_bytes=total, pinned_bytes=pinned, exclusive_bytes=exclusive)
 
