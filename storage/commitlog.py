@@ -2,9 +2,7 @@
 
 A position is a global byte offset: segment start offset + offset inside the segment.
 
-Record = 12-byte header ``<magic u32 LE, length u32 LE, crc u32 LE>`` + payload, where
-crc = CRC32C of the payload seeded with ``length ^ CRC_SEED``: it covers the length too, and
-a magic followed by zeros (torn garbage) is not a valid empty record.
+Records are framed as storage/log_format.py describes (length, magic, CRC32C, payload).
 A record never spans segments: when the next record does not fit, an end-of-segment header
 (magic ``EOS_MAGIC``) is written if there is room for one, and the record goes at the start
 of the next segment (base = previous base + previous size). Bytes after the last record are
@@ -13,18 +11,20 @@ zero (segments are allocated zero-filled), so "zero header" means "end of log".
 Durability. Writes go into the mapping: they survive a kill -9 (the page cache belongs to the
 kernel) but a power cut only once msync'ed. ``flush_policy="sync"`` msyncs each batch before
 ``append_batch`` returns; ``"async"`` msyncs every ``flush_interval_ms`` on a background thread.
-Either way the thread records the last msync'ed position in ``checkpoint`` (16 bytes); on open,
-a bad record *below* that position is corruption of acknowledged data and is refused
-(``CorruptionError``; ``repair=True`` truncates anyway), while a bad record above it is a torn
-tail and is truncated (zeroed, and later segments removed) so new appends are clean.
+Either way the thread records the last msync'ed position in ``checkpoint`` (12 bytes).
+
+Recovery on open walks the records after the checkpoint (those before it were msync'ed): the
+first bad one (bad magic, impossible length, CRC mismatch, zeros) is where a torn tail
+starts, and everything from it is zeroed and later segments removed, so new appends are
+clean. ``full_check=True`` walks every record instead and refuses (``CorruptionError``) a bad
+one below the checkpoint, since truncating there would drop acknowledged records
+(``repair=True`` truncates anyway). ``verify()`` reports every bad record without raising.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
-import mmap
 import os
 import struct
 import threading
@@ -35,13 +35,9 @@ from pathlib import Path
 from crc32c import crc32c
 
 from storage.errors import CorruptionError, InvalidArgument, StorageError
+from storage.log_format import HEADER, HEADER_SIZE, RECORD_MAGIC, Walk, check, frame, seal
 from storage.segment import NAME_PATTERN, Segment, fsync_dir
 
-HEADER = struct.Struct("<III")
-HEADER_SIZE = HEADER.size
-RECORD_MAGIC = 0x31474C48  # b"HLG1" little-endian
-EOS_MAGIC = 0x534F4548  # b"HEOS": rest of the segment is padding
-CRC_SEED = 0x9E3779B9
 FLUSH_POLICIES = ("async", "sync")
 MIN_SEGMENT_SIZE = 64
 _CHECKPOINT = struct.Struct("<QI")  # flushed position, crc32c of those 8 bytes
@@ -59,72 +55,18 @@ class VerifyReport:
         return not self.errors
 
 
-class _Walk:
-    """Iterates (position, payload length, None) per valid record from ``start``; at the first
-    invalid one yields (position, 0, reason) and stops. ``end`` is where the walk stopped.
-    Without ``stop`` a zero header is the normal end of the log; before ``stop`` it is an
-    error (bytes of the log were lost)."""
-
-    def __init__(self, segments: list[Segment], bases: list[int], start: int,
-                 stop: int | None) -> None:
-        self._segments, self._bases = segments, bases
-        self.start, self.stop, self.end = start, stop, start
-
-    def __iter__(self) -> Iterator[tuple[int, int, str | None]]:
-        i = bisect.bisect_right(self._bases, self.start) - 1
-        if i < 0:
-            return
-        stop = self.stop
-        position = self.start
-        for seg in self._segments[i:]:
-            mm, off, size = seg.mm, position - seg.base, seg.size
-            while True:
-                here = seg.base + off
-                self.end = here
-                if stop is not None and here >= stop:
-                    return
-                if size - off < HEADER_SIZE:
-                    break
-                magic, length, crc = HEADER.unpack_from(mm, off)
-                if magic == EOS_MAGIC:
-                    break
-                if magic == 0 and length == 0 and crc == 0:
-                    if stop is not None:
-                        yield here, 0, f"zeros before the log's end {stop}"
-                    return
-                reason = _invalid(magic, length, crc, mm, off, size)
-                if reason is not None:
-                    yield here, 0, reason
-                    return
-                yield here, length, None
-                off += HEADER_SIZE + length
-            position = seg.end
-            self.end = position
-
-
-def _invalid(magic: int, length: int, crc: int, mm: mmap.mmap, off: int,
-             size: int) -> str | None:
-    if magic != RECORD_MAGIC:
-        return f"bad magic 0x{magic:08x}"
-    if off + HEADER_SIZE + length > size:
-        return f"impossible length {length}"
-    start = off + HEADER_SIZE
-    with memoryview(mm) as view:
-        if crc32c(view[start:start + length], length ^ CRC_SEED) != crc:
-            return "CRC32C mismatch"
-    return None
-
-
 class CommitLog:
     def __init__(
         self, directory: str | Path, *, segment_size: int = 1 << 30,
         flush_policy: str = "async", flush_interval_ms: int = 200,
-        read_only: bool = False, repair: bool = False,
+        read_only: bool = False, repair: bool = False, full_check: bool = False,
     ) -> None:
         """Opens (recovering: the tail after the last valid record is truncated) or creates.
 
         ``read_only`` maps the segments read-only and changes nothing on disk (no recovery,
-        no flusher): for ``verify`` and analysis of a live or damaged log.
+        no flusher): for ``verify`` and analysis of a live or damaged log. ``full_check``
+        validates every record on open, not just those after the last flush; ``repair``
+        truncates at the first bad record even below the last flush (losing what follows).
         """
         if flush_policy not in FLUSH_POLICIES:
             raise InvalidArgument(f"flush_policy must be one of {FLUSH_POLICIES}")
@@ -150,7 +92,7 @@ class CommitLog:
             if not read_only:
                 self._dir.mkdir(parents=True, exist_ok=True)
             self._load_segments(repair)
-            self._end = self._recover(repair)
+            self._end = self._recover(repair, full_check)
         except BaseException:
             self._close_segments()
             raise
@@ -160,6 +102,9 @@ class CommitLog:
         if not read_only:
             if not self._segments:
                 self._add(Segment.create(self._dir, 0, self._segment_size))
+            # what survived a crash in the page cache but was never msync'ed: make it durable
+            # before the checkpoint says so
+            self._sync_range(min(self._read_checkpoint(), self._end), self._end)
             self._write_checkpoint(self._end)
             self._flusher = threading.Thread(
                 target=self._flush_loop, name=f"commitlog-flush:{self._dir.name}", daemon=True)
@@ -202,20 +147,34 @@ class CommitLog:
             raise StorageError(f"cannot read CommitLog checkpoint: {exc}") from exc
         if len(raw) != _CHECKPOINT.size:
             return 0
-        position, check = _CHECKPOINT.unpack(raw)
-        return int(position) if crc32c(raw[:8]) == check else 0
+        position, stored_crc = _CHECKPOINT.unpack(raw)
+        return int(position) if crc32c(raw[:8]) == stored_crc else 0
 
-    def _recover(self, repair: bool) -> int:
+    def _recover(self, repair: bool, full_check: bool) -> int:
         """Position after the last valid record. Read-write: zero what follows it and remove
-        later segments, so new appends start clean."""
+        later segments, so new appends start clean.
+
+        The walk starts at the checkpoint (msync'ed, so trusted: opening costs the unflushed
+        tail, not the whole log); ``full_check`` walks from the first record instead, and
+        then refuses bad records below the checkpoint."""
         if not self._segments:
             return 0
-        walk = self._walk(self._segments[0].base)
+        first, last = self._segments[0].base, self._segments[-1].end
+        durable = self._read_checkpoint()
+        if durable > last and self._read_only:
+            self._load_errors.append(f"the flushed position {durable} lies beyond the last "
+                                     f"segment's end {last}")
+        elif durable > last and not repair:
+            raise CorruptionError(
+                f"CommitLog {self._dir}: the flushed position {durable} lies beyond the last "
+                f"segment's end {last}: segment files are missing. Open with repair=True to "
+                "keep what is there.")
+        start = durable if first <= durable <= last and not full_check else first
+        walk = self._walk(start)
         bad = next((reason for _, _, reason in walk if reason is not None), None)
         end = walk.end
         if self._read_only:
             return end
-        durable = self._read_checkpoint()
         if end < durable and not repair:
             raise CorruptionError(
                 f"CommitLog {self._dir}: {bad or 'zeros'} at position {end}, below the flushed "
@@ -241,8 +200,8 @@ class CommitLog:
             fsync_dir(self._dir)
 
     # --- walking --------------------------------------------------------------------------------
-    def _walk(self, position: int, stop: int | None = None) -> _Walk:
-        return _Walk(self._segments, self._bases, position, stop)
+    def _walk(self, position: int, stop: int | None = None) -> Walk:
+        return Walk(self._segments, self._bases, position, stop)
 
     # --- appending ------------------------------------------------------------------------------
     @property
@@ -338,14 +297,9 @@ class CommitLog:
     def _write_run(self, seg: Segment, off: int, payloads: Sequence[bytes],
                    lengths: list[int]) -> list[int]:
         """Frame and copy records that all fit in ``seg`` at ``off``: one memmove."""
-        crcs = map(crc32c, payloads, [n ^ CRC_SEED for n in lengths])
-        headers = map(HEADER.pack, itertools.repeat(RECORD_MAGIC), lengths, crcs)
-        buf = b"".join(itertools.chain.from_iterable(zip(headers, payloads, strict=True)))
-        start = seg.base + off
-        positions = list(itertools.accumulate((n + HEADER_SIZE for n in lengths[:-1]),
-                                              initial=start))
+        buf, positions = frame(payloads, lengths, seg.base + off)
         seg.mm[off:off + len(buf)] = buf
-        self._end = start + len(buf)
+        self._end = seg.base + off + len(buf)
         return positions
 
     def _append_rolling(self, seg: Segment, off: int, payloads: Sequence[bytes],
@@ -375,19 +329,13 @@ class CommitLog:
             target = targets[index]
             if index > 0:
                 prev = targets[index - 1]
-                self._seal(prev, self._end - prev.base)
+                seal(prev, self._end - prev.base)
                 self._add(target)
                 self._end = target.base
             if hi > lo:
                 positions += self._write_run(target, self._end - target.base, payloads[lo:hi],
                                              lengths[lo:hi])
         return positions
-
-    @staticmethod
-    def _seal(seg: Segment, off: int) -> None:
-        """Mark the rest of ``seg`` from ``off`` as padding."""
-        if seg.size - off >= HEADER_SIZE:
-            HEADER.pack_into(seg.mm, off, EOS_MAGIC, seg.size - off - HEADER_SIZE, 0)
 
     # --- reading --------------------------------------------------------------------------------
     def _segment_at(self, position: int) -> Segment:
@@ -407,12 +355,9 @@ class CommitLog:
         magic, length, crc = HEADER.unpack_from(seg.mm, off)
         if magic != RECORD_MAGIC:
             raise InvalidArgument(f"no record at position {position}")
-        start = off + HEADER_SIZE
-        if start + length > seg.size:
-            raise CorruptionError(f"record at {position}: impossible length {length}")
-        payload = seg.mm[start:start + length]
-        if crc32c(payload, length ^ CRC_SEED) != crc:
-            raise CorruptionError(f"record at {position}: CRC32C mismatch")
+        payload, reason = check(magic, length, crc, seg, off)
+        if reason is not None:
+            raise CorruptionError(f"CommitLog record at {position}: {reason}")
         return payload
 
     def read_many(self, positions: Sequence[int]) -> list[bytes]:
@@ -427,12 +372,10 @@ class CommitLog:
         if position >= stop:
             return
         self._segment_at(position)
-        for pos, length, error in self._walk(position, stop):
+        for pos, payload, error in self._walk(position, stop):
             if error is not None:
                 raise CorruptionError(f"CommitLog record at {pos}: {error}")
-            seg = self._segments[bisect.bisect_right(self._bases, pos) - 1]
-            start = pos - seg.base + HEADER_SIZE
-            yield pos, seg.mm[start:start + length]
+            yield pos, payload
 
     def verify(self) -> VerifyReport:
         """Walk every record and report corruption (never raises for bad data). After a bad
@@ -448,10 +391,10 @@ class CommitLog:
         while position < stop:
             walk = self._walk(position, None if self._read_only else stop)
             resume = None
-            for pos, length, error in walk:
+            for pos, payload, error in walk:
                 if error is None:
                     records += 1
-                    size += length
+                    size += len(payload)
                 else:
                     errors.append(f"position {pos}: {error}")
                     resume = self._resume_after(pos, error)
@@ -520,8 +463,7 @@ class CommitLog:
             ) and self._flushed >= position
 
     def _write_checkpoint(self, position: int) -> None:
-        raw = struct.pack("<Q", position)
-        raw += struct.pack("<I", crc32c(raw))
+        raw = _CHECKPOINT.pack(position, crc32c(position.to_bytes(8, "little")))
         tmp = self._dir / (CHECKPOINT_NAME + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -531,6 +473,7 @@ class CommitLog:
             finally:
                 os.close(fd)
             os.replace(tmp, self._dir / CHECKPOINT_NAME)
+            fsync_dir(self._dir)
         except OSError as exc:
             raise StorageError(f"cannot write CommitLog checkpoint: {exc}") from exc
 

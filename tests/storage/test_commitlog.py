@@ -46,3 +46,31 @@ def test_closed_log_refuses(tmp_path: Path) -> None:
         log.append_batch([b"b"])
     with pytest.raises(StorageError):
         log.read(0)
+
+
+def _segments(path: Path) -> list[int]:
+    return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
+
+
+def test_next_segment_is_made_ahead_and_used_at_the_roll(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    log = CommitLog(path, segment_size=1024, flush_interval_ms=3_600_000)
+    assert _segments(path) == [0]  # made at open, not on the first append
+    log.append_batch([b"x" * 100] * 3)
+    log._prepare_spare()  # what the flusher does each tick: nothing below half full
+    assert _segments(path) == [0]
+    log.append_batch([b"x" * 100] * 2)
+    log._prepare_spare()
+    assert _segments(path) == [0, 1024]
+    positions = log.append_batch([b"y" * 100] * 5)
+    assert positions[-2:] == [896, 1024]  # 896 + 112 = 1008: the 10th record rolls
+    assert [log.read(p) for p in positions] == [b"y" * 100] * 5
+    log._prepare_spare()  # a spare for 2048 is not needed yet ...
+    assert _segments(path) == [0, 1024]
+    log.append_batch([b"z" * 100] * 4)
+    log._prepare_spare()  # ... now it is, and close() removes it again
+    assert _segments(path) == [0, 1024, 2048]
+    log.close()
+    assert _segments(path) == [0, 1024]
+    with CommitLog(path, segment_size=1024) as log:
+        assert len(list(log.iter_from(0))) == 14

@@ -181,12 +181,35 @@ def test_corruption_below_the_flushed_position_is_refused(copy: tuple[Path, dict
     victim = info["positions"][10]  # the first 60 records were flushed before the crash
     _patch(path, victim + HEADER_SIZE, b"\x00")
     with pytest.raises(CorruptionError, match="flushed"):
-        _reopen(path)
+        _reopen(path, full_check=True)
     with _reopen(path, read_only=True) as ro:  # nothing was changed by the refused open
         assert ro.verify().errors == [f"position {victim}: CRC32C mismatch"]
-    with _reopen(path, repair=True) as log:
+    with _reopen(path, full_check=True, repair=True) as log:
         assert _records(log) == info["payloads"][:10]
         _append_still_works(log)
+
+
+def test_default_open_trusts_the_flushed_prefix_and_reads_catch_rot(
+    copy: tuple[Path, dict],
+) -> None:
+    path, info = copy
+    victim = info["positions"][10]
+    _patch(path, victim + HEADER_SIZE, b"\x00")
+    with _reopen(path) as log:  # walks only the unflushed tail: open time does not grow
+        assert log.end_position == info["end"]  # with the size of the log
+        with pytest.raises(CorruptionError, match="CRC32C"):
+            log.read(victim)
+        assert log.read(info["positions"][11]) == info["payloads"][11]
+        assert log.verify().errors == [f"position {victim}: CRC32C mismatch"]
+
+
+def test_missing_segments_before_the_checkpoint_are_refused(copy: tuple[Path, dict]) -> None:
+    path, _ = copy
+    segments = sorted(p for p in path.iterdir() if p.name.isdigit())
+    for seg in segments[2:]:
+        seg.unlink()
+    with pytest.raises(CorruptionError, match="missing"):
+        _reopen(path)
 
 
 def test_missing_middle_segment_is_refused(copy: tuple[Path, dict]) -> None:
