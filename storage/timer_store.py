@@ -68,6 +68,8 @@ class Batch:
         try:
             return wb, self._handles[cf]
         except KeyError:
+            if not self._handles:  # the store's handles are dropped when it closes
+                raise StorageError("the store is closed") from None
             raise InvalidArgument(f"unknown column family {cf!r}") from None
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
@@ -124,6 +126,7 @@ class TimerStore:
         self._db: rocksdict.Rdict | None = None
         self._cfs: dict[str, rocksdict.Rdict] = {}
         self._handles: dict[str, Any] = {}
+        self._cleaned: dict[str, int] = {}  # cf -> bound of its last cleanup_prefix
         self._shards = 0
         existing = self._existing_cfs()
         if read_only and existing is None:
@@ -407,8 +410,8 @@ class TimerStore:
         handle = self._cf(cf)
         if self._read_only:
             raise StorageError("the store is open read-only")
-        if before_ms <= 0:
-            return
+        if before_ms <= self._cleaned.get(cf, 0):
+            return  # nothing new below the bound since the last clean-up of this CF
         end = time_bound(before_ms)
         compact = rocksdict.CompactOptions()
         compact.set_bottommost_level_compaction(
@@ -418,6 +421,7 @@ class TimerStore:
             handle.compact_range(None, end, compact)
         except Exception as exc:
             raise _storage_error(f"cleanup of {cf}", exc) from exc
+        self._cleaned[cf] = before_ms
 
     # --- operations -----------------------------------------------------------------------------
     def checkpoint(self, dest: str | Path) -> Path:

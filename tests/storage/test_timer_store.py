@@ -167,3 +167,29 @@ def test_properties_statistics_and_live_files(store: TimerStore) -> None:
     assert sum(f["num_entries"] for f in files) >= 1000
     store.due(0, 0, 10**6, 10)
     assert store.statistics()["rocksdb.number.db.seek"] >= 1
+
+
+def test_rocksdb_failures_are_storage_errors(tmp_path: Path) -> None:
+    with TimerStore(tmp_path / "db", timer_shards=1) as s:
+        with pytest.raises(StorageError, match="lock"):
+            TimerStore(tmp_path / "db", timer_shards=1)  # held by the open store
+        b = s.batch()
+    with pytest.raises(StorageError):
+        b.put(CF_INDEX, b"k", b"v")  # a batch of a closed store
+    with pytest.raises(StorageError):
+        TimerStore(tmp_path / "nowhere", timer_shards=1, read_only=True)
+    (tmp_path / "file").write_bytes(b"not a directory")
+    with pytest.raises(StorageError):
+        TimerStore(tmp_path / "file", timer_shards=1)
+
+
+def test_cleanup_prefix_removes_only_below_the_bound(store: TimerStore) -> None:
+    cf = timer_cf(0)
+    b = store.batch()
+    b.put_many(cf, [(encode_timer_key(t, "t", "m"), b"v") for t in range(1, 101)])
+    store.write(b)
+    store.cleanup_prefix(cf, 51)
+    assert [unpack_u64(k) for k, _ in store.scan(cf)] == list(range(51, 101))
+    store.cleanup_prefix(cf, 51)  # again: a no-op
+    with pytest.raises(InvalidArgument):
+        store.cleanup_prefix(CF_INDEX, 10)  # not time-ordered
