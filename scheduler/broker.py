@@ -31,7 +31,14 @@ from scheduler.clock import Clock, SystemClock
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
-from scheduler.intake import Intake, PreparedMessage, check_msg_id, check_topic, expiry_key
+from scheduler.intake import (
+    Intake,
+    PreparedMessage,
+    check_msg_id,
+    check_topic,
+    expiry_key,
+    topic_shard,
+)
 from scheduler.levels import DelayLevels
 from scheduler.listing import list_scheduled
 from scheduler.maintenance import Maintenance
@@ -159,7 +166,7 @@ class Broker:
             self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
             self._queues = ConsumeQueue(store)
             self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
-                                  max_body_bytes=cfg.max_body_bytes, shard_of=store.shard_of)
+                                  max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards)
             self._committer = Committer(store=store, log=self._log, queues=self._queues,
                                         clock=self.clock, retention_ms=cfg.retention_ms,
                                         on_replayed=self._on_replayed)
@@ -429,7 +436,7 @@ class Broker:
 
     def _cancel(self, topic: str, msg_id: str, handle_at: int | None) -> CancelResult:
         store, committer = self._live()
-        shard = self._shards[store.shard_of(topic, msg_id)]
+        shard = self._shards[topic_shard(topic, len(self._shards))]
         ikey = index_key(topic, msg_id)
         with shard.lock, committer.lock:
             self._check_running()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler.clock import Clock
-from scheduler.intake import PreparedMessage, expiry_key
+from scheduler.intake import PreparedMessage, expiry_key, topic_shard
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
 from storage.keys import decode_timer_key, encode_timer_key, index_key, pack_u64, unpack_u64
 from storage.records import (
@@ -186,7 +186,7 @@ class Committer:
         for (position, size, rec), ikey, old in zip(chunk, ikeys, previous, strict=True):
             if not rec.flags & FLAG_IMMEDIATE:
                 tkey = encode_timer_key(rec.deliver_at, rec.topic, rec.msg_id)
-                batch.delete(timer_cf(store.shard_of(rec.topic, rec.msg_id)), tkey)
+                batch.delete(timer_cf(topic_shard(rec.topic, store.timer_shards)), tkey)
                 skip_keys.append(tkey)
             self._queues.put(batch, rec.topic, rec.queue_offset, position, size)
             tx_id = None if old is None else decode_index(old).tx_id

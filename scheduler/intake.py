@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scheduler.levels import DelayLevels
@@ -54,6 +55,13 @@ class PreparedMessage:
     tx_id: str | None = None
 
 
+def topic_shard(topic: str, shards: int) -> int:
+    """The timer shard of every message of ``topic``: one topic lives in one shard, so its
+    scanner hands the topic's due messages on in deliver-time order, even when a backlog
+    falls due at once (placement by (topic, msgId) would interleave shards in a catch-up)."""
+    return zlib.crc32(topic.encode("utf-8")) % shards
+
+
 def check_topic(topic: object, *, allow_system: bool = False) -> str:
     if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
         raise TopicInvalid(f"topic {topic!r} does not match {TOPIC_PATTERN.pattern}")
@@ -71,12 +79,12 @@ def check_msg_id(msg_id: object) -> str:
 class Intake:
     def __init__(
         self, *, levels: DelayLevels, max_delay_ms: int, max_body_bytes: int,
-        shard_of: Callable[[str, str], int],
+        shards: int,
     ) -> None:
         self.levels = levels
         self._max_delay_ms = max_delay_ms
         self._max_body = max_body_bytes
-        self._shard_of = shard_of
+        self._shards = shards
         self._ids = MessageIdGenerator()
         self._topics: set[str] = set()  # topics already validated (few; checked once each)
 
@@ -116,7 +124,7 @@ class Intake:
         return PreparedMessage(
             topic=topic, msg_id=msg_id, generated_id=generated, deliver_at=timing.deliver_at,
             level=timing.level, record=record, timer_key=timer_key,
-            index_key=timer_key[8:], shard=self._shard_of(topic, msg_id), tx_id=tx_id)
+            index_key=timer_key[8:], shard=topic_shard(topic, self._shards), tx_id=tx_id)
 
 
 def _check_attributes(request: SendRequest) -> None:
@@ -136,4 +144,4 @@ def expiry_key(expires_at: int, index_key: bytes) -> bytes:
 
 
 __all__ = ["Intake", "MessageIdGenerator", "PreparedMessage", "check_msg_id",
-           "check_topic", "expiry_key"]
+           "check_topic", "expiry_key", "topic_shard"]

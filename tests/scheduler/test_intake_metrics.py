@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from scheduler.intake import Intake, MessageIdGenerator
+from scheduler.intake import Intake, MessageIdGenerator, topic_shard
 from scheduler.levels import DelayLevels
 from scheduler.metrics import EngineMetrics, Histogram
 from scheduler.model import SendRequest
@@ -19,7 +19,7 @@ NOW = 1_700_000_000_000
 
 def make_intake() -> Intake:
     return Intake(levels=DelayLevels.parse(DEFAULT_DELAY_LEVELS), max_delay_ms=10**12,
-                  max_body_bytes=100, shard_of=lambda topic, msg_id: len(msg_id) % 3)
+                  max_body_bytes=100, shards=3)
 
 
 def test_generated_ids_are_unique_valid_and_time_ordered() -> None:
@@ -53,7 +53,7 @@ def test_prepare_encodes_keys_consistently() -> None:
     m = intake.prepare(SendRequest(topic="orders", body=b"x", msg_id="m-1", delay_ms=5), NOW)
     assert decode_timer_key(m.timer_key) == (NOW + 5, "orders", "m-1")
     assert m.index_key == b"orders\x00m-1"
-    assert m.shard == 3 % 3 and not m.generated_id
+    assert m.shard == topic_shard("orders", 3) and not m.generated_id
     assert m.record.born_at == NOW and m.record.deliver_at == NOW + 5
     generated = intake.prepare(SendRequest(topic="orders", body=b"x"), NOW)
     assert generated.generated_id and MSG_ID_PATTERN.match(generated.msg_id)
