@@ -106,6 +106,14 @@ def _correct(sysres: dict) -> str:
     return "✔ all exactly once" if not bad else "; ".join(bad)
 
 
+def _loads(w: dict) -> str:
+    parts = []
+    for k in ("w1", "w2", "w3"):
+        la = _get(w, k, "loadavg_1m")
+        parts.append("—" if not la else f"{la['start']:.1f} → {la['end']:.1f}")
+    return " · ".join(parts)
+
+
 def _metrics(sysres: dict) -> dict[str, float | None]:
     w = sysres.get("workloads") or {}
     return {
@@ -208,8 +216,8 @@ def write_markdown(results: dict, out: Path) -> Path:
               "| System | W1 elapsed | W1 CPU server / client | W2 ingest (msg/s) "
               "| W2 first msg after due | W2 CPU server / client | W3 achieved send rate "
               "| W3 max behind schedule | W3 CPU server / client | server-side lateness W2 · W3 "
-              "(p50 / p99 / max) |",
-              "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+              "(p50 / p99 / max) | load avg (1 min) at start → end of W1 · W2 · W3 |",
+              "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|"]
     for n in names:
         s = results["systems"][n]
         if s.get("skipped"):
@@ -227,7 +235,7 @@ def write_markdown(results: dict, out: Path) -> Path:
             f"| {_dur_ms(_get(w, 'w2', 'first_after_due_ms'))} | {cpu('w2')} "
             f"| {_num(_get(w, 'w3', 'achieved_send_rate'))} "
             f"| {_dur_ms(_get(w, 'w3', 'max_behind_schedule_ms'))} | {cpu('w3')} "
-            f"| {srv if 'hourglass' == n else 'n/a'} |")
+            f"| {srv if n == 'hourglass' else 'n/a'} | {_loads(w)} |")
 
     errors = [(n, w, e) for n in names
               for w, e in (results["systems"][n].get("errors") or {}).items()]

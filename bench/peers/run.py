@@ -128,12 +128,14 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
         workdir = Path(tempfile.mkdtemp(prefix=f"{name}-{wl}-", dir=workroot))
         log(f"=== {name} {wl.upper()} (data in {workdir})")
         t0 = time.perf_counter()
+        load0 = round(os.getloadavg()[0], 2)
         try:
             system.start(workdir)
             entry["config"] = system.config()
             fn = pilot_rate if wl == "pilot" else WORKLOADS[wl]
             res = fn(system, params, ctx)
             res["wall_s"] = round(time.perf_counter() - t0, 1)
+            res["loadavg_1m"] = {"start": load0, "end": round(os.getloadavg()[0], 2)}
             if wl == "pilot":
                 entry["pilot"] = res
             else:

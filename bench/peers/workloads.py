@@ -5,8 +5,8 @@
   memory and disk growth per million pending messages, and the pending count (correctness:
   it must be N).
 - W2 burst: N messages all due at one instant, a few seconds after the ingest is expected to end
-  (from the W1 rate, or a short pilot); consumers run throughout. Drain time (due → last
-  message received), drain rate, lateness percentiles.
+  (2 × the time the W1 rate predicts, + 5 s; without W1, from a short pilot); consumers run
+  throughout. Drain time (due → last message received), drain rate, lateness percentiles.
 - W3 steady: ``rate`` msgs/s for ``duration`` s, each due 1-3 s (uniform) after it is sent;
   lateness percentiles and the number received before their due time (must be 0).
 
@@ -40,6 +40,7 @@ from .systems.base import System
 
 W1_MIN_DELAY_MS = 60_000
 W1_MAX_DELAY_MS = 3_600_000
+W2_LEAD_FACTOR = 2.0  # due at 2 × the expected ingest time + 5 s (the machine is shared)
 GRACE_S = 2.0  # after the last expected message: time for a duplicate to show up
 
 
@@ -210,7 +211,7 @@ def w2_burst(system: System, p: Params, ctx: dict) -> dict:
     tracker = Tracker(p.n)
     system.start_consumers(tracker.record)
     t_start = now_ms()
-    lead_ms = p.n / est_rate * 1000 * 1.3 + 5000
+    lead_ms = p.n / est_rate * 1000 * W2_LEAD_FACTOR + 5000
     due = int(t_start + lead_ms)
     log(f"{system.name} W2: {p.n:,} messages all due at +{lead_ms / 1000:.1f} s "
         f"(est. ingest {p.n / est_rate:.1f} s)")
