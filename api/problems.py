@@ -54,8 +54,9 @@ def problem_response(code: str, detail: str, *, status: int | None = None) -> Re
     doc = Problem(type=TYPE_PREFIX + code.lower().replace("_", "-"), title=title,
                   status=status, detail=detail, code=code)
     headers = {"WWW-Authenticate": 'Bearer realm="hourglass"'} if status == 401 else None
-    return Response(_encode(doc), status_code=status, media_type=PROBLEM_MEDIA_TYPE,
-                    headers=headers)
+    # the charset is explicit: clients (requests) otherwise guess it for +json media types
+    return Response(_encode(doc), status_code=status,
+                    media_type=f"{PROBLEM_MEDIA_TYPE}; charset=utf-8", headers=headers)
 
 
 def describe_validation_errors(errors: Sequence[Any]) -> str:

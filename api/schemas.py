@@ -46,10 +46,9 @@ class _Out(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
 
 
 class MessageIn(_In, kw_only=True):
-    """A message to send. Exactly one of ``body`` / ``bodyBase64``; at most one timing field
-    (``deliverAt``, ``delayMs``, ``delayLevel``); none of them delivers now, unless the
-    RocketMQ properties ``DELAY``, ``TIMER_DELIVER_MS``, ``TIMER_DELAY_MS`` or
-    ``TIMER_DELAY_SEC`` say otherwise."""
+    """A message to send: exactly one of `body` / `bodyBase64`, and at most one timing
+    field (`deliverAt`, `delayMs`, `delayLevel`). With none, the RocketMQ properties `DELAY`,
+    `TIMER_DELIVER_MS`, `TIMER_DELAY_MS`, `TIMER_DELAY_SEC` are honoured; else: now."""
 
     body: Annotated[str, Meta(description="The body as UTF-8 text.",
                               examples=["hello"])] | UnsetType = UNSET
@@ -79,7 +78,7 @@ class BatchIn(_In, kw_only=True):
 
 
 class TransactionIn(MessageIn, kw_only=True):
-    """A half message: ``MessageIn`` plus the producer group that answers check-backs."""
+    """A half message: `MessageIn` plus the producer group that answers check-backs."""
 
     producer_group: Annotated[str, Meta(pattern=GROUP_REGEX, examples=["orders-producer"])]
     check_immunity_seconds: Annotated[float, Meta(

@@ -114,7 +114,7 @@ def build_router(ctx: ApiContext) -> APIRouter:
         from_ms: Annotated[int | None, Query(alias="from", ge=0,
                                              description="Earliest deliverAt, epoch ms.")] = None,
         to_ms: Annotated[int | None, Query(alias="to", ge=0,
-                                           description="End of the window (exclusive), epoch ms.")] = None,
+                                           description="End (exclusive), epoch ms.")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         cursor: Annotated[str | None, Query(max_length=1024,
                                             description="nextCursor of the previous page.")]
