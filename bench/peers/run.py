@@ -64,8 +64,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "the server the harness starts)")
     ap.add_argument("--hourglass-cmd", default=None,
                     help="hourglass executable (default: .venv/bin/hourglass)")
+    ap.add_argument("--hourglass-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for the hourglass server the harness starts, e.g. "
+                         "HOURGLASS_FLUSH_POLICY=sync (repeatable)")
     ap.add_argument("--workdir", default=None,
                     help="where servers keep their data (default: a new temp directory)")
+    ap.add_argument("--wait-quiet", type=float, default=None, metavar="LOAD",
+                    help="before each workload, wait (up to --wait-quiet-max s) until the 1-min "
+                         "load average is below LOAD: the machine may be shared")
+    ap.add_argument("--wait-quiet-max", type=float, default=300.0)
     ap.add_argument("--keep-data", action="store_true", help="do not delete the data dirs")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
@@ -77,6 +84,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for w in args.workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}")
+    env = {}
+    for kv in args.hourglass_env:
+        k, sep, v = kv.partition("=")
+        if not sep or not k.startswith("HOURGLASS_"):
+            ap.error(f"--hourglass-env wants HOURGLASS_NAME=VALUE, not {kv!r}")
+        env[k] = v
+    args.hourglass_env = env
     lo, _, hi = args.w3_delay_ms.partition("-")
     args.w3_delay = (int(lo), int(hi or lo))
     return args
@@ -110,7 +124,7 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
                results: dict, save: Callable[[], None]) -> None:
     options = {"consumers": args.consumers, "bullmq_concurrency": args.bullmq_concurrency,
                "hourglass_url": args.hourglass_url, "token": args.token,
-               "hourglass_cmd": args.hourglass_cmd}
+               "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env}
     entry: dict = {"workloads": {}, "errors": {}, "params": asdict(params)}
     results["systems"][name] = entry
     ctx: dict = {}
@@ -127,6 +141,8 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
         entry.update({k: v for k, v in system.describe().items() if k != "config"})
         workdir = Path(tempfile.mkdtemp(prefix=f"{name}-{wl}-", dir=workroot))
         log(f"=== {name} {wl.upper()} (data in {workdir})")
+        if args.wait_quiet is not None:
+            wait_quiet(args.wait_quiet, args.wait_quiet_max)
         t0 = time.perf_counter()
         load0 = round(os.getloadavg()[0], 2)
         try:
@@ -157,6 +173,18 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
             if not args.keep_data:
                 shutil.rmtree(workdir, ignore_errors=True)
             save()
+
+
+def wait_quiet(threshold: float, max_wait: float) -> None:
+    deadline = time.monotonic() + max_wait
+    load = os.getloadavg()[0]
+    if load < threshold:
+        return
+    log(f"load average {load:.1f} ≥ {threshold}: waiting up to {max_wait:.0f} s for quiet")
+    while load >= threshold and time.monotonic() < deadline:
+        time.sleep(5)
+        load = os.getloadavg()[0]
+    log(f"load average now {load:.1f}; going on")
 
 
 def _log_summary(name: str, wl: str, res: dict) -> None:

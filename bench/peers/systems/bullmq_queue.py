@@ -44,7 +44,8 @@ class BullMQSystem(System):
     name = "bullmq"
     label = "BullMQ (Python)"
     guarantee = "at-least-once (stalled jobs retried)"
-    durability = "AOF, appendfsync everysec (≤1 s of acked sends lost on crash)"
+    durability = ("AOF, appendfsync everysec: acked sends survive a process crash; "
+                  "≤ ~1 s lost on an OS crash")
 
     def __init__(self, options: dict) -> None:
         super().__init__(options)

@@ -13,8 +13,9 @@ cannot be measured then); otherwise the harness starts ``.venv/bin/hourglass ser
 DIR --host 127.0.0.1 --port P`` with ``HOURGLASS_ADMIN_TOKEN`` and waits for ``/readyz``.
 
 Guarantee: exactly-once into the topic log (design guarantee 2), at-least-once to a consumer
-that commits its offset after processing. Durability: RocksDB WAL + CommitLog, flushed by the
-server's flush policy (reported from ``/v1/admin/stats`` when it says).
+that commits its offset after processing. Durability: RocksDB WAL + CommitLog under the
+server's ``flush_policy`` / ``flush_interval_ms`` / ``sync_writes`` (defaults, or what
+``--hourglass-env HOURGLASS_FLUSH_POLICY=sync`` etc. set), stated in the report.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class HourglassSystem(System):
         self.url: str | None = options.get("hourglass_url")
         self.token: str = options.get("token") or f"bench-{uuid.uuid4().hex}"
         self.cmd: str | None = options.get("hourglass_cmd")
+        self.extra_env: dict[str, str] = dict(options.get("hourglass_env") or {})
         self.proc: ManagedProcess | None = None
         self.datadir: Path | None = None
         self.base = ""
@@ -95,17 +97,52 @@ class HourglassSystem(System):
     def consumer_threads(self) -> int:
         return 1  # one ordered log per topic: one consumer per group and topic
 
+    def durability_settings(self) -> dict[str, str]:
+        """flush_policy, flush_interval_ms, sync_writes as the started server has them: the
+        ``HOURGLASS_*`` env given with ``--hourglass-env``, else the engine's defaults."""
+        if self.url:
+            return {}
+        defaults: dict[str, str] = {}
+        try:
+            from scheduler.config import EngineConfig
+
+            d = EngineConfig(data_dir=Path("."))
+            defaults = {"flush_policy": str(d.flush_policy),
+                        "flush_interval_ms": str(d.flush_interval_ms),
+                        "sync_writes": str(d.sync_writes).lower()}
+        except Exception:
+            pass
+        for k in ("flush_policy", "flush_interval_ms", "sync_writes"):
+            v = self.extra_env.get(f"HOURGLASS_{k.upper()}")
+            if v is not None:
+                defaults[k] = v
+        return defaults
+
+    def describe(self) -> dict[str, object]:
+        d = super().describe()
+        st = self.durability_settings()
+        if st:
+            sync_wal = st.get("sync_writes", "false").lower() in ("1", "true", "yes", "on")
+            log_part = ("CommitLog msync per delivery batch" if st.get("flush_policy") == "sync"
+                        else f"CommitLog msync every {st.get('flush_interval_ms', '?')} ms")
+            wal_part = ("RocksDB WAL fsync per write" if sync_wal
+                        else "RocksDB WAL written per request, not fsynced")
+            d["durability"] = f"{wal_part}; {log_part}" + (
+                "" if sync_wal else " (acked sends survive a process crash, not an OS crash)")
+        return d
+
     def config(self) -> dict[str, str]:
         cfg = {
             "server": self.url or "started by the harness: hourglass serve",
+            **self.durability_settings(),
+            **self.extra_env,
             "send": "POST …/messages:batch, 1000 per request, msgId + body + deliverAt",
             "consumer": f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}, "
                         "then PUT offset",
         }
-        flush = _find_string(self.stats_doc, ("flushPolicy", "commitLogFlush", "fsync",
-                                               "flush"))
-        if flush:
-            cfg["flush policy"] = flush
+        shards = _find_number(self.stats_doc, ("timerShards",))
+        if shards is not None:
+            cfg["timerShards"] = str(shards)
         return cfg
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -126,7 +163,8 @@ class HourglassSystem(System):
             argv = [exe, "serve", "--data-dir", str(self.datadir), "--host", "127.0.0.1",
                     "--port", str(port)]
             self.proc = ManagedProcess("hourglass", argv, workdir / "hourglass.log",
-                                       env={"HOURGLASS_ADMIN_TOKEN": self.token},
+                                       env={**self.extra_env,
+                                            "HOURGLASS_ADMIN_TOKEN": self.token},
                                        stop_signal=signal.SIGTERM, cwd=REPO)
         self.http = httpx.Client(base_url=self.base, headers=headers, timeout=60.0,
                                  limits=httpx.Limits(max_connections=32))
@@ -218,14 +256,3 @@ class HourglassSystem(System):
         mem = tree_memory(self.proc.tree())
         return {"memory": mem["rss"], "process_pss": mem["pss"], "disk": dir_size(self.datadir)}
 
-
-def _find_string(doc: Any, names: tuple[str, ...]) -> str | None:
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            if k in names and isinstance(v, str | int | bool):
-                return f"{k}={v}"
-        for v in doc.values():
-            found = _find_string(v, names)
-            if found is not None:
-                return found
-    return None

@@ -51,7 +51,8 @@ class RedisZSetSystem(System):
     name = "redis"
     label = "Redis ZSET + Lua"
     guarantee = "at-most-once (pop = delete), no duplicates"
-    durability = "AOF, appendfsync everysec (≤1 s of acked sends lost on crash)"
+    durability = ("AOF, appendfsync everysec: acked sends survive a process crash; "
+                  "≤ ~1 s lost on an OS crash")
 
     def __init__(self, options: dict) -> None:
         super().__init__(options)
