@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import fcntl
 import os
 import struct
 import threading
@@ -42,6 +43,7 @@ FLUSH_POLICIES = ("async", "sync")
 MIN_SEGMENT_SIZE = 64
 _CHECKPOINT = struct.Struct("<QI")  # flushed position, crc32c of those 8 bytes
 CHECKPOINT_NAME = "checkpoint"
+LOCK_NAME = "LOCK"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,19 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+def _lock_directory(directory: Path) -> int:
+    """An exclusive flock on ``directory/LOCK``: one writer per log, across processes."""
+    fd = -1
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
+        raise StorageError(f"CommitLog {directory} is in use by another writer: {exc}") from exc
+    return fd
 
 
 class CommitLog:
@@ -88,24 +103,28 @@ class CommitLog:
         self._load_errors: list[str] = []
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._spare: Segment | None = None  # next segment, made ahead by the flusher
+        self._create_lock = threading.Lock()  # segment creation (appender vs flusher)
+        self._lock_fd = -1
+        self._end = self._flushed = 0
         try:
             if not read_only:
                 self._dir.mkdir(parents=True, exist_ok=True)
+                self._lock_fd = _lock_directory(self._dir)
             self._load_segments(repair)
-            self._end = self._recover(repair, full_check)
+            self._end = self._flushed = self._recover(repair, full_check)
+            if not read_only:
+                if not self._segments:
+                    self._add(Segment.create(self._dir, 0, self._segment_size))
+                # what survived a crash in the page cache but was never msync'ed: make it
+                # durable before the checkpoint says so
+                self._sync_range(min(self._read_checkpoint(), self._end), self._end)
+                self._write_checkpoint(self._end)
         except BaseException:
             self._close_segments()
+            self._unlock()
             raise
-        self._flushed = self._end
-        self._spare: Segment | None = None  # next segment, made ahead by the flusher
-        self._create_lock = threading.Lock()  # segment creation (appender vs flusher)
         if not read_only:
-            if not self._segments:
-                self._add(Segment.create(self._dir, 0, self._segment_size))
-            # what survived a crash in the page cache but was never msync'ed: make it durable
-            # before the checkpoint says so
-            self._sync_range(min(self._read_checkpoint(), self._end), self._end)
-            self._write_checkpoint(self._end)
             self._flusher = threading.Thread(
                 target=self._flush_loop, name=f"commitlog-flush:{self._dir.name}", daemon=True)
             self._flusher.start()
@@ -499,8 +518,14 @@ class CommitLog:
             with self._lock, self._flush_lock:
                 self._closed = True
                 self._close_segments()
+                self._unlock()
             with self._flushed_cond:
                 self._flushed_cond.notify_all()
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            os.close(fd)  # releases the flock
 
     def _close_segments(self) -> None:
         for seg in self._segments:

@@ -74,3 +74,18 @@ def test_next_segment_is_made_ahead_and_used_at_the_roll(tmp_path: Path) -> None
     assert _segments(path) == [0, 1024]
     with CommitLog(path, segment_size=1024) as log:
         assert len(list(log.iter_from(0))) == 14
+
+
+def test_one_writer_per_log_but_readers_may_look(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with CommitLog(path, segment_size=4096) as log:
+        log.append_batch([b"a", b"b"])
+        log.flush()
+        with pytest.raises(StorageError, match="another writer"):
+            CommitLog(path, segment_size=4096)
+        with CommitLog(path, read_only=True) as reader:
+            assert [p for _, p in reader.iter_from(0)] == [b"a", b"b"]
+            with pytest.raises(StorageError):
+                reader.append_batch([b"c"])
+    with CommitLog(path, segment_size=4096) as log:  # the lock went with close()
+        assert log.end_position > 0
