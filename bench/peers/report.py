@@ -141,7 +141,7 @@ def write_markdown(results: dict, out: Path) -> Path:
         "# hourglass and its peers, side by side",
         "",
         f"- **Machine**: {meta.get('machine', '?')}",
-        f"- **Date**: {meta.get('date', '?')}",
+        f"- **Date**: {meta.get('date', '?')}; repository at `{meta.get('git', '?')}`",
         *([f"- **Command**: `{meta.get('command', '?')}`"] if len(meta.get("runs", [])) < 2
           else ["- **Commands** (results merged from several runs):",
                 *(f"  - `{r['command']}` ({r['date']}: {', '.join(r['systems'])})"
@@ -300,6 +300,11 @@ def plot_throughput(results: dict, out: Path) -> Path:
 def _pct_bars(ax: Any, names: list[str], results: dict, wl: str, scale: float,
               unit: str, title: str) -> None:
     keys = ("p50", "p99", "max")
+    if not any(_get(results["systems"][n], "workloads", wl, "lateness_ms", "p50") is not None
+               for n in names):
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title)
+        return
     width = 0.8 / len(keys)
     xs = np.arange(len(names))
     shades = (0.45, 0.7, 1.0)
@@ -357,14 +362,17 @@ def plot_w3_cdf(results: dict, out: Path) -> Path:
         if sq:
             ax.plot(np.maximum(sq, 0.1), np.linspace(0, 1, len(sq)), color=COLORS.get(n),
                     lw=1.5, ls="--", label=f"{_label(results, n)} (server: storedAt − deliverAt)")
-    ax.set_xscale("log")
+    if not ax.lines:
+        ax.text(0.5, 0.5, "no W3 data", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.set_xscale("log")
+        ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("lateness (ms, log scale; values ≤ 0.1 ms drawn at 0.1)")
     ax.set_ylabel("fraction of messages")
     p = results["meta"]["params"]
     ax.set_title(f"W3 lateness CDF: {p['w3_rate']:,.0f} msg/s for {p['w3_duration_s']:g} s, "
                  f"delays {p['w3_delay_min_ms'] / 1000:g}–{p['w3_delay_max_ms'] / 1000:g} s")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     path = out / "w3_lateness_cdf.png"
     fig.savefig(path, dpi=110)

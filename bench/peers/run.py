@@ -18,6 +18,7 @@ import platform
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +34,8 @@ from . import report
 from .common import log, stop_all
 from .systems import SYSTEM_NAMES, SystemUnavailable, make_system
 from .workloads import WORKLOADS, Params, pilot_rate
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,6 +70,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--hourglass-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the hourglass server the harness starts, e.g. "
                          "HOURGLASS_FLUSH_POLICY=sync (repeatable)")
+    ap.add_argument("--hourglass-rev", default=None, metavar="REV",
+                    help="run the hourglass server from a frozen copy of this git commit (git "
+                         "archive) instead of the live working tree, which may change mid-run")
     ap.add_argument("--workdir", default=None,
                     help="where servers keep their data (default: a new temp directory)")
     ap.add_argument("--wait-quiet", type=float, default=None, metavar="LOAD",
@@ -124,7 +130,8 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
                results: dict, save: Callable[[], None]) -> None:
     options = {"consumers": args.consumers, "bullmq_concurrency": args.bullmq_concurrency,
                "hourglass_url": args.hourglass_url, "token": args.token,
-               "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env}
+               "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env,
+               "hourglass_src": args.hourglass_src, "hourglass_rev": args.hourglass_rev}
     entry: dict = {"workloads": {}, "errors": {}, "params": asdict(params)}
     results["systems"][name] = entry
     ctx: dict = {}
@@ -173,6 +180,32 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
             if not args.keep_data:
                 shutil.rmtree(workdir, ignore_errors=True)
             save()
+
+
+def git(*argv: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def git_state() -> str:
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (subprocess.CalledProcessError, OSError):
+        return "?"
+    return head + (" (working tree modified)" if dirty else "")
+
+
+def freeze_source(rev: str, workroot: Path) -> tuple[Path, str]:
+    """``git archive REV`` into WORKROOT/hourglass-src; returns (dir, full commit id)."""
+    commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    dest = workroot / "hourglass-src"
+    dest.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    log(f"hourglass server code frozen at {commit[:12]} in {dest}")
+    return dest, commit
 
 
 def wait_quiet(threshold: float, max_wait: float) -> None:
@@ -230,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     meta.update({
         "machine": f"{m['summary']} — nominally 2 cores / 24 GiB Debian 12",
         "packages": m["packages"],
+        "git": git_state(),
         "command": cmd,
         "date": run_info["date"], "params": asdict(params),
     })
@@ -246,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     workroot = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hg-peers-"))
     workroot.mkdir(parents=True, exist_ok=True)
+    args.hourglass_src = None
+    if args.hourglass_rev and "hourglass" in args.systems:
+        args.hourglass_src, args.hourglass_rev = freeze_source(args.hourglass_rev, workroot)
     status = 0
     try:
         for name in args.systems:

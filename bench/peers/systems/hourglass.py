@@ -86,6 +86,7 @@ class HourglassSystem(System):
         self.token: str = options.get("token") or f"bench-{uuid.uuid4().hex}"
         self.cmd: str | None = options.get("hourglass_cmd")
         self.extra_env: dict[str, str] = dict(options.get("hourglass_env") or {})
+        self.src: Path | None = options.get("hourglass_src")
         self.proc: ManagedProcess | None = None
         self.datadir: Path | None = None
         self.base = ""
@@ -134,6 +135,8 @@ class HourglassSystem(System):
     def config(self) -> dict[str, str]:
         cfg = {
             "server": self.url or "started by the harness: hourglass serve",
+            **({"code": f"commit {self.options.get('hourglass_rev')}"}
+               if self.src is not None else {}),
             **self.durability_settings(),
             **self.extra_env,
             "send": "POST …/messages:batch, 1000 per request, msgId + body + deliverAt",
@@ -162,10 +165,14 @@ class HourglassSystem(System):
             self.base = f"http://127.0.0.1:{port}"
             argv = [exe, "serve", "--data-dir", str(self.datadir), "--host", "127.0.0.1",
                     "--port", str(port)]
-            self.proc = ManagedProcess("hourglass", argv, workdir / "hourglass.log",
-                                       env={**self.extra_env,
-                                            "HOURGLASS_ADMIN_TOKEN": self.token},
-                                       stop_signal=signal.SIGTERM, cwd=REPO)
+            env = {**self.extra_env, "HOURGLASS_ADMIN_TOKEN": self.token}
+            cwd = REPO
+            if self.src is not None:
+                # the server's code from a frozen copy of one commit, ahead of the editable install
+                env["PYTHONPATH"] = str(self.src)
+                cwd = self.src
+            self.proc = ManagedProcess("hourglass", argv, workdir / "hourglass.log", env=env,
+                                       stop_signal=signal.SIGTERM, cwd=cwd)
         self.http = httpx.Client(base_url=self.base, headers=headers, timeout=60.0,
                                  limits=httpx.Limits(max_connections=32))
 
