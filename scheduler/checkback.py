@@ -292,8 +292,8 @@ class CheckbackDispatcher:
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._in_flight = 0
-        self._rounds = 0  # completed dispatch rounds
-        self._idle_round = -1  # last round that ended with nothing due and nothing in flight
+        self._started = 0  # dispatch rounds begun
+        self._idle_round = 0  # last round that ended with nothing due and nothing in flight
         self._rotation = 0
         self._thread = threading.Thread(target=self._run, name="checkback-dispatcher",
                                         daemon=True)
@@ -316,7 +316,7 @@ class CheckbackDispatcher:
         """Block until a dispatch round that began after this call ended with no check due
         at the clock's time and no POST in flight (tests call it after advancing the clock)."""
         with self._cond:
-            target = self._rounds + 1
+            target = self._started + 1  # the next round to begin reads the clock after now
         self._wake.set()
         with self._cond:
             if not self._cond.wait_for(
@@ -326,15 +326,17 @@ class CheckbackDispatcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            with self._cond:
+                self._started += 1
+                number = self._started
             try:
                 deadline, idle = self._round()
             except Exception:  # storage trouble: keep the thread, retry after a pause
                 log.exception("check-back dispatch round failed")
                 deadline, idle = self._clock.now_ms() + 1000, False
             with self._cond:
-                self._rounds += 1
                 if idle:
-                    self._idle_round = self._rounds
+                    self._idle_round = number
                 self._cond.notify_all()
             self._clock.wait(self._wake, deadline)
 

@@ -88,8 +88,8 @@ MAX_CHECKS_PER_POLL = 1000
 class Committing(Protocol):
     """What the manager needs of scheduler.committer.Committer."""
 
-    lock: AbstractContextManager[object]
-
+    @property
+    def lock(self) -> AbstractContextManager[object]: ...
     def replay_if_needed(self) -> None: ...
     def commit_plain(self, batch: Batch) -> None: ...
     def commit_immediate(self, batch: Batch,

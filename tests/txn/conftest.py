@@ -1,0 +1,45 @@
+"""Fixtures of the transaction tests: the engine tests' harness (a real Broker on RocksDB and
+a real CommitLog under tmp_path, driven by a FakeClock), with transaction helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scheduler.broker import Broker
+from scheduler.clock import FakeClock
+from scheduler.model import SendRequest, TransactionResult
+from tests.scheduler.conftest import START_MS, Harness
+
+__all__ = ["START_MS", "Harness", "prepare"]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START_MS)
+
+
+@pytest.fixture
+def harness(tmp_path: Path, clock: FakeClock) -> Iterator[Harness]:
+    h = Harness(tmp_path / "data", clock)
+    yield h
+    h.close_all()
+
+
+@pytest.fixture
+def broker(harness: Harness) -> Broker:
+    return harness.open(transaction_callback_allowed_hosts=("127.0.0.1",),
+                        transaction_callback_timeout_ms=500)
+
+
+def prepare(broker: Broker, msg_id: str, *, topic: str = "orders", group: str = "pg",
+            immunity: str | int | None = None, body: bytes | None = None,
+            deliver_at: int | None = None, delay_ms: int | None = None,
+            delay_level: int | None = None) -> TransactionResult:
+    return broker.prepare_transaction(
+        SendRequest(topic=topic, body=body if body is not None else msg_id.encode(),
+                    msg_id=msg_id, deliver_at=deliver_at, delay_ms=delay_ms,
+                    delay_level=delay_level),
+        producer_group=group, check_immunity_seconds=immunity)
