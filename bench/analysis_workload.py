@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from storage.constants import CF_CQ, CF_INDEX, timer_cf
-from storage.keys import cq_key, encode_timer_key, index_key, pack_u64
+from storage.keys import (
+    cq_key,
+    decode_cq_key,
+    encode_timer_key,
+    index_key,
+    pack_u64,
+    topic_prefix,
+)
 from storage.records import IndexEntry, MessageRecord, MessageStatus, encode_index, encode_message
 from storage.timer_store import TimerStore
 
@@ -39,6 +46,7 @@ class WorkloadSpec:
     burst_share: float = 0.1
     burst_at_ms: int = 30 * 60_000
     seed: int = 7
+    id_prefix: str = "m"  # msgIds are f"{id_prefix}-{i:08d}": vary it to add to a store
     batch_size: int = 5_000
 
 
@@ -80,6 +88,13 @@ def _future_delay(rng: random.Random, spec: WorkloadSpec) -> int:
     return rng.randrange(DAY_MS, 7 * DAY_MS)
 
 
+def _cq_end(store: TimerStore, topic: str) -> int:
+    """The next consume-queue offset of ``topic`` (0 for a new topic)."""
+    prefix = topic_prefix(topic)
+    last = list(store.scan(CF_CQ, prefix, prefix[:-1] + b"\x01", limit=1, reverse=True))
+    return decode_cq_key(last[0][0])[1] + 1 if last else 0
+
+
 def generate(store: TimerStore, spec: WorkloadSpec) -> Workload:
     """Send ``spec.messages``, deliver the earliest ``delivered``, cancel ``cancelled``."""
     if spec.delivered + spec.cancelled + spec.overdue > spec.messages:
@@ -97,7 +112,7 @@ def generate(store: TimerStore, spec: WorkloadSpec) -> Workload:
             deliver_at = now + _future_delay(rng, spec)
         size = _weighted(rng, spec.body_sizes)
         record = MessageRecord(body=b"b" * size, born_at=now - DAY_MS, deliver_at=deliver_at)
-        plan.append((topic, f"m-{i:08d}", deliver_at, encode_message(record)))
+        plan.append((topic, f"{spec.id_prefix}-{i:08d}", deliver_at, encode_message(record)))
     # 1. every send: timer key + index SCHEDULED, as Broker.send does
     for lo in range(0, len(plan), spec.batch_size):
         batch = store.batch()
@@ -110,7 +125,7 @@ def generate(store: TimerStore, spec: WorkloadSpec) -> Workload:
     store.flush()
     # 2. deliveries (in deliverAt order) and cancellations: delete the timer key, mark the index
     work = Workload(spec=spec)
-    offsets: dict[str, int] = {}
+    offsets = {topic: _cq_end(store, topic) for topic, _ in spec.topics}
     delivered = set(range(spec.delivered))
     first_future = spec.delivered + spec.overdue
     cancelled = set(range(first_future, first_future + spec.cancelled))

@@ -126,7 +126,7 @@ def plan_cf(cf: str, files: Sequence[Mapping[str, Any]], target_rows: int) -> li
     estimates: list[int] = []
     acc = 0
     for key, rows in split_points(files, target_rows):
-        if acc >= target_rows and (not bounds or key > bounds[-1]):
+        if acc and acc + rows > target_rows and (not bounds or key > bounds[-1]):
             bounds.append(key)
             estimates.append(acc)
             acc = 0
