@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from scheduler.broker import Broker, open_commitlog
@@ -32,8 +32,17 @@ class DieAfterAppend:
             os.kill(os.getpid(), signal.SIGKILL)
         return positions
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
+    def read(self, position: int) -> bytes:
+        return self.inner.read(position)
+
+    def iter_from(self, position: int) -> Iterable[tuple[int, bytes]]:
+        return self.inner.iter_from(position)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def main(data_dir: str, mode: str, count: int) -> None:
