@@ -34,9 +34,9 @@ from storage.records import (
 )
 
 # Any text without NUL and lone surrogates is a valid codec input (the API is stricter).
-names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+names = st.text(st.characters(codec="utf-8", exclude_characters="\x00"),
                 min_size=1, max_size=20)
-msg_ids = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+msg_ids = st.text(st.characters(codec="utf-8"), max_size=20)
 times = st.integers(min_value=0, max_value=MAX_U64)
 triples = st.tuples(times, names, msg_ids)
 

@@ -69,7 +69,7 @@ def _patch(log_dir: Path, position: int, data: bytes) -> None:
         f.write(data)
 
 
-def _reopen(log_dir: Path, **kw: object) -> CommitLog:
+def _reopen(log_dir: Path, **kw: bool) -> CommitLog:
     return CommitLog(log_dir, segment_size=SEGMENT, flush_interval_ms=3_600_000, **kw)
 
 
