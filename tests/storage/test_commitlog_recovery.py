@@ -69,8 +69,10 @@ def _patch(log_dir: Path, position: int, data: bytes) -> None:
         f.write(data)
 
 
-def _reopen(log_dir: Path, **kw: bool) -> CommitLog:
-    return CommitLog(log_dir, segment_size=SEGMENT, flush_interval_ms=3_600_000, **kw)
+def _reopen(log_dir: Path, *, read_only: bool = False, repair: bool = False,
+            full_check: bool = False) -> CommitLog:
+    return CommitLog(log_dir, segment_size=SEGMENT, flush_interval_ms=3_600_000,
+                     read_only=read_only, repair=repair, full_check=full_check)
 
 
 def _records(log: CommitLog) -> list[bytes]:
