@@ -19,7 +19,7 @@ from api.longpoll import DeliveryNotifier
 from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
 from api.openapi import install_openapi
 from api.problems import install_problem_handlers
-from api.routes import consume, messages, operations, transactions
+from api.routes import check_callbacks, consume, messages, operations, transactions
 from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.clock import Clock, SystemClock
@@ -83,6 +83,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     for router in (messages.build_router(ctx), consume.build_router(ctx),
                    transactions.build_router(ctx), operations.build_router(ctx, registry)):
         app.include_router(router)
+    app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
     app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)
     return app

@@ -187,7 +187,8 @@ def immunity_ms(check_immunity_seconds: str | int | float | None, transaction_ti
     ``max(checkImmunitySeconds * 1000, transaction timeout)``, where a value that is not a
     Java long (``"100.5"``, ``"abc"``, missing) counts as -1, i.e. the timeout.
 
-    A JSON number is taken as its text: ``7`` is "7", ``100.5`` is "100.5" (not a long).
+    A number is taken as the integer it is: ``7`` and ``7.0`` (how a float-typed JSON field
+    decodes ``7``) are 7 s, while ``100.5``, like "100.5", is not a long.
     ``max_ms`` caps absurd values (the next check time must stay a valid key).
     """
     seconds: int | None
@@ -197,7 +198,8 @@ def immunity_ms(check_immunity_seconds: str | int | float | None, transaction_ti
         seconds = check_immunity_seconds if _LONG_MIN <= check_immunity_seconds <= _LONG_MAX \
             else None
     elif isinstance(check_immunity_seconds, float):
-        seconds = None  # its text always has a fraction or exponent: not a Java long
+        seconds = (int(check_immunity_seconds) if check_immunity_seconds.is_integer()
+                   and _LONG_MIN <= check_immunity_seconds <= _LONG_MAX else None)
     else:
         seconds = parse_java_long(check_immunity_seconds)
     result = transaction_timeout_ms if seconds is None else max(seconds * 1000,

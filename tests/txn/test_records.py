@@ -47,11 +47,13 @@ TIMEOUT = 6_000
         ("7s", 6_000),
         ("1e3", 6_000),
         ("9223372036854775808", 6_000),  # one past Long.MAX_VALUE: NumberFormatException
-        # JSON numbers are taken as their text
+        # numbers are taken as the integer they are; a fraction is not a long
         (7, 7_000),
         (1, 6_000),
         (100.5, 6_000),
-        (7.0, 6_000),  # "7.0" is not a Java long
+        (7.0, 7_000),  # how a float-typed JSON field decodes 7
+        (float("nan"), 6_000),
+        (float("inf"), 6_000),
         (True, 6_000),
     ],
 )
