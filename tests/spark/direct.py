@@ -29,6 +29,7 @@ def logical_rows(db_dir: Path) -> list[tuple[Any, ...]]:
         for cf in names:
             handle = db.get_column_family(cf)
             for key, value in handle.items():
+                assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
                 rows.append(_decode(cf, key, value))
             del handle
     finally:

@@ -77,7 +77,7 @@ def test_sst_rows_equal_live_files(spark: Any, workload: Generated) -> None:
         else:
             assert r["start_time"] is None
     # the column family of each file, checked against RocksDB's per-CF SST totals
-    per_cf = Counter()
+    per_cf: Counter[str] = Counter()
     for r in rows:
         per_cf[r["cf"]] += r["size"]
     assert {cf: n for cf, n in direct.cf_sst_bytes(workload.snapshot.db_path).items() if n} \
