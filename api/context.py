@@ -17,7 +17,7 @@ from api.longpoll import DeliveryNotifier
 from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.intake import check_topic
-from storage.errors import Forbidden
+from storage.errors import Forbidden, InvalidArgument
 
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
@@ -29,6 +29,12 @@ class ApiContext:
     broker: Broker
     auth: Authenticator
     notifier: DeliveryNotifier
+
+    def caller(self, request: Request) -> Principal:
+        """The caller's principal, or 401: the hot routes (send, batch, pull) call this first
+        thing instead of the ``Authenticated`` dependency (FastAPI's dependency solving costs
+        ~15 µs a request); they take no parameters FastAPI would validate before it."""
+        return self.auth.authenticate(request.headers.get("authorization"))
 
     @staticmethod
     def allow(principal: Principal, permission: Permission, topic: str | None = None, *,
@@ -52,6 +58,22 @@ async def authenticate(request: Request) -> Principal:
 
 #: Route parameter type of an authenticated caller.
 Authenticated = Annotated[Principal, Depends(authenticate)]
+
+
+def query_int(request: Request, name: str, default: int | None, low: int,
+              high: int) -> int | None:
+    """Integer query parameter ``name`` within [low, high], or InvalidArgument."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"query parameter {name} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise InvalidArgument(f"query parameter {name} must be between {low} and {high}, "
+                              f"got {value}")
+    return value
 
 
 def respond(doc: Any, status: int = 200, request: Request | None = None) -> Response:

@@ -59,6 +59,7 @@ def operation(
     errors: Iterable[int] = (),
     auth: bool = True,
     extra_responses: dict[int | str, dict[str, Any]] | None = None,
+    parameters: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``router.add_api_route`` / ``@router.get`` declaring one
     operation of the contract: ``result``/``body`` name Structs of api/schemas.py."""
@@ -76,6 +77,8 @@ def operation(
                            "content": {PROBLEM_MEDIA_TYPE: {"schema": _ref("Problem")}}}
     responses.update(extra_responses or {})
     extra: dict[str, Any] = {}
+    if parameters:
+        extra["parameters"] = parameters
     if body:
         media = {JSON: {"schema": _ref(body)}}
         if msgpack:
@@ -92,6 +95,11 @@ def operation(
         "responses": responses,
         "openapi_extra": extra,
     }
+
+
+def query_parameter(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": schema}
 
 
 def build_openapi(app: FastAPI) -> dict[str, Any]:

@@ -33,6 +33,10 @@ Offset = Annotated[int, Meta(ge=0, description="Queue offset in the topic's log,
 #: TOPIC_INVALID, and an unauthenticated call is 401 whatever the name), documented here.
 Topic = Annotated[str, Path(json_schema_extra={"pattern": TOPIC_REGEX},
                             description="Topic name; system topics cannot be sent to.")]
+#: The same, for the hot routes that read the topic from the path themselves.
+TOPIC_PARAMETER = {"name": "topic", "in": "path", "required": True,
+                   "description": "Topic name; system topics cannot be sent to.",
+                   "schema": {"type": "string", "pattern": TOPIC_REGEX}}
 MsgId = Annotated[str, Meta(pattern=MSG_ID_REGEX, examples=["order-42"])]
 Text = Annotated[str, Meta(max_length=4096)]
 

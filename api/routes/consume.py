@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from api import schemas
 from api.auth import Permission
 from api.bodies import decode, read_body
-from api.context import ApiContext, Authenticated, respond
-from api.openapi import operation
-from api.schemas import Topic
+from api.context import ApiContext, Authenticated, query_int, respond
+from api.openapi import operation, query_parameter
+from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
+from storage.constants import GROUP_PATTERN
+from storage.errors import InvalidArgument
 
 Group = Annotated[str, Path(pattern=schemas.GROUP_REGEX, description="Consumer group.")]
 
@@ -29,6 +31,28 @@ def delivered(message: model.Delivered) -> schemas.Delivered:
     )
 
 
+MAX_OFFSET = (1 << 63) - 1
+PULL_PARAMETERS = [
+    TOPIC_PARAMETER,
+    query_parameter("offset", "First offset to read; default: the group's committed offset "
+                    "(0 if none).", {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}),
+    query_parameter("group", "Consumer group: where to start when no offset is given.",
+                    {"type": "string", "pattern": schemas.GROUP_REGEX}),
+    query_parameter("max", "At most this many messages.",
+                    {"type": "integer", "minimum": 1, "maximum": schemas.MAX_PULL,
+                     "default": schemas.DEFAULT_PULL}),
+    query_parameter("waitMs", "Wait up to this long for a first message (long poll).",
+                    {"type": "integer", "minimum": 0, "maximum": schemas.MAX_WAIT_MS,
+                     "default": 0}),
+]
+
+
+def check_group(group: str) -> str:
+    if not GROUP_PATTERN.match(group):
+        raise InvalidArgument(f"group {group!r} does not match {GROUP_PATTERN.pattern}")
+    return group
+
+
 def build_router(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
     broker = ctx.broker
@@ -36,26 +60,23 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
     @router.get("/v1/topics/{topic}/messages", **operation(
         "pullMessages", tag="consuming", summary="Read delivered messages (long polling)",
-        result="PullResult", msgpack=True, errors=(503,),
+        result="PullResult", msgpack=True, errors=(503,), parameters=PULL_PARAMETERS,
         result_description="Messages from the offset on (possibly none), and where to go on.",
     ))
-    async def pull_messages(
-        topic: Topic, request: Request, principal: Authenticated,
-        offset: Annotated[int | None, Query(
-            ge=0, description="First offset to read; default: the group's committed offset "
-                              "(0 if none).")] = None,
-        group: Annotated[str | None, Query(pattern=schemas.GROUP_REGEX,
-                                           description="Consumer group.")] = None,
-        max_messages: Annotated[int, Query(alias="max", ge=1, le=schemas.MAX_PULL,
-                                           description="At most this many.")]
-        = schemas.DEFAULT_PULL,
-        wait_ms: Annotated[int, Query(
-            alias="waitMs", ge=0, le=schemas.MAX_WAIT_MS,
-            description="Wait up to this long for a first message (long poll).")] = 0,
-    ) -> Response:
+    async def pull_messages(request: Request) -> Response:
+        principal = ctx.caller(request)
+        topic = request.path_params["topic"]
         ctx.allow(principal, Permission.PULL, topic)
+        offset = query_int(request, "offset", None, 0, MAX_OFFSET)
+        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, schemas.MAX_PULL)
+        wait_ms = query_int(request, "waitMs", 0, 0, schemas.MAX_WAIT_MS)
+        assert max_messages is not None and wait_ms is not None
         if offset is None:
-            offset = broker.get_group_offset(topic, group) if group is not None else 0
+            group = request.query_params.get("group")
+            if group is None:
+                offset = 0
+            else:
+                offset = broker.get_group_offset(topic, check_group(group))
         result = broker.pull(topic, offset, max_messages)
         if not result.messages and wait_ms > 0:
             result = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)

@@ -12,7 +12,7 @@ from api.auth import Permission
 from api.bodies import decode, read_body, to_send_request
 from api.context import ApiContext, Authenticated, respond
 from api.openapi import operation
-from api.schemas import MSG_ID_REGEX, Topic
+from api.schemas import MSG_ID_REGEX, TOPIC_PARAMETER, Topic
 from scheduler import model
 from scheduler.intake import check_msg_id
 from storage.errors import Forbidden, InvalidArgument
@@ -37,14 +37,16 @@ def build_router(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/topics/{topic}/messages", **operation(
         "sendMessage", tag="messages", summary="Send one message", ok=201,
         result="SendResult", result_description="Stored (scheduled, or delivered now).",
-        body="MessageIn", errors=(503,),
+        body="MessageIn", errors=(503,), parameters=[TOPIC_PARAMETER],
         extra_responses={200: {
             "description": "Duplicate: (topic, msgId) was sent before; the first result.",
             "content": {"application/json": {"schema": {"$ref":
                                                         "#/components/schemas/SendResult"}}},
         }},
     ))
-    async def send_message(topic: Topic, request: Request, principal: Authenticated) -> Response:
+    async def send_message(request: Request) -> Response:
+        principal = ctx.caller(request)
+        topic = request.path_params["topic"]
         ctx.allow(principal, Permission.SEND, topic, sending=True)
         raw = await read_body(request, request_limit)
         message = decode(raw, request.headers.get("content-type"), schemas.MessageIn)
@@ -54,17 +56,18 @@ def build_router(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/topics/{topic}/messages:batch", **operation(
         "sendBatch", tag="messages", summary="Send up to 1000 messages atomically", ok=201,
         result="BatchResult", result_description="All stored; results in request order.",
-        body="BatchIn", msgpack=True, errors=(503,),
+        body="BatchIn", msgpack=True, errors=(503,), parameters=[TOPIC_PARAMETER],
     ))
-    async def send_batch(topic: Topic, request: Request, principal: Authenticated) -> Response:
+    async def send_batch(request: Request) -> Response:
+        principal = ctx.caller(request)
+        topic = request.path_params["topic"]
         ctx.allow(principal, Permission.SEND, topic, sending=True)
         raw = await read_body(request, request_limit)
         batch = decode(raw, request.headers.get("content-type"), schemas.BatchIn)
         if len(batch.messages) > ctx.settings.max_batch_messages:
             raise InvalidArgument(f"a batch holds at most {ctx.settings.max_batch_messages} "
                                   f"messages, got {len(batch.messages)}")
-        requests = [to_send_request(m, topic, f"messages[{i}]: ")
-                    for i, m in enumerate(batch.messages)]
+        requests = [to_send_request(m, topic, i) for i, m in enumerate(batch.messages)]
         results = broker.send_batch(requests)
         return respond(schemas.BatchResult(results=[send_result(r) for r in results]), 201,
                        request)

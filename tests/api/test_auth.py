@@ -51,6 +51,12 @@ TX_CALLS: dict[str, tuple[Call, set[str]]] = {
 TOPICLESS: dict[str, tuple[Callable[[httpx.Client], httpx.Response], set[str]]] = {
     "getStats": (lambda c: c.get("/v1/admin/stats"), {"admin"}),
     "createSnapshot": (lambda c: c.post("/v1/admin/snapshots"), {"admin"}),
+    "setCheckCallback": (lambda c: c.put("/v1/producer-groups/pg/check-callback",
+                                         json={"url": "https://not-allowed.example/x"}),
+                         {"admin"}),
+    "getCheckCallback": (lambda c: c.get("/v1/producer-groups/pg/check-callback"), {"admin"}),
+    "deleteCheckCallback": (lambda c: c.delete("/v1/producer-groups/pg/check-callback"),
+                            {"admin"}),
 }
 TX_TOPICLESS: dict[str, tuple[Callable[[httpx.Client], httpx.Response], set[str]]] = {
     "commitTransaction": (lambda c: c.post("/v1/transactions/unknown/commit"),
