@@ -251,3 +251,50 @@ def test_unknown_path_and_method_are_problems(live: Live) -> None:
         problem(c.get("/v1/nothing-here"), 404, "NOT_FOUND")
         assert c.put("/healthz").status_code == 405
         assert c.put("/healthz").headers["content-type"].startswith("application/problem+json")
+
+
+# --- transactions ------------------------------------------------------------------------------
+def test_transactions_prepare_commit_rollback_and_checks(live: Live) -> None:
+    with live.client() as c:
+        def prepare(msg_id: str, **fields: object) -> dict:
+            r = c.post(f"/v1/topics/{TOPIC}/transactions",
+                       json={"body": msg_id, "msgId": msg_id, "producerGroup": "pg", **fields})
+            assert r.status_code == 201, r.text
+            return r.json()
+
+        kept = prepare("tx-keep", delayMs=1_000)
+        assert kept["status"] == "PREPARED"
+        dropped = prepare("tx-drop")
+        waiting = prepare("tx-wait", checkImmunitySeconds=60)
+        live.broker.drain()
+        assert c.get(f"/v1/topics/{TOPIC}/messages").json()["messages"] == []  # invisible
+
+        committed = c.post(f"/v1/transactions/{kept['transactionId']}/commit")
+        assert committed.status_code == 200
+        assert committed.json()["status"] == "COMMITTED"
+        assert committed.json()["deliverAt"] >= T0 + 1_000
+        again = c.post(f"/v1/transactions/{kept['transactionId']}/commit")
+        assert again.json()["status"] == "COMMITTED"  # idempotent
+        problem(c.post(f"/v1/transactions/{kept['transactionId']}/rollback"), 409, "CONFLICT")
+
+        rolled = c.post(f"/v1/transactions/{dropped['transactionId']}/rollback")
+        assert rolled.json()["status"] == "ROLLED_BACK"
+        problem(c.post(f"/v1/transactions/{dropped['transactionId']}/commit"), 409, "CONFLICT")
+        problem(c.post("/v1/transactions/01ARZ3NDEKTSV4RRFFQ69G5FAV/commit"), 404, "NOT_FOUND")
+
+        checks_url = "/v1/producer-groups/pg/transaction-checks"
+        assert c.get(checks_url).json() == {"checks": []}  # immunity not over yet
+        live.advance(6_000)  # the transaction timeout (6 s): tx-wait is still immune (60 s)
+        assert c.get(checks_url).json() == {"checks": []}
+        live.advance(54_000)
+        (check,) = c.get(checks_url, params={"max": 10}).json()["checks"]
+        assert check["transactionId"] == waiting["transactionId"]
+        assert check["msgId"] == "tx-wait"
+        assert check["topic"] == TOPIC
+        assert check["body"] == "tx-wait"
+        assert check["checkTimes"] >= 1
+        assert check["preparedAt"] == T0
+        problem(c.get(checks_url, params={"max": 0}), 400, "INVALID_ARGUMENT")
+
+        pulled = c.get(f"/v1/topics/{TOPIC}/messages").json()["messages"]
+        assert [m["msgId"] for m in pulled] == ["tx-keep"]
