@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -244,29 +245,28 @@ async def _run(args: argparse.Namespace, phases: list[str], port: int,
     batch_msgpack = request_bytes("POST", "/v1/topics/bench.batch/messages:batch", token,
                                   msgpack.packb({"messages": batch_messages}),
                                   "application/x-msgpack")
-    run = _run_phase
     for phase in phases:
         print(f"phase {phase}", file=sys.stderr)
+        make: Callable[[], bytes]
+        per_request = BATCH
         if phase == "single":
-            results.append(await run(phase, port, lambda: single, 1, args.warmup,
-                                     args.duration, args.connections))
+            make, per_request = itertools.repeat(single).__next__, 1
         elif phase == "batch":
-            results.append(await run(phase, port, lambda: batch_json, BATCH, args.warmup,
-                                     args.duration, args.connections))
+            make = itertools.repeat(batch_json).__next__
         elif phase == "batch-msgpack":
-            results.append(await run(phase, port, lambda: batch_msgpack, BATCH, args.warmup,
-                                     args.duration, args.connections))
-        elif phase == "pull":
+            make = itertools.repeat(batch_msgpack).__next__
+        else:  # pull, at random offsets of a pre-filled topic
             print(f"  prefilling {args.prefill:,} delivered messages", file=sys.stderr)
             await asyncio.to_thread(_prefill, port, token, "bench.pull", args.prefill)
-            top = max(1, args.prefill - PULL_MAX)
             rng = random.Random(7)
-            pulls = [request_bytes("GET", f"/v1/topics/bench.pull/messages?offset="
-                                   f"{rng.randrange(top)}&max={PULL_MAX}", token)
-                     for _ in range(4096)]
-            counter = iter(range(1 << 62))
-            results.append(await run(phase, port, lambda: pulls[next(counter) % 4096],
-                                     PULL_MAX, args.warmup, args.duration, args.connections))
+            top = max(1, args.prefill - PULL_MAX)
+            make = itertools.cycle([
+                request_bytes("GET", f"/v1/topics/bench.pull/messages?offset="
+                              f"{rng.randrange(top)}&max={PULL_MAX}", token)
+                for _ in range(4096)]).__next__
+            per_request = PULL_MAX
+        results.append(await _run_phase(phase, port, make, per_request, args.warmup,
+                                        args.duration, args.connections))
     return results
 
 
