@@ -28,6 +28,7 @@ from typing import Any
 
 from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
+from scheduler.codec import cancel_handle, index_value
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
@@ -82,7 +83,6 @@ from storage.records import (
     decode_index,
     decode_log_record,
     encode_index,
-    encode_message,
 )
 from storage.timer_store import Batch, TimerStore
 
@@ -377,15 +377,16 @@ class Broker:
     def _add_scheduled(self, batch: Batch, later: list[PreparedMessage], now: int) -> None:
         by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
         for m in later:
-            by_shard.setdefault(self._shards[m.shard].cf, []).append(
-                (m.timer_key, encode_message(m.record)))
+            cf = self._shards[m.shard].cf
+            items = by_shard.get(cf)
+            if items is None:
+                items = by_shard[cf] = []
+            items.append((m.timer_key, m.value()))
         for cf, items in by_shard.items():
             batch.put_many(cf, items)
-        batch.put_many(CF_INDEX, [
-            (m.index_key, encode_index(IndexEntry(status=MessageStatus.SCHEDULED,
-                                                  deliver_at=m.deliver_at, updated_at=now,
-                                                  tx_id=m.tx_id)))
-            for m in later])
+        batch.put_many(CF_INDEX, [(m.index_key, index_value(_SCHEDULED, m.deliver_at, now,
+                                                            None, None, m.tx_id))
+                                  for m in later])
 
     def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
                  delivered: set[bytes]) -> list[SendResult]:
@@ -399,7 +400,10 @@ class Broker:
                     msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
                     status=(MessageStatus.DELIVERED if m.index_key in delivered
                             else MessageStatus.SCHEDULED),
-                    cancel_handle=encode_handle(m.deliver_at, m.topic, m.msg_id))
+                    cancel_handle=cancel_handle(m.timer_key))
+                if m.generated_id:  # unique: never looked up again
+                    out.append(result)
+                    continue
             first.setdefault(m.index_key, result)
             out.append(result)
         return out
@@ -691,6 +695,7 @@ class Broker:
             self._notify({r.topic for r in records})
 
 
+_SCHEDULED = MessageStatus.SCHEDULED.value
 _PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
                                 status=MessageStatus.SCHEDULED, cancel_handle="")
 

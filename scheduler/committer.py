@@ -29,15 +29,17 @@ committed, so a failed attempt retried later still skips them.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from scheduler.clock import Clock
+from scheduler.codec import index_value, log_payload, log_payload_from_value
 from scheduler.intake import PreparedMessage, expiry_key, topic_shard
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
-from storage.keys import decode_timer_key, encode_timer_key, index_key, pack_u64, unpack_u64
+from storage.keys import encode_timer_key, index_key, pack_u64, unpack_u64
 from storage.records import (
     FLAG_IMMEDIATE,
     IndexEntry,
@@ -45,15 +47,14 @@ from storage.records import (
     MessageStatus,
     decode_index,
     decode_log_record,
-    decode_message,
     encode_index,
-    encode_log_record,
 )
 from storage.timer_store import Batch, TimerStore
 
 log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 4096  # log records per RocksDB batch when replaying
+_U64 = struct.Struct(">Q")
 
 
 class Log(Protocol):
@@ -73,6 +74,8 @@ class Queues(Protocol):
 
     def put(self, batch: Batch, topic: str, queue_offset: int, position: int,
             size: int) -> None: ...
+    def put_many(self, batch: Batch, topic: str,
+                 entries: list[tuple[int, int, int]]) -> None: ...
     def end_offset(self, topic: str) -> int: ...
 
 
@@ -209,52 +212,58 @@ class Committer:
             now = self._clock.now_ms()
             skip = self._skip
             skipped: list[bytes] = []
-            keys: list[bytes] = []
-            values: list[bytes] = []
+            pending = _Appends()
+            topics, msg_ids, ats, ikeys, values = (pending.topics, pending.msg_ids,
+                                                   pending.deliver_ats, pending.ikeys,
+                                                   pending.extra)
+            topic_names: dict[bytes, str] = {}
+            unpack_at = _U64.unpack_from
             for scan in scans:
                 for key, value in scan.items:
-                    if key in skip:
+                    if skip and key in skip:
                         skipped.append(key)
-                    else:
-                        keys.append(key)
-                        values.append(value)
-            parts = [decode_timer_key(k) for k in keys]
-            records = []
-            for (deliver_at, topic, msg_id), value, offset in zip(
-                    parts, values, self._take_offsets([p[1] for p in parts]), strict=True):
-                msg = decode_message(value)
-                records.append(LogRecord(
-                    topic=topic, msg_id=msg_id, queue_offset=offset, body=msg.body,
-                    tags=msg.tags, keys=msg.keys, properties=msg.properties,
-                    born_at=msg.born_at, deliver_at=deliver_at, stored_at=now,
-                    flags=msg.flags))
+                        continue
+                    ikey = key[8:]
+                    sep = ikey.index(0)
+                    raw_topic = ikey[:sep]
+                    topic = topic_names.get(raw_topic)
+                    if topic is None:
+                        topic = topic_names[raw_topic] = raw_topic.decode("utf-8")
+                    topics.append(topic)
+                    msg_ids.append(ikey[sep + 1:].decode("utf-8"))
+                    ats.append(unpack_at(key)[0])
+                    ikeys.append(ikey)
+                    values.append(value)
+            pending.tx_ids = [None] * len(topics)
+            offsets = self._take_offsets(pending.topics)
+            payloads = [log_payload_from_value(v, t, m, o, at, now) for v, t, m, o, at in zip(
+                pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
+                strict=True)]
             batch = self._store.batch()
             self._add_ranges(batch, scans)
-            outcome = self._append_and_commit(batch, records, [k[8:] for k in keys])
+            outcome = self._append_and_commit(batch, pending, offsets, payloads, now)
             skip.difference_update(skipped)
             outcome.skipped = len(skipped)
+            removed = outcome.removed_by_shard
             for scan in scans:
-                removed = outcome.removed_by_shard
                 removed[scan.shard] = removed.get(scan.shard, 0) + len(scan.items)
-            outcome.lateness_ms = [now - p[0] for p in parts]
+            outcome.lateness_ms = [now - at for at in pending.deliver_ats]
             return outcome
 
     def commit_immediate(self, batch: Batch, messages: Sequence[PreparedMessage]) -> CommitOutcome:
         """Append messages due on arrival and write them with ``batch`` (which may hold the
         caller's own operations, e.g. scheduled siblings of a send batch). Lock held."""
         now = self._clock.now_ms()
-        offsets = self._take_offsets([m.topic for m in messages])
-        records = [
-            LogRecord(topic=m.topic, msg_id=m.msg_id, queue_offset=offset, body=m.record.body,
-                      tags=m.record.tags, keys=m.record.keys,
-                      properties=m.record.properties, born_at=m.record.born_at,
-                      deliver_at=m.deliver_at, stored_at=now,
-                      flags=m.record.flags | FLAG_IMMEDIATE)
-            for m, offset in zip(messages, offsets, strict=True)
-        ]
-        tx_ids = [m.tx_id for m in messages]
-        outcome = self._append_and_commit(batch, records, [m.index_key for m in messages], tx_ids)
-        outcome.lateness_ms = [now - max(m.deliver_at, m.record.born_at) for m in messages]
+        pending = _Appends()
+        for m in messages:
+            pending.add(m.topic, m.msg_id, m.deliver_at, m.index_key, m.tx_id, m)
+        offsets = self._take_offsets(pending.topics)
+        payloads = [
+            log_payload(m.topic, m.msg_id, offset, m.body, m.tags, m.keys, m.properties,
+                        m.born_at, m.deliver_at, now, m.flags | FLAG_IMMEDIATE)
+            for m, offset in zip(messages, offsets, strict=True)]
+        outcome = self._append_and_commit(batch, pending, offsets, payloads, now)
+        outcome.lateness_ms = [now - max(m.deliver_at, m.born_at) for m in messages]
         return outcome
 
     def commit_plain(self, batch: Batch) -> None:
@@ -277,31 +286,33 @@ class Committer:
             batch.delete_range(timer_cf(shard), start, end)
             TimerStore.put_watermark(batch, shard, unpack_u64(end))
 
-    def _append_and_commit(
-        self, batch: Batch, records: list[LogRecord], ikeys: list[bytes],
-        tx_ids: list[str | None] | None = None,
-    ) -> CommitOutcome:
+    def _append_and_commit(self, batch: Batch, pending: _Appends, offsets: list[int],
+                           payloads: list[bytes], now: int) -> CommitOutcome:
         outcome = CommitOutcome()
-        if records:
-            payloads = [encode_log_record(r) for r in records]
+        if payloads:
             try:
                 positions = self._log.append_batch(payloads)
             except BaseException:
                 self._offsets.clear()  # offsets handed out for nothing: reload them
                 raise
-            queues = self._queues
+            by_topic: dict[str, list[tuple[int, int, int]]] = {}
             index_puts = []
-            expiry_base = records[0].stored_at + self._retention_ms
-            for i, (rec, ikey, position, payload) in enumerate(
-                    zip(records, ikeys, positions, payloads, strict=True)):
-                queues.put(batch, rec.topic, rec.queue_offset, position, len(payload))
-                index_puts.append((ikey, encode_index(IndexEntry(
-                    status=MessageStatus.DELIVERED, deliver_at=rec.deliver_at,
-                    updated_at=rec.stored_at, queue_offset=rec.queue_offset,
-                    log_position=position, tx_id=None if tx_ids is None else tx_ids[i]))))
-                outcome.delivered.append((rec.topic, rec.msg_id, rec.queue_offset, position))
+            expiry_prefix = pack_u64(now + self._retention_ms)
+            delivered = outcome.delivered
+            for topic, msg_id, at, ikey, tx_id, offset, position, payload in zip(
+                    pending.topics, pending.msg_ids, pending.deliver_ats, pending.ikeys,
+                    pending.tx_ids, offsets, positions, payloads, strict=True):
+                entries = by_topic.get(topic)
+                if entries is None:
+                    entries = by_topic[topic] = []
+                entries.append((offset, position, len(payload)))
+                index_puts.append((ikey, index_value(_DELIVERED, at, now, offset, position,
+                                                     tx_id)))
+                delivered.append((topic, msg_id, offset, position))
+            for topic, entries in by_topic.items():
+                self._queues.put_many(batch, topic, entries)
             batch.put_many(CF_INDEX, index_puts)
-            batch.put_many(CF_EXPIRY, ((expiry_key(expiry_base, k), b"") for k in ikeys))
+            batch.put_many(CF_EXPIRY, [(expiry_prefix + k, b"") for k in pending.ikeys])
             self.needs_replay = True  # until the write below succeeds
         self._write(batch)
         return outcome
@@ -313,3 +324,29 @@ class Committer:
         self._store.write(batch)
         self.applied_position = end
         self.needs_replay = False
+
+
+_DELIVERED = MessageStatus.DELIVERED.value
+
+
+class _Appends:
+    """Columns of the messages one commit appends (plain lists: no object per message)."""
+
+    __slots__ = ("deliver_ats", "extra", "ikeys", "msg_ids", "topics", "tx_ids")
+
+    def __init__(self) -> None:
+        self.topics: list[str] = []
+        self.msg_ids: list[str] = []
+        self.deliver_ats: list[int] = []
+        self.ikeys: list[bytes] = []
+        self.tx_ids: list[str | None] = []
+        self.extra: list[Any] = []
+
+    def add(self, topic: str, msg_id: str, deliver_at: int, ikey: bytes, tx_id: str | None,
+            extra: Any) -> None:
+        self.topics.append(topic)
+        self.msg_ids.append(msg_id)
+        self.deliver_ats.append(deliver_at)
+        self.ikeys.append(ikey)
+        self.tx_ids.append(tx_id)
+        self.extra.append(extra)

@@ -13,14 +13,14 @@ import itertools
 import secrets
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from scheduler.codec import message_value
 from scheduler.levels import DelayLevels
 from scheduler.model import SendRequest
 from scheduler.timing import resolve_timing
 from storage.constants import MSG_ID_PATTERN, TOPIC_PATTERN, is_system_topic
 from storage.errors import InvalidArgument, PayloadTooLarge, TopicInvalid
-from storage.keys import encode_timer_key, pack_u64
+from storage.keys import SEP, pack_u64
 from storage.records import MessageRecord
 
 
@@ -38,21 +38,54 @@ class MessageIdGenerator:
         return f"{now_ms & 0xFFFFFFFFFFFF:012X}{self._instance}{count:08X}"
 
 
-@dataclass(slots=True, kw_only=True)
 class PreparedMessage:
     """A validated send, ready to store. ``generated_id``: the engine made the msgId up, so
-    it cannot be a re-send and needs no idempotency look-up."""
+    it cannot be a re-send and needs no idempotency look-up. ``record`` is the stored
+    MessageRecord, built on demand (the hot paths encode the fields directly)."""
 
-    topic: str
-    msg_id: str
-    generated_id: bool
-    deliver_at: int
-    level: int | None
-    record: MessageRecord
-    timer_key: bytes
-    index_key: bytes
-    shard: int
-    tx_id: str | None = None
+    __slots__ = ("body", "born_at", "deliver_at", "flags", "generated_id", "index_key",
+                 "keys", "level", "msg_id", "properties", "shard", "tags", "timer_key",
+                 "topic", "tx_id")
+
+    def __init__(
+        self, *, topic: str, msg_id: str, generated_id: bool, deliver_at: int,
+        level: int | None, body: bytes, tags: str | None, keys: tuple[str, ...],
+        properties: Mapping[str, str], born_at: int, flags: int, timer_key: bytes,
+        index_key: bytes, shard: int, tx_id: str | None = None,
+    ) -> None:
+        self.topic = topic
+        self.msg_id = msg_id
+        self.generated_id = generated_id
+        self.deliver_at = deliver_at
+        self.level = level
+        self.body = body
+        self.tags = tags
+        self.keys = keys
+        self.properties = properties
+        self.born_at = born_at
+        self.flags = flags
+        self.timer_key = timer_key
+        self.index_key = index_key
+        self.shard = shard
+        self.tx_id = tx_id
+
+    @property
+    def record(self) -> MessageRecord:
+        return MessageRecord(body=self.body, tags=self.tags, keys=self.keys,
+                             properties=self.properties, born_at=self.born_at,
+                             deliver_at=self.deliver_at, flags=self.flags)
+
+    @record.setter
+    def record(self, record: MessageRecord) -> None:
+        """Replace the stored fields (deliver_at and the keys stay as prepared)."""
+        self.body, self.tags, self.keys = record.body, record.tags, tuple(record.keys)
+        self.properties, self.born_at, self.flags = record.properties, record.born_at, \
+            record.flags
+
+    def value(self) -> bytes:
+        """The encoded MessageRecord (value of the timer column family)."""
+        return message_value(self.body, self.tags, self.keys, self.properties, self.born_at,
+                             self.deliver_at, self.flags)
 
 
 def topic_shard(topic: str, shards: int) -> int:
@@ -86,7 +119,8 @@ class Intake:
         self._max_body = max_body_bytes
         self._shards = shards
         self._ids = MessageIdGenerator()
-        self._topics: set[str] = set()  # topics already validated (few; checked once each)
+        # topics already validated -> (key part "topic NUL", shard); few, checked once each
+        self._topics: dict[str, tuple[bytes, int]] = {}
 
     def new_msg_id(self, now_ms: int) -> str:
         return self._ids.next(now_ms)
@@ -98,41 +132,48 @@ class Intake:
         """Validate ``request`` and resolve it at ``now_ms``; raises InvalidArgument (or a
         subclass: TopicInvalid, DelayTooLong, PayloadTooLarge)."""
         topic = request.topic
-        if topic not in self._topics:
+        known = self._topics.get(topic)
+        if known is None:  # (system topics are never cached)
             check_topic(topic, allow_system=allow_system)
+            known = (topic.encode("utf-8") + SEP, topic_shard(topic, self._shards))
             if not is_system_topic(topic):
-                self._topics.add(topic)
+                self._topics[topic] = known
         body = request.body
-        if not isinstance(body, bytes):
+        if type(body) is not bytes:
             raise InvalidArgument("body must be bytes")
         if len(body) > self._max_body:
             raise PayloadTooLarge(f"body is {len(body)} bytes; the maximum is {self._max_body}")
-        _check_attributes(request)
-        timing = resolve_timing(
-            now_ms=now_ms, levels=self.levels, max_delay_ms=self._max_delay_ms,
-            deliver_at=request.deliver_at, delay_ms=request.delay_ms,
-            delay_level=request.delay_level, properties=request.properties)
+        tags, keys, props = request.tags, request.keys, request.properties
+        if tags is not None or keys or props:
+            _check_attributes(tags, keys, props)
+        at = request.deliver_at
+        if (request.delay_ms is None and request.delay_level is None and not props
+                and (at is None or (type(at) is int and 0 <= at <= now_ms + self._max_delay_ms))):
+            at, level = now_ms if at is None else at, None  # the common case, checked inline
+        else:
+            timing = resolve_timing(
+                now_ms=now_ms, levels=self.levels, max_delay_ms=self._max_delay_ms,
+                deliver_at=at, delay_ms=request.delay_ms, delay_level=request.delay_level,
+                properties=props)
+            at, level = timing.deliver_at, timing.level
         if request.msg_id is None:
             msg_id, generated = self._ids.next(now_ms), True
         else:
             msg_id, generated = check_msg_id(request.msg_id), False
-        record = MessageRecord(
-            body=body, tags=request.tags, keys=tuple(request.keys),
-            properties=dict(request.properties), born_at=now_ms,
-            deliver_at=timing.deliver_at, flags=flags)
-        timer_key = encode_timer_key(timing.deliver_at, topic, msg_id)
+        index_key = known[0] + msg_id.encode("utf-8")
         return PreparedMessage(
-            topic=topic, msg_id=msg_id, generated_id=generated, deliver_at=timing.deliver_at,
-            level=timing.level, record=record, timer_key=timer_key,
-            index_key=timer_key[8:], shard=topic_shard(topic, self._shards), tx_id=tx_id)
+            topic=topic, msg_id=msg_id, generated_id=generated, deliver_at=at, level=level,
+            body=body, tags=tags, keys=keys if type(keys) is tuple else tuple(keys),
+            properties=props, born_at=now_ms, flags=flags, timer_key=pack_u64(at) + index_key,
+            index_key=index_key, shard=known[1], tx_id=tx_id)
 
 
-def _check_attributes(request: SendRequest) -> None:
-    if request.tags is not None and not isinstance(request.tags, str):
+def _check_attributes(tags: object, keys: object, props: object) -> None:
+    if tags is not None and not isinstance(tags, str):
         raise InvalidArgument("tags must be a string")
-    if isinstance(request.keys, str) or not all(isinstance(k, str) for k in request.keys):
+    if isinstance(keys, str) or not isinstance(keys, tuple | list) or not all(
+            isinstance(k, str) for k in keys):
         raise InvalidArgument("keys must be a list of strings")
-    props = request.properties
     if not isinstance(props, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
         raise InvalidArgument("properties must map strings to strings")
