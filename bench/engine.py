@@ -1,0 +1,297 @@
+"""``hourglass bench engine``: the engine's three workloads of issue 3, in process.
+
+1. schedule: ``send_batch`` of 1000 messages (100-byte bodies) due far in the future, so
+   nothing is delivered; msgs/s. Target >= 400 k/s. Run twice: engine-generated msgIds, and
+   client msgIds (each send then pays an idempotency look-up).
+2. drain: ``--messages`` messages due at the same instant (a FakeClock jumps to it), timed
+   until every one is in the CommitLog; msgs/s and the peak RSS growth while draining.
+   Targets >= 400 k/s, <= 200 MB.
+3. lateness: a steady ``--rate`` msgs/s for ``--seconds`` with delays uniform in 0.1-5 s on
+   the system clock; lateness = storedAt - deliverAt of every message, read back from the
+   log. Targets p50 <= 1 ms, p99 <= 5 ms, none early.
+
+``--shards 1,2,4`` repeats workloads 1 and 2 per timer-shard count (messages spread over 8
+topics: one topic lives in one shard). Every figure comes with the process CPU seconds it
+took and the load average, because the machine is shared: wall-clock rates depend on the
+neighbours, CPU-second rates much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from scheduler.broker import Broker
+from scheduler.clock import FakeClock, SystemClock
+from scheduler.config import EngineConfig
+from scheduler.model import SendRequest
+
+BODY = b"x" * 100
+TOPICS = tuple(f"bench{i}" for i in range(8))
+START_MS = 1_700_000_000_000
+TARGETS = {"schedule_msgs_per_s": 400_000, "drain_msgs_per_s": 400_000,
+           "drain_rss_growth_mb": 200, "lateness_p50_ms": 1, "lateness_p99_ms": 5}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Progress:
+    def __init__(self, what: str, total: int) -> None:
+        self.what, self.total, self._last = what, total, 0.0
+
+    def __call__(self, done: int) -> None:
+        now = time.perf_counter()
+        if done < self.total and now - self._last < 0.5:
+            return
+        self._last = now
+        print(f"\r  {self.what}: {done:>10,}/{self.total:,}", end="", file=sys.stderr,
+              flush=True)
+        if done >= self.total:
+            print(file=sys.stderr, flush=True)
+
+
+class RssSampler:
+    """Peak RSS of this process, sampled every 20 ms on a thread."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+        self.base = self.peak = self._proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+@contextmanager
+def timed(out: dict[str, float]) -> Iterator[None]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield
+    out["wall_s"] = time.perf_counter() - wall
+    out["cpu_s"] = time.process_time() - cpu
+    out["load_avg_1m"] = os.getloadavg()[0]
+
+
+def engine_config(data_dir: Path, shards: int) -> EngineConfig:
+    return EngineConfig(data_dir=data_dir, timer_shards=shards, segment_size=256 << 20)
+
+
+def requests(n: int, *, deliver_at: int, client_ids: bool, prefix: str = "") -> list[SendRequest]:
+    return [SendRequest(topic=TOPICS[i % len(TOPICS)], body=BODY, deliver_at=deliver_at,
+                        msg_id=f"{prefix}{i}" if client_ids else None) for i in range(n)]
+
+
+def send_all(broker: Broker, n: int, *, deliver_at: int, client_ids: bool,
+             what: str) -> dict[str, float]:
+    """Send ``n`` messages in batches of 1000; the requests are built outside the timing."""
+    progress = Progress(what, n)
+    batches = [requests(min(1000, n - i), deliver_at=deliver_at, client_ids=client_ids,
+                        prefix=f"{i}-") for i in range(0, n, 1000)]
+    out: dict[str, float] = {}
+    with timed(out):
+        done = 0
+        for batch in batches:
+            broker.send_batch(batch)
+            done += len(batch)
+            progress(done)
+    out["messages"] = n
+    out["msgs_per_s"] = n / out["wall_s"]
+    out["msgs_per_cpu_s"] = n / max(out["cpu_s"], 1e-9)
+    return out
+
+
+def bench_schedule(root: Path, n: int, shards: int) -> dict[str, Any]:
+    result: dict[str, Any] = {"shards": shards}
+    for client_ids in (False, True):
+        data = Path(tempfile.mkdtemp(dir=root))
+        clock = FakeClock(START_MS)
+        broker = Broker(engine_config(data, shards), clock)
+        broker.start()
+        try:
+            label = "client_ids" if client_ids else "generated_ids"
+            result[label] = send_all(broker, n, deliver_at=START_MS + 3_600_000,
+                                     client_ids=client_ids,
+                                     what=f"schedule ({label}, {shards} shards)")
+        finally:
+            broker.close()
+            shutil.rmtree(data, ignore_errors=True)
+    return result
+
+
+def bench_drain(root: Path, n: int, shards: int) -> dict[str, Any]:
+    data = Path(tempfile.mkdtemp(dir=root))
+    clock = FakeClock(START_MS)
+    broker = Broker(engine_config(data, shards), clock)
+    broker.start()
+    try:
+        due = START_MS + 1000
+        send_all(broker, n, deliver_at=due, client_ids=False, what=f"drain: load ({shards} shards)")
+        out: dict[str, Any] = {"shards": shards, "messages": n}
+        progress = Progress(f"drain: deliver ({shards} shards)", n)
+        stop = threading.Event()
+
+        def report() -> None:
+            while not stop.wait(0.5):
+                progress(int(broker.metrics.delivered.value))
+
+        reporter = threading.Thread(target=report, daemon=True)
+        with RssSampler() as rss, timed(out):
+            reporter.start()
+            clock.set(due)
+            broker.drain(timeout_s=3600)
+        stop.set()
+        reporter.join()
+        progress(int(broker.metrics.delivered.value))
+        delivered = int(broker.metrics.delivered.value)
+        if delivered != n:
+            raise AssertionError(f"delivered {delivered} of {n}")
+        out["msgs_per_s"] = n / out["wall_s"]
+        out["msgs_per_cpu_s"] = n / max(out["cpu_s"], 1e-9)
+        out["rss_growth_mb"] = rss.growth_mb
+        out["commit_batches"] = broker.metrics.commit_batch_size.snapshot().count
+        return out
+    finally:
+        broker.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def bench_lateness(root: Path, rate: int, seconds: float, shards: int) -> dict[str, Any]:
+    data = Path(tempfile.mkdtemp(dir=root))
+    broker = Broker(engine_config(data, shards), SystemClock())
+    broker.start()
+    rng = random.Random(1)
+    tick_s = 0.005  # a batch every 5 ms
+    per_tick = max(1, round(rate * tick_s))
+    total = int(rate * seconds)
+    progress = Progress("lateness: send", total)
+    try:
+        sent = 0
+        start = time.perf_counter()
+        tick = 0
+        while sent < total:
+            target = start + tick * tick_s
+            pause = target - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)  # pacing of the producer, not waiting for a due time
+            count = min(per_tick, total - sent)
+            batch = [SendRequest(topic=TOPICS[(sent + i) % len(TOPICS)], body=BODY,
+                                 delay_ms=rng.randrange(100, 5001)) for i in range(count)]
+            broker.send_batch(batch)
+            sent += count
+            tick += 1
+            progress(sent)
+        achieved = sent / (time.perf_counter() - start)
+        say("  lateness: waiting for the last deliveries (<= 5 s)")
+        last_due = time.time() + 5.1
+        while time.time() < last_due or broker.metrics.delivered.value < total:
+            time.sleep(0.1)
+            if time.time() > last_due + 60:
+                break
+        late: list[int] = []
+        for topic in TOPICS:
+            offset = 0
+            while True:
+                page = broker.pull(topic, offset, 1000)
+                if not page.messages:
+                    break
+                late.extend(m.stored_at - m.deliver_at for m in page.messages)
+                offset = page.next_offset
+        late.sort()
+        if not late:
+            raise AssertionError("nothing was delivered")
+
+        def pct(q: float) -> int:
+            return late[min(len(late) - 1, int(q * len(late)))]
+
+        return {
+            "shards": shards, "rate_target": rate, "rate_achieved": achieved,
+            "messages": len(late), "sent": sent, "early": sum(1 for x in late if x < 0),
+            "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
+            "p999_ms": pct(0.999), "max_ms": late[-1], "mean_ms": statistics.fmean(late),
+            "load_avg_1m": os.getloadavg()[0],
+        }
+    finally:
+        broker.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hourglass bench engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=("schedule", "drain", "lateness", "all"),
+                        default="all")
+    parser.add_argument("--messages", type=int, default=1_000_000,
+                        help="messages for the schedule and drain workloads")
+    parser.add_argument("--shards", default="2",
+                        help="comma-separated timer-shard counts for schedule/drain, e.g. 1,2,4")
+    parser.add_argument("--rate", type=int, default=20_000, help="lateness: msgs/s")
+    parser.add_argument("--seconds", type=float, default=20.0, help="lateness: how long to send")
+    parser.add_argument("--dir", type=Path, default=None, help="where to put the data")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    shard_counts = [int(s) for s in args.shards.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="hourglass-bench-engine-", dir=args.dir))
+    results: dict[str, Any] = {"targets": TARGETS, "cpus": os.cpu_count(),
+                               "messages": args.messages}
+    try:
+        if args.workload in ("schedule", "all"):
+            results["schedule"] = [bench_schedule(root, args.messages, s) for s in shard_counts]
+            for r in results["schedule"]:
+                for label in ("generated_ids", "client_ids"):
+                    f = r[label]
+                    print(f"schedule  shards={r['shards']} {label:13s} {f['msgs_per_s']:>10,.0f} "
+                          f"msgs/s  ({f['msgs_per_cpu_s']:,.0f} per CPU-s, load "
+                          f"{f['load_avg_1m']:.1f})  target >= 400,000")
+        if args.workload in ("drain", "all"):
+            results["drain"] = [bench_drain(root, args.messages, s) for s in shard_counts]
+            for r in results["drain"]:
+                print(f"drain     shards={r['shards']} {r['messages']:,} due at once: "
+                      f"{r['msgs_per_s']:>10,.0f} msgs/s ({r['msgs_per_cpu_s']:,.0f} per CPU-s, "
+                      f"load {r['load_avg_1m']:.1f}), peak RSS growth {r['rss_growth_mb']:.0f} MB"
+                      f"  targets >= 400,000 msgs/s, <= 200 MB")
+        if args.workload in ("lateness", "all"):
+            r = bench_lateness(root, args.rate, args.seconds, shard_counts[0])
+            results["lateness"] = r
+            print(f"lateness  {r['messages']:,} msgs at {r['rate_achieved']:,.0f}/s: p50 "
+                  f"{r['p50_ms']} ms, p99 {r['p99_ms']} ms, p99.9 {r['p999_ms']} ms, max "
+                  f"{r['max_ms']} ms, early {r['early']} (load {r['load_avg_1m']:.1f})  "
+                  f"targets p50 <= 1, p99 <= 5, none early")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
