@@ -189,7 +189,8 @@ class Broker:
             self._scanners = [
                 Scanner(state=st, store=store, clock=self.clock, batch_size=cfg.scan_batch_size,
                         hand_off=self._delivery.put, progress=self._progress,
-                        metrics=self.metrics, stopping=self._stopping)
+                        metrics=self.metrics, stopping=self._stopping,
+                        max_backoff_ms=cfg.retry_max_backoff_ms)
                 for st in self._shards]
             self._maintenance = Maintenance(
                 store=store, clock=self.clock, metrics=self.metrics,

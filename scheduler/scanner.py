@@ -87,7 +87,7 @@ class Scanner(threading.Thread):
     def __init__(
         self, *, state: ShardState, store: TimerStore, clock: Clock, batch_size: int,
         hand_off: Callable[[ScanBatch], bool], progress: Progress, metrics: EngineMetrics,
-        stopping: threading.Event,
+        stopping: threading.Event, max_backoff_ms: int = 60_000,
     ) -> None:
         super().__init__(name=f"scanner-{state.shard}", daemon=True)
         self.state = state
@@ -98,6 +98,7 @@ class Scanner(threading.Thread):
         self._progress = progress
         self._metrics = metrics
         self._stopping = stopping
+        self._max_backoff_ms = max_backoff_ms
 
     def run(self) -> None:
         failures = 0
@@ -110,7 +111,7 @@ class Scanner(threading.Thread):
                 self._metrics.storage_errors.inc()
                 log.exception("scan of timer shard %d failed (%d in a row)", self.state.shard,
                               failures)
-                backoff = min(failures * 100, 60_000)
+                backoff = min(failures * 100, self._max_backoff_ms)
                 self._clock.wait(self.state.wake, self._clock.now_ms() + backoff)
                 continue
             if found is None:
@@ -129,7 +130,7 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items = list(self._store.scan(st.cf, start, end, limit)) if start < end else []
+            items = self._store.read_range(st.cf, start, end, limit) if start < end else []
             complete = len(items) < limit
             if items:
                 st.frontier_key = end if complete else items[-1][0] + b"\x00"
@@ -139,7 +140,7 @@ class Scanner(threading.Thread):
                     st.frontier_key = end
                 # from the frontier KEY: handed-on keys below it stay stored until their
                 # batch commits, and are not pending
-                first = list(self._store.scan(st.cf, st.frontier_key, None, 1))
+                first = self._store.read_range(st.cf, st.frontier_key, None, 1)
                 st.wake_at = unpack_u64(first[0][0]) if first else None
                 st.covered_ms = NOTHING_PENDING if st.wake_at is None else st.wake_at - 1
         if batch is None:
