@@ -76,13 +76,17 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app = FastAPI(
         title="hourglass", version=_version(), description=DESCRIPTION, lifespan=lifespan,
         openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
+        # /metrics is the telemetry; FastAPI's OpenTelemetry hooks cost a check per request
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.ctx = ctx
     app.state.registry = registry
     install_problem_handlers(app)
-    for router in (messages.build_router(ctx), consume.build_router(ctx),
-                   transactions.build_router(ctx), operations.build_router(ctx, registry)):
-        app.include_router(router)
+    # one flat router, hot routes first: every included router costs a level of matching
+    messages.add_routes(app.router, ctx)
+    consume.add_routes(app.router, ctx)
+    transactions.add_routes(app.router, ctx)
+    operations.add_routes(app.router, ctx, registry)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
     app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)

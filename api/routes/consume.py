@@ -53,8 +53,7 @@ def check_group(group: str) -> str:
     return group
 
 
-def build_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter()
+def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
     notifier = ctx.notifier
 
@@ -121,4 +120,3 @@ def build_router(ctx: ApiContext) -> APIRouter:
         return respond(schemas.GroupOffset(
             offset=broker.commit_group_offset(topic, group, body.offset)))
 
-    return router

@@ -29,8 +29,7 @@ def send_result(result: model.SendResult) -> schemas.SendResult:
     )
 
 
-def build_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter()
+def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
     request_limit = ctx.settings.max_request_bytes
 
@@ -131,7 +130,6 @@ def build_router(ctx: ApiContext) -> APIRouter:
         return respond(schemas.ScheduledPage(messages=[message_info(m) for m in page],
                                              next_cursor=next_cursor))
 
-    return router
 
 
 def message_info(info: model.MessageInfo) -> schemas.MessageInfo:

@@ -15,8 +15,7 @@ from api.openapi import operation
 from storage.errors import Unavailable
 
 
-def build_router(ctx: ApiContext, registry: CollectorRegistry) -> APIRouter:
-    router = APIRouter()
+def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) -> None:
     broker = ctx.broker
 
     @router.get("/healthz", **operation(
@@ -66,4 +65,3 @@ def build_router(ctx: ApiContext, registry: CollectorRegistry) -> APIRouter:
         ctx.allow(principal, Permission.ADMIN)
         return respond(await run_in_threadpool(broker.snapshot), 201)
 
-    return router

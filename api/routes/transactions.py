@@ -43,8 +43,7 @@ def transaction_check(check: model.TransactionCheck) -> schemas.TransactionCheck
     )
 
 
-def build_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter()
+def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
 
     @router.post("/v1/topics/{topic}/transactions", **operation(
@@ -97,4 +96,3 @@ def build_router(ctx: ApiContext) -> APIRouter:
         checks = broker.poll_transaction_checks(group, max_checks)
         return respond(schemas.TransactionChecks(checks=[transaction_check(c) for c in checks]))
 
-    return router
