@@ -85,18 +85,20 @@ def test_kill_9_after_the_append_of_a_discard(tmp_path: Path) -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_kill_9_at_a_random_moment(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
-    proc = _child(tmp_path, "random")
-    assert proc.stdout is not None
-    lines: list[str] = []
-    wanted = rng.randint(50, 400)
-    while len(lines) < wanted:
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read() if proc.stderr else "child ended"
-        lines.append(line)
-    time.sleep(rng.random() * 0.01)  # die somewhere inside a later operation
-    proc.send_signal(signal.SIGKILL)
-    rest, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, err
+    with _child(tmp_path, "random") as proc:  # closes the pipes
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[str] = []
+        wanted = rng.randint(50, 400)
+        while len(lines) < wanted:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            lines.append(line)
+        time.sleep(rng.random() * 0.01)  # die somewhere inside a later operation
+        proc.send_signal(signal.SIGKILL)
+        # read through the buffered file readline used (communicate() would read the pipe
+        # underneath it and miss the lines readline had already buffered)
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=60) == -signal.SIGKILL, proc.stderr.read()
     acks = _acks(lines + rest.splitlines())
 
     msg_of = {a["tx"]: a["msg"] for a in acks if a["op"] == "prepare"}
