@@ -49,7 +49,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         *parents, leaf = path.split(".")
         node = r
         for p in parents:
-            node = node[p] if not p.isdigit() else node[int(p)]
+            node = node[p]
         node[leaf] = value
     return apply
 
