@@ -88,11 +88,6 @@ class ScanBatch:
     end: bytes
     items: list[tuple[bytes, bytes]]  # (timer key, encoded MessageRecord)
 
-    @property
-    def watermark_ms(self) -> int:
-        """Every key of the shard with deliverAt below this is handled once this is committed."""
-        return unpack_u64(self.end)
-
 
 @dataclass(slots=True)
 class CommitOutcome:
