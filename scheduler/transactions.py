@@ -134,9 +134,10 @@ class TransactionManager:
         self._metrics = metrics
         self._shard_locks = shard_locks
         self._on_appended = on_appended
-        # per group: no key of the group has a next check before this time (written under the
-        # commit lock), so a poll seeks past the tombstones of claimed and finished checks
-        self._floor: dict[str, int] = {}
+        # per group: no live key of the group's check order is below this half key (kept
+        # under the commit lock), so a poll seeks past the tombstones of claimed and finished
+        # checks instead of stepping over them; unknown (b"": from the start) after a restart
+        self._floor: dict[str, bytes] = {}
         self.callbacks = CallbackRegistry(store, config.transaction_callback_allowed_hosts,
                                           clock)
         self.dispatcher = CheckbackDispatcher(
@@ -194,9 +195,8 @@ class TransactionManager:
                 status=MessageStatus.PREPARED, deliver_at=prepared.deliver_at, updated_at=now,
                 tx_id=tx_id)))
             committer.commit_plain(batch)
-            if producer_group in self._floor:  # (without a floor a poll starts at 0)
-                self._floor[producer_group] = min(self._floor[producer_group],
-                                                  entry.next_check_at)
+            if producer_group in self._floor:
+                self._floor[producer_group] = min(self._floor[producer_group], half_key)
         self._metrics.tx_prepared.inc()
         self._metrics.tx_prepared_pending.inc()
         if self.callbacks.has(producer_group):
@@ -295,15 +295,16 @@ class TransactionManager:
             committer.replay_if_needed()
             now = self._clock.now_ms()
             due = self._due(producer_group, now, max_checks)
+            # every key read here moves past now or goes; any further due key is after them
+            floor = due[-1][0] + b"\x00" if len(due) == max_checks else time_bound(now + 1)
             if not due:
+                self._floor[producer_group] = floor
                 return []
             checks, discards, batch = self._claim(producer_group, due, now)
             outcome = committer.commit_immediate(batch, discards) if discards else None
             if outcome is None:
                 committer.commit_plain(batch)
-            # every claimed key moved past now or is gone; the unclaimed ones are not earlier
-            self._floor[producer_group] = (decode_timer_key(due[-1][0])[0]
-                                           if len(due) == max_checks else now + 1)
+            self._floor[producer_group] = floor
         if outcome is not None:
             self._on_appended(discards, outcome)
             self._metrics.tx_discarded.inc(len(discards))
@@ -361,7 +362,7 @@ class TransactionManager:
     def next_check_at(self, producer_group: str) -> int | None:
         """When the group's earliest prepared message is next due for a check, or None."""
         prefix = group_prefix(producer_group)
-        start = prefix + pack_u64(self._floor.get(producer_group, 0))
+        start = prefix + self._floor.get(producer_group, b"")
         for key, _ in self._store.scan(CF_TX, start, _prefix_end(prefix), limit=1):
             return decode_timer_key(key[len(prefix):])[0]
         return None
@@ -386,9 +387,9 @@ class TransactionManager:
     def _due(self, group: str, now: int, limit: int) -> list[tuple[bytes, str]]:
         """(half key, transaction id) of the group's keys due at ``now``, by time."""
         prefix = group_prefix(group)
-        floor = min(self._floor.get(group, 0), now + 1)
-        rows = self._store.scan(CF_TX, prefix + pack_u64(floor), prefix + time_bound(now + 1),
-                                limit=limit)
+        end = time_bound(now + 1)
+        start = min(self._floor.get(group, b""), end)
+        rows = self._store.scan(CF_TX, prefix + start, prefix + end, limit=limit)
         return [(key[len(prefix):], value.decode("ascii")) for key, value in rows]
 
     # --- recovery -----------------------------------------------------------------------------
