@@ -55,9 +55,9 @@ def _timed(label: str, items: Sequence[Any], call: Callable[[Any], object],
 
 
 def _prepare_many(broker: Broker, prefix: str, n: int, group: str = "pg",
-                  **timing: int) -> list[str]:
+                  delay_ms: int | None = None) -> list[str]:
     return [broker.prepare_transaction(
-        SendRequest(topic="orders", body=BODY, msg_id=f"{prefix}{i}", **timing),
+        SendRequest(topic="orders", body=BODY, msg_id=f"{prefix}{i}", delay_ms=delay_ms),
         producer_group=group).transaction_id for i in range(n)]
 
 
