@@ -33,12 +33,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from scheduler.broker import Broker
+from scheduler.broker import Broker, StoreFactory
 from scheduler.clock import FakeClock, SystemClock
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
+from storage.timer_store import StoreTuning, TimerStore
 
 BODY = b"x" * 100
 TOPICS = tuple(f"bench{i}" for i in range(8))
@@ -66,18 +65,37 @@ class Progress:
             print(file=sys.stderr, flush=True)
 
 
+def _rss() -> tuple[int, int, int]:
+    """(RSS, anonymous RSS, file-backed RSS) of this process, bytes (Linux /proc)."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                fields[name] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["RssAnon"], fields["RssFile"] + fields.get("RssShmem", 0)
+
+
 class RssSampler:
-    """Peak RSS of this process, sampled every 20 ms on a thread."""
+    """Peak RSS of this process, sampled every 20 ms on a thread; also its two parts:
+    anonymous memory (Python heap, RocksDB memtables and block cache) and file-backed pages
+    (the memory-mapped CommitLog segments: page cache, reclaimable by the kernel)."""
 
     def __init__(self) -> None:
-        self._proc = psutil.Process()
-        self.base = self.peak = self._proc.memory_info().rss
+        self.base, self.base_anon, self.base_file = _rss()
+        self.peak, self.peak_anon, self.peak_file = self.base, self.base_anon, self.base_file
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        rss, anon, file = _rss()
+        self.peak = max(self.peak, rss)
+        self.peak_anon = max(self.peak_anon, anon)
+        self.peak_file = max(self.peak_file, file)
+
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
+            self._sample()
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -86,11 +104,19 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self._proc.memory_info().rss)
+        self._sample()
 
     @property
     def growth_mb(self) -> float:
         return (self.peak - self.base) / 2**20
+
+    @property
+    def anon_growth_mb(self) -> float:
+        return (self.peak_anon - self.base_anon) / 2**20
+
+    @property
+    def file_growth_mb(self) -> float:
+        return (self.peak_file - self.base_file) / 2**20
 
 
 @contextmanager
@@ -148,15 +174,42 @@ def bench_schedule(root: Path, n: int, shards: int) -> dict[str, Any]:
     return result
 
 
-def bench_drain(root: Path, n: int, shards: int) -> dict[str, Any]:
+def rocksdb_memory_mb(broker: Broker) -> dict[str, float]:
+    """RocksDB's own memory after the run: memtables of every CF, the shared block cache."""
+    store = broker._store  # the benchmark looks inside on purpose
+    assert store is not None
+    names = [*store.timer_cf_names(), "index", "cq", "expiry", "meta"]
+    memtables = sum(store.property_int(cf, "rocksdb.size-all-mem-tables") or 0 for cf in names)
+    cache = store.property_int("index", "rocksdb.block-cache-usage") or 0
+    return {"rocksdb_memtables_mb": memtables / 2**20, "rocksdb_block_cache_mb": cache / 2**20}
+
+
+def small_store(memory_mb: int) -> StoreFactory:
+    """A TimerStore whose RocksDB memory budget is ``memory_mb``: 1/4 block cache, 3/4
+    memtables (budget across CFs; each CF's write buffer 1/8 of that)."""
+    cache = memory_mb * 2**20 // 4
+    memtables = memory_mb * 2**20 - cache
+    tuning = StoreTuning(block_cache_bytes=cache, db_write_buffer_bytes=memtables,
+                         timer_write_buffer_bytes=memtables // 8,
+                         other_write_buffer_bytes=memtables // 8)
+
+    def factory(directory: Path, config: EngineConfig) -> TimerStore:
+        return TimerStore(directory, timer_shards=config.timer_shards, tuning=tuning)
+
+    return factory
+
+
+def bench_drain(root: Path, n: int, shards: int, memory_mb: int | None) -> dict[str, Any]:
     data = Path(tempfile.mkdtemp(dir=root))
     clock = FakeClock(START_MS)
-    broker = Broker(engine_config(data, shards), clock)
+    broker = Broker(engine_config(data, shards), clock,
+                    store_factory=None if memory_mb is None else small_store(memory_mb))
     broker.start()
     try:
         due = START_MS + 1000
         send_all(broker, n, deliver_at=due, client_ids=False, what=f"drain: load ({shards} shards)")
-        out: dict[str, Any] = {"shards": shards, "messages": n}
+        out: dict[str, Any] = {"shards": shards, "messages": n,
+                               "rocksdb_memory_budget_mb": memory_mb or "default"}
         progress = Progress(f"drain: deliver ({shards} shards)", n)
         stop = threading.Event()
 
@@ -178,6 +231,9 @@ def bench_drain(root: Path, n: int, shards: int) -> dict[str, Any]:
         out["msgs_per_s"] = n / out["wall_s"]
         out["msgs_per_cpu_s"] = n / max(out["cpu_s"], 1e-9)
         out["rss_growth_mb"] = rss.growth_mb
+        out.update(rocksdb_memory_mb(broker))
+        out["rss_anon_growth_mb"] = rss.anon_growth_mb
+        out["rss_file_growth_mb"] = rss.file_growth_mb
         out["commit_batches"] = broker.metrics.commit_batch_size.snapshot().count
         return out
     finally:
@@ -254,6 +310,8 @@ def main(argv: list[str]) -> int:
                         help="messages for the schedule and drain workloads")
     parser.add_argument("--shards", default="2",
                         help="comma-separated timer-shard counts for schedule/drain, e.g. 1,2,4")
+    parser.add_argument("--rocksdb-memory-mb", type=int, default=None,
+                        help="drain once more with this RocksDB memory budget (cache+memtables)")
     parser.add_argument("--rate", type=int, default=20_000, help="lateness: msgs/s")
     parser.add_argument("--seconds", type=float, default=20.0, help="lateness: how long to send")
     parser.add_argument("--dir", type=Path, default=None, help="where to put the data")
@@ -273,12 +331,20 @@ def main(argv: list[str]) -> int:
                           f"msgs/s  ({f['msgs_per_cpu_s']:,.0f} per CPU-s, load "
                           f"{f['load_avg_1m']:.1f})  target >= 400,000")
         if args.workload in ("drain", "all"):
-            results["drain"] = [bench_drain(root, args.messages, s) for s in shard_counts]
+            results["drain"] = [bench_drain(root, args.messages, s, None) for s in shard_counts]
+            if args.rocksdb_memory_mb:
+                results["drain"].append(bench_drain(root, args.messages, shard_counts[0],
+                                                    args.rocksdb_memory_mb))
             for r in results["drain"]:
-                print(f"drain     shards={r['shards']} {r['messages']:,} due at once: "
+                print(f"drain     shards={r['shards']} rocksdb memory "
+                      f"{r['rocksdb_memory_budget_mb']} {r['messages']:,} due at once: "
                       f"{r['msgs_per_s']:>10,.0f} msgs/s ({r['msgs_per_cpu_s']:,.0f} per CPU-s, "
-                      f"load {r['load_avg_1m']:.1f}), peak RSS growth {r['rss_growth_mb']:.0f} MB"
-                      f"  targets >= 400,000 msgs/s, <= 200 MB")
+                      f"load {r['load_avg_1m']:.1f}), peak RSS growth {r['rss_growth_mb']:.0f} MB "
+                      f"(anonymous {r['rss_anon_growth_mb']:.0f} MB, file-backed log pages "
+                      f"{r['rss_file_growth_mb']:.0f} MB; RocksDB memtables "
+                      f"{r['rocksdb_memtables_mb']:.0f} MB, block cache "
+                      f"{r['rocksdb_block_cache_mb']:.0f} MB)  targets >= 400,000 msgs/s, "
+                      f"<= 200 MB")
         if args.workload in ("lateness", "all"):
             r = bench_lateness(root, args.rate, args.seconds, shard_counts[0])
             results["lateness"] = r
