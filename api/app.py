@@ -80,7 +80,6 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.ctx = ctx
-    app.state.registry = registry
     install_problem_handlers(app)
     # one flat router, hot routes first: every included router costs a level of matching
     messages.add_routes(app.router, ctx)

@@ -1,5 +1,5 @@
-"""What every route needs, built once per app: the engine, auth, limits, the long-poll
-notifier; plus the two small helpers every route uses (authorise, respond)."""
+"""What every route needs, built once per app (the engine, settings, auth, the long-poll
+notifier), and the helpers every route uses: authenticate, authorise, parse, respond."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ async def authenticate(request: Request) -> Principal:
     """FastAPI dependency: the caller's principal, or 401. Dependencies run before parameters
     are validated, so an unauthenticated call is a 401 whatever else is wrong with it."""
     ctx: ApiContext = request.app.state.ctx
-    return ctx.auth.authenticate(request.headers.get("authorization"))
+    return ctx.caller(request)
 
 
 #: Route parameter type of an authenticated caller.

@@ -32,6 +32,7 @@ class HttpMetrics:
     """Requests by route template (never the raw path: bounded label sets), status, latency."""
 
     def __init__(self, registry: prom.CollectorRegistry) -> None:
+        prom.disable_created_metrics()  # no *_created series: they double the exposition
         self.requests = prom.Counter("hourglass_http_requests", "HTTP requests answered",
                                 ("method", "route", "status"), registry=registry)
         self.latency = prom.Histogram("hourglass_http_request_duration_seconds",
