@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -26,7 +26,6 @@ from bench.crash.ledger import (
     SendRecord,
     TxRecord,
 )
-from bench.crash.server import ServerProcess
 
 TOPICS = ("crash.a", "crash.b", "crash.c")
 GROUP = "crash"
@@ -70,10 +69,16 @@ class Gate:
             return None if self.stopped or not ok else self.generation
 
 
+class Server(Protocol):
+    """What the clients need of a server (bench.crash.server.ServerProcess, or a test's)."""
+
+    def client(self, timeout_s: float = ...) -> httpx.Client: ...
+
+
 class Shared:
     """What every client thread sees."""
 
-    def __init__(self, server: ServerProcess, ledger: Ledger, max_delay_ms: int) -> None:
+    def __init__(self, server: Server, ledger: Ledger, max_delay_ms: int) -> None:
         self.server = server
         self.ledger = ledger
         self.max_delay_ms = max_delay_ms

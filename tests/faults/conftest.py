@@ -1,0 +1,137 @@
+"""Fixtures of the fault suites.
+
+- ``faulty_server``: the real app over real HTTP (uvicorn in a thread, 127.0.0.1) on a real
+  Broker whose CommitLog and TimerStore are the fault-injecting wrappers of the engine tests
+  (tests/scheduler/conftest.py: ``FlakyLog.fail_appends``, ``FlakyStore.fail_writes``).
+- ``small_fs``: a size-limited tmpfs mounted under tmp_path, for a real full disk (ENOSPC
+  from the kernel); skipped where this process may not mount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api.app import create_app
+from app.server import Server, uvicorn_config
+from app.settings import Role, TokenSpec, load_settings
+from scheduler.broker import Broker, open_commitlog
+from scheduler.clock import SystemClock
+from scheduler.committer import Log
+from scheduler.config import EngineConfig
+from storage.timer_store import TimerStore
+from tests.scheduler.conftest import FlakyLog, FlakyStore
+
+TOKEN = "faults-admin-token-0123456789"
+
+
+class FaultyServer:
+    """A served Broker with fault switches; ``client()`` as bench.crash's ServerProcess."""
+
+    def __init__(self, base_url: str, broker: Broker, log: FlakyLog, store: FlakyStore) -> None:
+        self.base_url = base_url
+        self.broker = broker
+        self.log = log
+        self.store = store
+        self.token = TOKEN
+
+    def client(self, timeout_s: float = 30.0) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=timeout_s,
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+
+    def clear_faults(self) -> None:
+        self.log.fail_appends = 0
+        self.store.fail_writes = 0
+
+
+@contextlib.contextmanager
+def serve_faulty(data_dir: Path, **engine: Any) -> Iterator[FaultyServer]:
+    settings = load_settings(cli={"data_dir": str(data_dir)})
+    settings = replace(settings, tokens=(TokenSpec(token=TOKEN, role=Role.ADMIN, name="admin"),),
+                       engine=replace(settings.engine, segment_size=1 << 20,
+                                      flush_interval_ms=50, retry_max_backoff_ms=300, **engine))
+    parts: dict[str, Any] = {}
+
+    def log_factory(directory: Path, cfg: EngineConfig) -> Log:
+        parts["log"] = FlakyLog(open_commitlog(directory, cfg))
+        return parts["log"]
+
+    def store_factory(directory: Path, cfg: EngineConfig) -> TimerStore:
+        parts["store"] = FlakyStore(directory, timer_shards=cfg.timer_shards)
+        return parts["store"]
+
+    broker = Broker(settings.engine, SystemClock(), log_factory=log_factory,
+                    store_factory=store_factory)
+    app = create_app(settings, broker=broker)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = Server(uvicorn_config(app, replace(settings, host="127.0.0.1", port=port,
+                                                log_level="warning")),
+                    on_shutdown=app.state.ctx.notifier.close)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:  # start-up, not a due time
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    faulty = FaultyServer(f"http://127.0.0.1:{port}", broker, parts["log"], parts["store"])
+    try:
+        yield faulty
+    finally:
+        faulty.clear_faults()
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
+
+
+@pytest.fixture
+def faulty_server(tmp_path: Path) -> Iterator[FaultyServer]:
+    with serve_faulty(tmp_path / "data") as server:
+        yield server
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB tmpfs: a disk that really fills up."""
+    mountpoint = tmp_path / "fs"
+    mountpoint.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0755", "tmpfs",
+                           str(mountpoint)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
+                    "the injected faults of test_fault_storm.py still run")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def fill_disk(directory: Path, leave_bytes: int) -> Path:
+    """A ballast file taking all free space of ``directory``'s filesystem but
+    ``leave_bytes``; remove it to give the space back."""
+    ballast = directory / "ballast"
+    st = os.statvfs(directory)
+    size = max(0, st.f_bavail * st.f_frsize - leave_bytes)
+    chunk = bytes(1 << 20)
+    with open(ballast, "wb") as f:
+        written = 0
+        while written < size:
+            try:
+                written += f.write(chunk[: min(len(chunk), size - written)])
+            except OSError:  # already full
+                break
+    return ballast
