@@ -65,9 +65,18 @@ class FlakyLog:
 
 
 class FlakyStore(TimerStore):
-    """A real TimerStore whose ``write`` fails ``fail_writes`` times when armed."""
+    """A real TimerStore whose ``write`` fails ``fail_writes`` times when armed; it records
+    the prefix clean-ups it is asked for."""
 
     fail_writes = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cleanups: list[tuple[str, int]] = []
+
+    def cleanup_prefix(self, cf: str, before_ms: int) -> None:
+        self.cleanups.append((cf, before_ms))
+        super().cleanup_prefix(cf, before_ms)
 
     def write(self, batch: Batch, *, sync: bool | None = None) -> None:
         if self.fail_writes > 0:

@@ -10,7 +10,7 @@ from scheduler.model import SendRequest
 from storage.errors import DelayTooLong, InvalidArgument, NotFound, TopicInvalid
 from storage.records import MessageStatus
 
-from .conftest import START_MS, Harness, read_topic
+from .conftest import START_MS, Harness, advance_until, read_topic
 
 
 def test_never_early_and_in_deliver_time_order(broker: Broker, clock: FakeClock) -> None:
@@ -58,6 +58,10 @@ def test_many_messages_with_one_deliver_at_are_all_delivered(harness: Harness,
         assert [m.offset for m in read_topic(broker, f"t{i}")] == list(
             range(broker.end_offset(f"t{i}")))
     assert broker.metrics.scan_batch_size.snapshot().count >= 200  # bounded scans of <= 100
+    lateness = broker.metrics.lateness_ms.snapshot()
+    assert lateness.count == 20_000 and lateness.sum == 0  # the FakeClock did not move
+    assert broker.metrics.watermark_lag_ms.samples() == [({"shard": "0"}, 0.0),
+                                                        ({"shard": "1"}, 0.0)]
 
 
 def test_past_deliver_at_is_delivered_at_once(broker: Broker, clock: FakeClock) -> None:
@@ -178,3 +182,16 @@ def test_bad_engine_configuration_fails_at_construction(tmp_path: object) -> Non
         Broker(EngineConfig(data_dir=data, message_delay_level="1s 2d", max_delay_ms=86_400_000))
     with pytest.raises(InvalidArgument, match="scan_batch_size"):
         Broker(EngineConfig(data_dir=data, scan_batch_size=0))
+
+
+def test_the_delivered_prefix_is_cleaned_up(harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(flaky=True, timer_shards=1, compact_after_deletes=100)
+    assert harness.store is not None
+    broker.send_batch([SendRequest(topic="t", body=b"x", delay_ms=10 + i % 50)
+                       for i in range(250)])
+    clock.advance(100)
+    broker.drain()
+    advance_until(clock, lambda: bool(harness.store and harness.store.cleanups), step=1)
+    cf, before = harness.store.cleanups[-1]
+    assert cf == "timer.0" and before == broker.stats()["watermarks"]["0"] > START_MS
+    assert len(read_topic(broker, "t")) == 250
