@@ -145,8 +145,9 @@ def _start_server(data_dir: Path, port: int, token: str, log: Path) -> subproces
     env = {**os.environ, "HOURGLASS_ADMIN_TOKEN": token, "HOURGLASS_LOG_LEVEL": "warning"}
     cmd = [sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data_dir),
            "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            cwd=Path(__file__).resolve().parents[1])
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=Path(__file__).resolve().parents[1])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
