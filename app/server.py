@@ -18,7 +18,7 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp
 
-from app.settings import Role, Settings, TokenSpec, load_settings
+from app.settings import MIN_TOKEN_LENGTH, Role, Settings, TokenSpec, load_settings
 from storage.errors import InvalidArgument
 
 log = logging.getLogger("hourglass.server")
@@ -37,13 +37,21 @@ def ensure_admin_token(settings: Settings) -> Settings:
         if mode & 0o077:
             log.warning("%s is readable by others (mode %o); chmod 600 it", path, mode)
         token = path.read_text(encoding="utf-8").strip()
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise InvalidArgument(f"{path} holds no valid token; delete it to generate a new "
+                                  "one, or configure tokens")
         created = False
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        partial = path.with_name(path.name + ".partial")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(token + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(partial, path)  # whole or absent, even across a crash
         created = True
     print(f"hourglass: no token configured; {'generated an' if created else 'using the'} admin "
           f"token in {path} (send it as 'Authorization: Bearer <token>')", file=sys.stderr)
@@ -101,7 +109,7 @@ def main(argv: Sequence[str]) -> int:
                         else "DEBUG", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = ensure_admin_token(settings)
-    except OSError as exc:
+    except (OSError, InvalidArgument) as exc:
         print(f"hourglass serve: error: cannot set up the admin token: {exc}", file=sys.stderr)
         return 2
 

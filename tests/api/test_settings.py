@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -192,3 +193,15 @@ def test_configured_tokens_suppress_generation(tmp_path: Path) -> None:
                              cli={"data_dir": str(tmp_path)})
     assert server.ensure_admin_token(settings) is settings
     assert not settings.admin_token_file.exists()
+
+
+def test_a_damaged_token_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [k for k in os.environ if k.startswith("HOURGLASS_")]:
+        monkeypatch.delenv(name)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "admin.token").write_text("\n")
+    assert server.main(["--data-dir", str(data)]) == 2
+    assert "holds no valid token" in capsys.readouterr().err
