@@ -7,7 +7,6 @@ import inspect
 import socket
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -23,13 +22,6 @@ from app.server import Server, uvicorn_config
 from app.settings import Role, Settings, TokenSpec, load_settings
 from scheduler.broker import Broker
 from scheduler.clock import Clock, FakeClock
-
-with warnings.catch_warnings():
-    # schemathesis' pytest plugin imports this lazily inside the first test it sees, where
-    # jsonschema's DeprecationWarning would be an error (filterwarnings = error); import it
-    # once here, outside any test.
-    warnings.simplefilter("ignore")
-    import schemathesis._hypothesis  # noqa: F401
 
 ADMIN = "admin-token-0123456789abcdef"
 PRODUCER = "producer-orders-0123456789"  # producer, topics orders.*
