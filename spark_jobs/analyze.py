@@ -107,6 +107,7 @@ def run_analysis(spark: Any, sources: Sequence[Any], *, thresholds: Any = None,
                  partitions: int = 8, window_ms: int = DEFAULT_WINDOW_MS,
                  progress: Progress | None = None) -> tuple[dict[str, Any], list[dict]]:
     """The whole report over ``sources`` (oldest first); also the latest snapshot's SSTs."""
+    from spark_jobs import rules as rules_module
     from spark_jobs.rules import Thresholds, evaluate
     from spark_jobs.series import series_figures
 
@@ -126,7 +127,8 @@ def run_analysis(spark: Any, sources: Sequence[Any], *, thresholds: Any = None,
         "generatedAt": datetime.now(UTC).isoformat(timespec="seconds"),
         "parameters": {"windowMs": window_ms, "partitions": partitions,
                        "thresholds": dataclasses.asdict(thresholds),
-                       "master": spark.sparkContext.master},
+                       "master": spark.sparkContext.master,
+                       "code": str(Path(rules_module.__file__ or "").parent)},  # which copy ran
         "snapshots": reports,
         "series": series,
         "rules": [f.as_dict() for f in findings],
