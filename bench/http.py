@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import msgpack
+import msgspec
 import orjson
 
 CONNECTIONS = 64
@@ -178,6 +179,42 @@ def _prefill(port: int, token: str, topic: str, count: int) -> None:
     raise RuntimeError("prefilled messages were not delivered in time")
 
 
+# --- where the time goes: the same work in-process, engine and API layer apart ---------------
+def layer_costs(data_dir: Path, rounds: int = 20) -> dict[str, float]:
+    """msgs/s of the engine alone (send_batch, pull of 1000) and of the API layer alone
+    (decode + convert a JSON batch; convert + encode a pull), measured back to back."""
+    from api import schemas
+    from api.bodies import decode, to_send_request
+    from api.routes.consume import delivered
+    from scheduler.broker import Broker
+    from scheduler.config import EngineConfig
+    from scheduler.model import SendRequest
+
+    def rate(work: Callable[[], object]) -> float:
+        started = time.perf_counter()
+        for _ in range(rounds):
+            work()
+        return round(rounds * BATCH / (time.perf_counter() - started))
+
+    raw = orjson.dumps({"messages": [{"body": "x" * 100, "delayMs": HOUR_MS}] * BATCH})
+    later = [SendRequest(topic="t", body=b"x" * 100, delay_ms=HOUR_MS)] * BATCH
+    now = [SendRequest(topic="p", body=b"x" * 100)] * BATCH
+    encoder = msgspec.json.Encoder()
+    with Broker(EngineConfig(data_dir=data_dir, segment_size=256 << 20)) as broker:
+        figures = {"engine_send_batch": rate(lambda: broker.send_batch(later))}
+        for _ in range(rounds + 1):
+            broker.send_batch(now)
+        broker.drain()
+        offsets = itertools.count(0, BATCH // 2)
+        figures["engine_pull"] = rate(lambda: broker.pull("p", next(offsets), PULL_MAX))
+        page = broker.pull("p", 0, PULL_MAX).messages
+    figures["api_decode_batch"] = rate(lambda: [
+        to_send_request(m, "t") for m in decode(raw, None, schemas.BatchIn).messages])
+    figures["api_encode_pull"] = rate(lambda: encoder.encode(schemas.PullResult(
+        messages=[delivered(m) for m in page], next_offset=0)))
+    return figures
+
+
 # --- main --------------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hourglass bench http", description=__doc__,
@@ -190,6 +227,8 @@ def main(argv: list[str]) -> int:
                         help="messages delivered before the pull phase")
     parser.add_argument("--data-dir", type=Path, help="default: a temporary directory")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--layer-rounds", type=int, default=20,
+                        help="batches of 1000 per in-process breakdown figure (0: skip)")
     args = parser.parse_args(argv)
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = set(phases) - {"single", "batch", "batch-msgpack", "pull"}
@@ -217,6 +256,8 @@ def main(argv: list[str]) -> int:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        layers = (layer_costs(Path(tmp) / "layers", args.layer_rounds)
+                  if args.layer_rounds > 0 else {})
     report = {
         "benchmark": "http",
         "load_generator": f"async Python client (raw HTTP/1.1 over asyncio streams, uvloop), "
@@ -225,11 +266,17 @@ def main(argv: list[str]) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "phases": [asdict(r) for r in results],
+        "layers_msgs_per_s": layers,
+        "load_average": os.getloadavg(),
     }
     print(f"{'phase':<14} {'req/s':>9} {'msgs/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
     for r in results:
         print(f"{r.name:<14} {r.requests_per_s:>9,} {r.messages_per_s:>10,} "
               f"{r.latency_p50_ms:>8} {r.latency_p99_ms:>8} {r.errors:>7}")
+    for name, value in layers.items():
+        print(f"in-process {name:<18} {value:>10,.0f} msgs/s")
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} "
+          f"on {os.cpu_count()} CPUs")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0 if all(r.errors == 0 for r in results) else 1

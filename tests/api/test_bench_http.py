@@ -15,7 +15,7 @@ from bench import http
 def test_bench_http_smoke(tmp_path: Path) -> None:
     out = tmp_path / "http.json"
     status = http.main(["--duration", "1", "--warmup", "0.2", "--connections", "4",
-                        "--prefill", "2000", "--json", str(out)])
+                        "--prefill", "2000", "--layer-rounds", "2", "--json", str(out)])
     assert status == 0
     report = json.loads(out.read_text())
     phases = {p["name"]: p for p in report["phases"]}
@@ -25,3 +25,5 @@ def test_bench_http_smoke(tmp_path: Path) -> None:
         assert phase["requests"] > 0
         assert set(phase["statuses"]) == ({"200"} if phase["name"] == "pull" else {"201"})
     assert phases["batch"]["messages"] == 1000 * phases["batch"]["requests"]
+    assert set(report["layers_msgs_per_s"]) == {"engine_send_batch", "engine_pull",
+                                                "api_decode_batch", "api_encode_pull"}
