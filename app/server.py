@@ -115,7 +115,11 @@ def main(argv: Sequence[str]) -> int:
 
     from api.app import create_app  # the one place app/ reaches up into api/: the wiring
 
-    app = create_app(settings)
+    try:
+        app = create_app(settings)  # the engine checks its own settings (e.g. delay levels)
+    except InvalidArgument as exc:
+        print(f"hourglass serve: error: {exc.detail}", file=sys.stderr)
+        return 2
     server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.notifier.close)
     server.run()
     return 0 if server.started else 1

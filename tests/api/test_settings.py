@@ -205,3 +205,12 @@ def test_a_damaged_token_file_is_refused(
     (data / "admin.token").write_text("\n")
     assert server.main(["--data-dir", str(data)]) == 2
     assert "holds no valid token" in capsys.readouterr().err
+
+
+def test_serve_reports_a_value_the_engine_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOURGLASS_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("HOURGLASS_MESSAGE_DELAY_LEVEL", "1s 5x")
+    assert server.main(["--data-dir", str(tmp_path / "data")]) == 2
+    assert "hourglass serve: error: messageDelayLevel" in capsys.readouterr().err
