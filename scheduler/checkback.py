@@ -31,7 +31,7 @@ import orjson
 
 from scheduler.clock import Clock
 from scheduler.model import TransactionCheck
-from scheduler.tx_records import check_group
+from scheduler.tx_records import check_group, prefix_end
 from storage.constants import CF_TX, TX_CALLBACK_PREFIX
 from storage.errors import CorruptionError, InvalidArgument, NotFound
 from storage.timer_store import TimerStore
@@ -133,7 +133,7 @@ class CallbackRegistry:
         self._clock = clock
         self._lock = threading.Lock()
         self._by_group: dict[str, CallbackRegistration] = {}
-        for key, value in store.scan(CF_TX, TX_CALLBACK_PREFIX, _prefix_end(TX_CALLBACK_PREFIX)):
+        for key, value in store.scan(CF_TX, TX_CALLBACK_PREFIX, prefix_end(TX_CALLBACK_PREFIX)):
             group = key[len(TX_CALLBACK_PREFIX):].decode("utf-8")
             self._by_group[group] = _decode_registration(group, value)
 
@@ -182,10 +182,6 @@ class CallbackRegistry:
     def has(self, group: str) -> bool:
         with self._lock:
             return group in self._by_group
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 # --- the HTTP client ----------------------------------------------------------------------------

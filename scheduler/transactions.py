@@ -52,6 +52,7 @@ from scheduler.tx_records import (
     immunity_ms,
     is_transaction_id,
     new_transaction_id,
+    prefix_end,
 )
 from storage.constants import (
     CF_EXPIRY,
@@ -148,7 +149,7 @@ class TransactionManager:
     def start(self) -> None:
         """After recovery: count the prepared messages, start the callback dispatcher."""
         start = TX_GROUP_PREFIX
-        prepared = sum(1 for _ in self._store.scan(CF_TX, start, _prefix_end(start)))
+        prepared = sum(1 for _ in self._store.scan(CF_TX, start, prefix_end(start)))
         self._metrics.tx_prepared_pending.set(prepared)
         self.dispatcher.start()
 
@@ -363,7 +364,7 @@ class TransactionManager:
         """When the group's earliest prepared message is next due for a check, or None."""
         prefix = group_prefix(producer_group)
         start = prefix + self._floor.get(producer_group, b"")
-        for key, _ in self._store.scan(CF_TX, start, _prefix_end(prefix), limit=1):
+        for key, _ in self._store.scan(CF_TX, start, prefix_end(prefix), limit=1):
             return decode_timer_key(key[len(prefix):])[0]
         return None
 
@@ -474,11 +475,6 @@ def _tx_expiry_key(expires_at: int, tx_id: str) -> bytes:
     """An expiry key whose index-key part starts with NUL (no index key does: topics are
     never empty); its value names the tx entry the engine's retention clean-up removes."""
     return pack_u64(expires_at) + SEP + entry_key(tx_id)
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The smallest key greater than every key starting with ``prefix`` (last byte < 0xff)."""
-    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 def _result(tx_id: str, entry: TransactionEntry) -> TransactionResult:

@@ -149,6 +149,11 @@ def group_key(group: str, half_key: bytes) -> bytes:
     return group_prefix(group) + half_key
 
 
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix`` (last byte < 0xff)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
 # --- transaction ids --------------------------------------------------------------------------
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 TX_ID_PATTERN = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")

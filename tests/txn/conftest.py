@@ -3,29 +3,13 @@ a real CommitLog under tmp_path, driven by a FakeClock), with transaction helper
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from scheduler.broker import Broker
-from scheduler.clock import FakeClock
 from scheduler.model import SendRequest, TransactionResult
-from tests.scheduler.conftest import START_MS, Harness
+from tests.scheduler.conftest import START_MS, Harness, clock, harness
 
-__all__ = ["START_MS", "Harness", "prepare"]
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START_MS)
-
-
-@pytest.fixture
-def harness(tmp_path: Path, clock: FakeClock) -> Iterator[Harness]:
-    h = Harness(tmp_path / "data", clock)
-    yield h
-    h.close_all()
+__all__ = ["START_MS", "Harness", "clock", "harness", "prepare"]  # clock, harness: fixtures
 
 
 @pytest.fixture

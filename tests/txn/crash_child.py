@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import sys
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from scheduler.broker import Broker, open_commitlog
@@ -24,36 +22,9 @@ from scheduler.committer import Log
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
 from storage.errors import Conflict
+from tests.scheduler.crash_child import DieAfterAppend
 
 START_MS = 1_700_000_000_000
-
-
-class DieAfterAppend:
-    def __init__(self, inner: Log) -> None:
-        self.inner = inner
-        self.armed = False
-
-    @property
-    def end_position(self) -> int:
-        return self.inner.end_position
-
-    def append_batch(self, payloads: Sequence[bytes]) -> list[int]:
-        positions = self.inner.append_batch(payloads)
-        if self.armed:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return positions
-
-    def read(self, position: int) -> bytes:
-        return self.inner.read(position)
-
-    def iter_from(self, position: int) -> Iterable[tuple[int, bytes]]:
-        return self.inner.iter_from(position)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def config(data_dir: Path, *, transaction_check_max: int = 15) -> EngineConfig:

@@ -4,7 +4,6 @@ every transaction ends in exactly one state, and is delivered exactly when commi
 from __future__ import annotations
 
 import collections
-import itertools
 import random
 import sys
 import threading
@@ -41,6 +40,17 @@ def _settle(broker: Broker, tx_ids: list[str], action: str) -> None:
             pass  # the other side won; the final check below says who
 
 
+def _prepare_round(broker: Broker, txs: dict[str, str], rng: random.Random) -> list[str]:
+    """Ten new transactions, half of them delayed; recorded in ``txs`` (id -> msgId)."""
+    batch = []
+    for _ in range(10):
+        msg_id = f"m{len(txs)}"
+        tx = prepare(broker, msg_id, delay_ms=50 if rng.random() < 0.5 else None)
+        txs[tx.transaction_id] = msg_id
+        batch.append(tx.transaction_id)
+    return batch
+
+
 def _race_commits(broker: Broker, commit: list[str], *, rollback: list[str],
                   rng: random.Random) -> None:
     """One thread commits ``commit``, one rolls back ``rollback`` (in reverse order, so the
@@ -69,6 +79,7 @@ def _race_commits(broker: Broker, commit: list[str], *, rollback: list[str],
 def _assert_exactly_once(broker: Broker, clock: FakeClock, txs: dict[str, str]) -> None:
     """txs: transaction id -> msgId. Each committed one is in its topic once, each
     discarded one in TRANS_CHECK_MAX_TIME_TOPIC once, nothing else anywhere."""
+    clock.advance(24 * 3600 * 1000)  # every committed message is due, every check too
     broker.drain()
     states = {tx_id: broker.transaction_status(tx_id).status for tx_id in txs}
     delivered = collections.Counter(m.msg_id for m in read_topic(broker, "orders"))
@@ -79,7 +90,6 @@ def _assert_exactly_once(broker: Broker, clock: FakeClock, txs: dict[str, str]) 
     assert set(discarded) == {t for t, s in states.items() if s == "DISCARDED"}
     assert "PREPARED" not in states.values()
     # nothing is left to check: no half message outlived its transaction
-    clock.advance(24 * 3600 * 1000)
     assert broker.poll_transaction_checks("pg", 1000) == []
     assert broker.stats()["transactionsPrepared"] == 0
 
@@ -94,14 +104,8 @@ def test_commits_race_polls_and_rollbacks(harness: Harness, clock: FakeClock) ->
     broker = harness.open()
     rng = random.Random(5)
     txs: dict[str, str] = {}
-    counter = itertools.count()
     for _ in range(40):
-        batch = []
-        for _ in range(10):
-            msg_id = f"m{next(counter)}"
-            tx = prepare(broker, msg_id, delay_ms=50 if rng.random() < 0.5 else None)
-            txs[tx.transaction_id] = msg_id
-            batch.append(tx.transaction_id)
+        batch = _prepare_round(broker, txs, rng)
         clock.advance(6_000)  # every one is due for a check
         _race_commits(broker, batch, rollback=batch[::2], rng=rng)
         clock.advance(50)
@@ -116,18 +120,13 @@ def test_commits_race_discards(harness: Harness, clock: FakeClock) -> None:
     delivers the message to its topic or finds it DISCARDED (Conflict), never both."""
     broker = harness.open(transaction_check_max=1, transaction_check_interval_ms=10)
     txs: dict[str, str] = {}
-    counter = itertools.count()
+    rng = random.Random(7)
     for _ in range(40):
-        batch = []
-        for _ in range(10):
-            msg_id = f"m{next(counter)}"
-            tx = prepare(broker, msg_id)
-            txs[tx.transaction_id] = msg_id
-            batch.append(tx.transaction_id)
+        batch = _prepare_round(broker, txs, rng)
         clock.advance(6_000)
         broker.poll_transaction_checks("pg", 100)  # the one allowed check
         clock.advance(10)  # now the next due poll discards them
-        _race_commits(broker, batch, rollback=[], rng=random.Random(len(txs)))
+        _race_commits(broker, batch, rollback=[], rng=rng)
         broker.poll_transaction_checks("pg", 100)  # discard whatever is left
     _assert_exactly_once(broker, clock, txs)
     states = collections.Counter(broker.transaction_status(t).status for t in txs)
