@@ -10,15 +10,17 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
 from api.context import ApiContext
+from api.hot import HotRoutes
 from api.longpoll import DeliveryNotifier
 from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
 from api.openapi import install_openapi
-from api.problems import install_problem_handlers
+from api.problems import UnexpectedErrors, install_problem_handlers
 from api.routes import check_callbacks, consume, messages, operations, transactions
 from app.settings import Settings
 from scheduler.broker import Broker
@@ -88,5 +90,9 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     operations.add_routes(app.router, ctx, registry)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
-    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)
+    hot = {"sendMessage", "sendBatch", "pullMessages"}
+    app.add_middleware(HotRoutes, routes=[r for r in app.routes
+                                          if isinstance(r, APIRoute) and r.operation_id in hot])
+    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # sees every request
+    app.add_middleware(UnexpectedErrors)  # outermost
     return app

@@ -3,7 +3,8 @@
 Routes raise the hierarchy of storage/errors.py (each class carries ``code`` and ``status``);
 the handlers installed here turn those, FastAPI's request validation errors (400, never 422),
 Starlette's HTTP errors (unknown path, wrong method) and storage faults (503) into
-``application/problem+json`` bodies with ``type, title, status, detail, code``.
+``application/problem+json`` bodies with ``type, title, status, detail, code``;
+``UnexpectedErrors`` answers anything else (a bug) with 500 ``INTERNAL``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.schemas import Problem
 from storage.errors import HourglassError
@@ -69,12 +71,24 @@ def describe_validation_errors(errors: Sequence[Any]) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-async def _hourglass_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HourglassError)
-    if exc.status >= 500:
-        log.warning("%s: %s", exc.code, exc.detail or type(exc).__name__)
-    return problem_response(exc.code, exc.detail or CODES.get(exc.code, ("", exc.code))[1],
-                            status=exc.status)
+def known_problem(exc: Exception) -> Response | None:
+    """The problem document of an error the API expects (the storage.errors hierarchy, an
+    OSError below the engine), or None. Used by the handlers below and by api/hot.py."""
+    if isinstance(exc, HourglassError):
+        if exc.status >= 500:
+            log.warning("%s: %s", exc.code, exc.detail or type(exc).__name__)
+        return problem_response(exc.code, exc.detail or CODES.get(exc.code, ("", exc.code))[1],
+                                status=exc.status)
+    if isinstance(exc, OSError):  # disk full, I/O error: nothing acknowledged, try again later
+        log.error("storage fault: %s", exc)
+        return problem_response("UNAVAILABLE", f"storage fault: {exc.strerror or exc}")
+    return None
+
+
+async def _known_error(_: Request, exc: Exception) -> Response:
+    response = known_problem(exc)
+    assert response is not None
+    return response
 
 
 async def _validation_error(_: Request, exc: Exception) -> Response:
@@ -89,21 +103,39 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     return problem_response(code, detail, status=exc.status_code)
 
 
-async def _os_error(_: Request, exc: Exception) -> Response:
-    # disk full, I/O error below the engine: nothing acknowledged, try again later
-    log.error("storage fault: %s", exc)
-    return problem_response("UNAVAILABLE", f"storage fault: {exc.strerror or exc}"
-                            if isinstance(exc, OSError) else "storage fault")
+class UnexpectedErrors:
+    """Outermost ASGI middleware: an exception nothing else handled (a bug) is logged and
+    answered with a 500 INTERNAL problem, and the connection stays usable. (Starlette's own
+    error middleware re-raises after answering, and uvicorn then closes the connection,
+    which clients often see as a reset instead of the 500.)"""
 
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
-async def _unexpected(_: Request, exc: Exception) -> Response:
-    log.exception("unexpected error", exc_info=exc)
-    return problem_response("INTERNAL", "unexpected server error; see the server log")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            log.exception("unexpected error in %s %s", scope["method"], scope["path"],
+                          exc_info=exc)
+            if not started:  # else uvicorn closes the half-answered connection
+                response = problem_response("INTERNAL",
+                                            "unexpected server error; see the server log")
+                await response(scope, receive, send)
 
 
 def install_problem_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(HourglassError, _hourglass_error)
+    app.add_exception_handler(HourglassError, _known_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(OSError, _os_error)
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(OSError, _known_error)

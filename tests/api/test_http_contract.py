@@ -297,3 +297,19 @@ def test_transactions_prepare_commit_rollback_and_checks(live: Live) -> None:
 
         pulled = c.get(f"/v1/topics/{TOPIC}/messages").json()["messages"]
         assert [m["msgId"] for m in pulled] == ["tx-keep"]
+
+
+def test_an_unexpected_error_is_a_500_problem(live: Live,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def bug(*_: object, **__: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(live.broker, "send", bug)  # a hot route (served ahead of FastAPI)
+    monkeypatch.setattr(live.broker, "get_group_offset", bug)  # an ordinary route
+    monkeypatch.setattr(live.broker, "commit_group_offset", bug)  # one with a body
+    with live.client() as c:
+        problem(send(c), 500, "INTERNAL")
+        problem(c.get(f"/v1/topics/{TOPIC}/groups/g/offset"), 500, "INTERNAL")
+        problem(c.put(f"/v1/topics/{TOPIC}/groups/g/offset", json={"offset": 1}), 500,
+                "INTERNAL")
+        assert c.get("/healthz").status_code == 200  # the server carries on
