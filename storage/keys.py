@@ -78,7 +78,10 @@ def decode_index_key(key: bytes) -> tuple[str, str]:
     sep = key.find(SEP)
     if sep <= 0:
         raise InvalidArgument("index key has no topic separator")
-    return key[:sep].decode("utf-8"), key[sep + 1 :].decode("utf-8")
+    try:
+        return key[:sep].decode("utf-8"), key[sep + 1 :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument("index key is not UTF-8") from None
 
 
 def topic_prefix(topic: str) -> bytes:
@@ -94,7 +97,10 @@ def decode_cq_key(key: bytes) -> tuple[str, int]:
     sep = key.find(SEP)
     if sep <= 0 or len(key) != sep + 9:
         raise InvalidArgument("malformed consume-queue key")
-    return key[:sep].decode("utf-8"), unpack_u64(key, sep + 1)
+    try:
+        return key[:sep].decode("utf-8"), unpack_u64(key, sep + 1)
+    except UnicodeDecodeError:
+        raise InvalidArgument("consume-queue key is not UTF-8") from None
 
 
 def encode_handle(deliver_at: int, topic: str, msg_id: str) -> str:
