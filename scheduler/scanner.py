@@ -120,8 +120,8 @@ class Scanner(threading.Thread):
                 self._clock.wait(self.state.wake, self.state.wake_at)
 
     def step(self) -> bool | None:
-        """Scan once. True: handed a batch on (scan again at once); False: nothing due
-        (sleep until ``wake_at``); None: the hand-off was refused (stopping)."""
+        """Scan once. True: handed a full batch on (scan again at once); False: everything
+        due is handed on (sleep until ``wake_at``); None: the hand-off was refused."""
         st = self.state
         limit = self._batch_size
         batch = None
@@ -138,11 +138,7 @@ class Scanner(threading.Thread):
             else:
                 if start < end:
                     st.frontier_key = end
-                # from the frontier KEY: handed-on keys below it stay stored until their
-                # batch commits, and are not pending
-                first = self._store.read_range(st.cf, st.frontier_key, None, 1)
-                st.wake_at = unpack_u64(first[0][0]) if first else None
-                st.covered_ms = NOTHING_PENDING if st.wake_at is None else st.wake_at - 1
+                self._plan_wake()
         if batch is None:
             self._progress.notify()
             return False
@@ -150,11 +146,20 @@ class Scanner(threading.Thread):
         self._progress.hand()
         if not self._hand_off(batch):
             return None
-        if complete:
-            with st.lock:
-                st.covered_ms = max(st.covered_ms, now)
-            self._progress.notify()
-        return True
+        if not complete:
+            return True
+        with st.lock:  # everything due at ``now`` is handed on: plan the next look
+            self._plan_wake()
+        self._progress.notify()
+        return False
+
+    def _plan_wake(self) -> None:
+        """Set wake_at to the first pending key and covered_ms to just before it (lock held).
+        From the frontier KEY: keys handed on stay stored until their batch commits."""
+        st = self.state
+        first = self._store.read_range(st.cf, st.frontier_key, None, 1)
+        st.wake_at = unpack_u64(first[0][0]) if first else None
+        st.covered_ms = NOTHING_PENDING if st.wake_at is None else st.wake_at - 1
 
     def lag_ms(self, now_ms: int) -> int:
         covered = self.state.covered_ms
