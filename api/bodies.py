@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from api.schemas import MessageIn
 from scheduler.model import SendRequest
@@ -45,12 +45,18 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
     chunks = []
     size = 0
-    async for chunk in request.stream():
+    receive = request.receive  # straight from ASGI: Request.stream() costs a generator
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def decode(raw: bytes, content_type: str | None, kind: type[T]) -> T:

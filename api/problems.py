@@ -17,6 +17,7 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -125,6 +126,8 @@ class UnexpectedErrors:
 
         try:
             await self.app(scope, receive, watch)
+        except ClientDisconnect:
+            return  # nobody to answer
         except Exception as exc:
             log.exception("unexpected error in %s %s", scope["method"], scope["path"],
                           exc_info=exc)
