@@ -23,7 +23,9 @@ from storage.records import MessageStatus
 from tests.spark import direct
 from tests.spark.conftest import SPEC, Generated
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# Four JVMs (master, worker, driver, executor) on two shared cores: about a minute alone, but
+# several times that under contention, so this one test gets a longer bound than the default.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
@@ -127,13 +129,12 @@ def test_spark_submit_to_a_standalone_cluster(
          "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.memory=1g",
          "--conf", "spark.cores.max=1", "--driver-memory", "1g",
          str(REPO / "spark_jobs" / "analyze.py"), str(workload.snapshot.path),
-         "--out", str(out), "--partitions", "3"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280, check=False)
+         "--out", str(out), "--partitions", "3", "--no-html"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=500, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
     assert report["parameters"]["master"] == url
     assert report["parameters"]["code"].startswith(str(tmp_path))  # the shipped zip ran
-    assert (out / "report.html").exists()
     snap = report["snapshots"][0]
     truth = workload.work.messages
     assert snap["logical"]["counts"]["indexStates"] == dict(Counter(m.state.value for m in truth))
@@ -144,3 +145,4 @@ def test_spark_submit_to_a_standalone_cluster(
     files = direct.live_files(workload.snapshot.db_path)
     assert snap["physical"]["tombstones"]["total"] == sum(f["num_deletions"] for f in files)
     assert {f["rule"] for f in report["recommendations"]} == {"blob-separation", "overdue"}
+    assert "logical rows" in done.stderr, done.stderr[-3000:]  # progress reached the console
