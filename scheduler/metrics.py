@@ -44,6 +44,7 @@ it is counted in ``delivered_immediate`` and observed as ``storedAt - max(delive
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -201,10 +202,10 @@ class Histogram:
         local = [0] * len(self._counts)
         total = 0.0
         n = 0
-        for value in values:
-            local[locate(bounds, value)] += 1
-            total += value
-            n += 1
+        for value, count in collections.Counter(values).items():  # batches repeat values
+            local[locate(bounds, value)] += count
+            total += value * count
+            n += count
         if not n:
             return
         with self._lock:
