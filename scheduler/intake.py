@@ -2,9 +2,9 @@
 send path stores.
 
 ``Intake.prepare`` does no I/O: it checks the request, resolves when it is due
-(scheduler/timing.py), generates a msgId when the client gave none, and encodes the timer
-key, index key and stored record. A batch is prepared completely before anything is stored,
-so one bad message rejects the whole batch and changes nothing.
+(scheduler/timing.py), generates a msgId when the client gave none, and builds the timer key,
+the index key and the shard. A batch is prepared completely before anything is stored, so
+one bad message rejects the whole batch and changes nothing.
 """
 
 from __future__ import annotations
