@@ -25,7 +25,8 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _ts(ms: int) -> str:
+def utc_label(ms: int) -> str:
+    """Epoch ms as a readable UTC time."""
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -52,7 +53,7 @@ def due_load(due: Mapping[str, Any]) -> bytes:
         ax.set_xlim(-0.5, len(series) - 0.5)
         ax.tick_params(labelsize=8)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"Due load from {_ts(due['now'])} "
+    fig.suptitle(f"Due load from {utc_label(due['now'])} "
                  f"(overdue at snapshot: {due['overdue']['messages']:,})", fontsize=11)
     fig.tight_layout()
     return _png(fig)

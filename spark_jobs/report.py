@@ -23,7 +23,7 @@ def key_figures(r: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [
         ("waiting messages", f"{due['future']['messages'] + due['overdue']['messages']:,}"),
         ("overdue at snapshot", f"{due['overdue']['messages']:,}"),
-        ("peak second", f"{peak['messages']:,} msgs at {charts._ts(peak['at'])}"
+        ("peak second", f"{peak['messages']:,} msgs at {charts.utc_label(peak['at'])}"
          if peak["messages"] else "none"),
         ("delay p50 / p99", f"{_dur(due['delayPercentilesMs']['p50'])} / "
                             f"{_dur(due['delayPercentilesMs']['p99'])}"),
@@ -127,7 +127,7 @@ def write_html(report: Mapping[str, Any], images: Mapping[str, bytes], out_dir: 
              f"<p class='muted'>Generated {html.escape(report['generatedAt'])} over "
              f"{len(report['snapshots'])} snapshot(s); latest "
              f"<b>{html.escape(latest['snapshot']['snapshotId'])}</b> taken "
-             f"{charts._ts(latest['snapshot']['createdAt'])}.</p>",
+             f"{charts.utc_label(latest['snapshot']['createdAt'])}.</p>",
              f"<h2>Recommendations ({len(fired)})</h2>"]
     parts += [f"<div class='rec'><b>{html.escape(f['title'])}</b> "
               f"<span class='muted'>[{html.escape(f['rule'])}: {html.escape(str(f['value']))} "
@@ -168,7 +168,7 @@ def console_summary(report: Mapping[str, Any]) -> str:
     lines = []
     for s in report["snapshots"]:
         lines.append(f"snapshot {s['snapshot']['snapshotId']} "
-                     f"({charts._ts(s['snapshot']['createdAt'])})")
+                     f"({charts.utc_label(s['snapshot']['createdAt'])})")
         lines += [f"  {label:<32} {value}" for label, value in key_figures(s)]
     for i in report["series"]["intervals"]:
         wa = i.get("writeAmplification")
