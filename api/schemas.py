@@ -85,9 +85,11 @@ class TransactionIn(MessageIn, kw_only=True):
     """A half message: `MessageIn` plus the producer group that answers check-backs."""
 
     producer_group: Annotated[str, Meta(pattern=GROUP_REGEX, examples=["orders-producer"])]
-    check_immunity_seconds: Annotated[float, Meta(
-        ge=0, description="First check-back no earlier than this (at least the transaction "
-                          "timeout, 6 s).", examples=[60],
+    check_immunity_seconds: Annotated[float | str, Meta(
+        description="First check-back no earlier than this many seconds, as RocketMQ's "
+                    "CHECK_IMMUNITY_TIME_IN_SECONDS: a number or a string; a value that is not "
+                    "a whole number, or below the transaction timeout (6 s), means 6 s.",
+        examples=[60, "7"],
     )] | UnsetType = UNSET
 
 
@@ -159,8 +161,11 @@ class TransactionResult(_Out, kw_only=True):
     transaction_id: str
     msg_id: MsgId
     topic: str
-    status: Annotated[str, Meta(examples=["PREPARED", "COMMITTED", "ROLLED_BACK"])]
+    status: Annotated[str, Meta(examples=["PREPARED", "COMMITTED", "ROLLED_BACK", "DISCARDED"])]
     deliver_at: EpochMs | UnsetType = UNSET
+    duplicate: Annotated[bool, Meta(
+        description="True when this prepare repeats an earlier one of the same producer group "
+                    "(answered 200 with the first transaction).")] = False
 
 
 class TransactionCheck(_Out, kw_only=True):

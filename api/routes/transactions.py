@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from msgspec import UNSET
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from api import schemas
@@ -27,7 +28,8 @@ TransactionId = Annotated[str, Path(alias="transactionId", min_length=1, max_len
 
 def transaction_result(result: model.TransactionResult) -> schemas.TransactionResult:
     out = schemas.TransactionResult(transaction_id=result.transaction_id, msg_id=result.msg_id,
-                                    topic=result.topic, status=result.status)
+                                    topic=result.topic, status=result.status,
+                                    duplicate=result.duplicate)
     if result.deliver_at is not None:
         out.deliver_at = result.deliver_at
     return out
@@ -61,7 +63,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             to_send_request(body, topic), producer_group=body.producer_group,
             check_immunity_seconds=immunity,
         )
-        return respond(transaction_result(result), 201)
+        return respond(transaction_result(result), 200 if result.duplicate else 201)
 
     @router.post("/v1/transactions/{transactionId}/commit", **operation(
         "commitTransaction", tag="transactions",
@@ -93,6 +95,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         max_checks: Annotated[int, Query(alias="max", ge=1, le=1000)] = schemas.DEFAULT_PULL,
     ) -> Response:
         ctx.allow(principal, Permission.TRANSACT)
-        checks = broker.poll_transaction_checks(group, max_checks)
+        # a poll scans the group's checks under the commit lock: keep the event loop free
+        checks = await run_in_threadpool(broker.poll_transaction_checks, group, max_checks)
         return respond(schemas.TransactionChecks(checks=[transaction_check(c) for c in checks]))
 

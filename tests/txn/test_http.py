@@ -161,3 +161,31 @@ def test_check_callback_routes_and_a_callback_commit(start: Callable[..., Live])
         spec = admin.get("/openapi.json").json()
     operations = {op["operationId"] for item in spec["paths"].values() for op in item.values()}
     assert {"setCheckCallback", "getCheckCallback", "deleteCheckCallback"} <= operations
+
+
+@pytest.mark.parametrize(("immunity", "first_check_after_ms"), [
+    ("1", 6_000), ("7", 7_000), ("-1", 6_000), ("100.5", 6_000), (-1, 6_000), (7, 7_000),
+])
+def test_check_immunity_as_rocketmq_sends_it(start: Callable[..., Live], immunity: Any,
+                                             first_check_after_ms: int) -> None:
+    """RocketMQ's CHECK_IMMUNITY_TIME_IN_SECONDS is a string: any value is accepted and
+    parsed as RocketMQ does (a whole number of seconds, at least the 6 s timeout)."""
+    live = start()
+    with live.client(PRODUCER) as producer:
+        _prepare(producer, "m", checkImmunitySeconds=immunity)
+        live.advance(first_check_after_ms - 1)
+        assert producer.get(CHECKS).json() == {"checks": []}
+        live.advance(1)
+        assert [c["msgId"] for c in producer.get(CHECKS).json()["checks"]] == ["m"]
+
+
+def test_a_repeated_prepare_answers_200_with_the_first_transaction(
+    start: Callable[..., Live],
+) -> None:
+    live = start()
+    with live.client(PRODUCER) as producer:
+        first = _prepare(producer, "again")
+        r = producer.post(f"/v1/topics/{TOPIC}/transactions",
+                          json={"body": "again", "msgId": "again", "producerGroup": "pg"})
+        assert r.status_code == 200, r.text
+        assert r.json()["transactionId"] == first and r.json()["duplicate"] is True
