@@ -194,6 +194,8 @@ def trends(series: Mapping[str, Any], created: Sequence[int]) -> bytes:
     wa_ax = flat[len(names)]
     wa = [i.get("writeAmplification") for i in series["intervals"]]
     wa_ax.bar(range(1, len(wa) + 1), [w or 0 for w in wa], color=COLORS["second"])
+    wa_ax.set_xticks(range(1, len(wa) + 1))
+    wa_ax.set_xlabel("interval (n/a: no statistics)", fontsize=7)
     wa_ax.set_title("write amplification per interval", fontsize=9, loc="left")
     for ax in flat[: len(names)]:
         ax.set_xlabel("minutes since first snapshot", fontsize=7)
