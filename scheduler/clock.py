@@ -32,10 +32,12 @@ class SystemClock:
         if deadline_ms is None:
             return event.wait()
         while True:
-            remaining = deadline_ms - self.now_ms()
-            if remaining <= 0:
+            # to the exact instant deadline_ms.000, not whole ms from a truncated now (which
+            # woke up to 1 ms late, 0.5 ms on average)
+            remaining_ns = deadline_ms * 1_000_000 - time.time_ns()
+            if remaining_ns <= 0:
                 return event.is_set()
-            if event.wait(remaining / 1000.0):
+            if event.wait(remaining_ns / 1e9):
                 return True
 
 
