@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--partitions", type=int, default=0, help="default: 2 x parallelism")
     p.add_argument("--snapshot", type=Path, help="analyse this snapshot instead of building one")
+    p.add_argument("--keep", type=Path, metavar="DIR",
+                   help="build the store in DIR and keep it (reuse with --snapshot)")
     p.add_argument("--master", help="Spark master (default local[2])")
     p.add_argument("--json", action="store_true", help="also print one JSON line of results")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
@@ -59,12 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         built: dict[str, Any] = {}
         if args.snapshot:
             snapshot = args.snapshot
+            built["sstBytes"] = sum(f.stat().st_size for f in snapshot.glob("db/*.sst"))
         else:
             print(f"building a {args.messages:,}-message store ...", file=sys.stderr)
-            snapshot, built = build_snapshot(Path(tmp), args.messages, args.shards)
+            snapshot, built = build_snapshot(args.keep or Path(tmp), args.messages, args.shards)
+            print(f"snapshot: {snapshot}", file=sys.stderr)
         results = run(snapshot, args)
     results.update(built)
-    print(f"analysis of {results.get('messages', '?'):,} messages "
+    print(f"analysis of {results.get('messages', args.messages):,} messages "
           f"({results['rows']:,} logical rows, {results.get('sstBytes', 0) / 2**20:.1f} MiB SST), "
           f"master {results['master']}, {results['partitions']} partitions")
     print(f"  session start      {results['sessionSeconds']:.1f} s")

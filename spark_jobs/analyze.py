@@ -87,13 +87,16 @@ def analyse_snapshot(spark: Any, source: Any, *, partitions: int, window_ms: int
     """Every figure of one snapshot; also returns its SST rows (for the charts)."""
     from spark_jobs.logical_figures import Horizons, logical_figures
     from spark_jobs.physical_figures import physical_figures
+    from storage.constants import CF_TIMER_PREFIX
 
     with progress.stage(f"{source.snapshot_id}/sst", f"{index} SST files"):
         ssts = [r.asDict() for r in source.ssts(spark).collect()]
     with progress.stage(f"{source.snapshot_id}/logical",
                         f"{index} logical rows: due load, value sizes, topics (Spark)"):
-        logical = logical_figures(source.logical(spark, partitions), source.created_at,
-                                  Horizons())
+        timers = f"{CF_TIMER_PREFIX}*"
+        logical = logical_figures(source.logical(spark, partitions, timers),
+                                  source.logical(spark, partitions, f"!{timers}"),
+                                  source.created_at, Horizons())
     with progress.stage(f"{source.snapshot_id}/physical",
                         f"{index} tombstones, space and read amplification"):
         physical = physical_figures(ssts, logical["counts"]["byCf"], source.manifest,

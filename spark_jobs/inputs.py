@@ -8,12 +8,15 @@ it to any storage the cluster reads (HDFS, S3, NFS) and analyse it without Rocks
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spark_jobs.sources import LOGICAL_FORMAT, SST_FORMAT
 from storage.snapshots import open_read_only, read_manifest, resolve_db_dir
@@ -32,11 +35,15 @@ class SnapshotInput:
     watermarks: dict[int, int]  # timer shard -> persisted scan watermark (deliverAt ms)
     applied_position: int | None
 
-    def logical(self, spark: SparkSession, partitions: int) -> DataFrame:
+    def logical(self, spark: SparkSession, partitions: int, cf: str | None = None) -> DataFrame:
+        """The logical rows; ``cf`` picks column families as the data source's option does."""
         if self.kind == "parquet":
-            return spark.read.parquet(str(self.path / "logical"))
-        return (spark.read.format(LOGICAL_FORMAT).option("partitions", str(partitions))
-                .load(str(self.path)))
+            rows = spark.read.parquet(str(self.path / "logical"))
+            return rows if not cf else rows.where(cf_predicate(cf))
+        reader = spark.read.format(LOGICAL_FORMAT).option("partitions", str(partitions))
+        if cf:
+            reader = reader.option("cf", cf)
+        return reader.load(str(self.path))
 
     def ssts(self, spark: SparkSession) -> DataFrame:
         if self.kind == "parquet":
@@ -47,6 +54,21 @@ class SnapshotInput:
         return {"snapshotId": self.snapshot_id, "path": str(self.path), "kind": self.kind,
                 "createdAt": self.created_at, "appliedPosition": self.applied_position,
                 "watermarks": {str(k): v for k, v in sorted(self.watermarks.items())}}
+
+
+def cf_predicate(spec: str) -> Column:
+    """``select_cfs``'s comma list (names, ``prefix*``, ``!`` to exclude) as a filter."""
+    def match(pattern: str) -> Column:
+        return (F.col("cf").startswith(pattern[:-1]) if pattern.endswith("*")
+                else F.col("cf") == pattern)
+
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    include = [match(p) for p in parts if not p.startswith("!")]
+    exclude = [match(p[1:].strip()) for p in parts if p.startswith("!")]
+    predicate = functools.reduce(operator.or_, include) if include else F.lit(True)
+    for column in exclude:
+        predicate = predicate & ~column
+    return predicate
 
 
 def open_input(path: str | Path) -> SnapshotInput:

@@ -52,23 +52,27 @@ def key_time(key: bytes) -> int | None:
 
 
 def select_cfs(available: Iterable[str], spec: str | None) -> list[str]:
-    """Column families chosen by a comma list: exact names, or ``timer.*`` for every shard.
-    ``None``/empty selects all. An unknown name is a ValueError (a typo must not read nothing)."""
+    """Column families chosen by a comma list of names or ``prefix*`` patterns (``timer.*``:
+    every shard); a ``!`` before a part excludes what it matches. ``None``/empty, or only
+    exclusions, start from all. A part that matches nothing is a ValueError (a typo must not
+    quietly read nothing)."""
     names = sorted(available)
-    if not spec:
-        return names
+    parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
+    include = [p for p in parts if not p.startswith("!")]
+    exclude = [p[1:].strip() for p in parts if p.startswith("!")]
+
+    def matching(pattern: str) -> list[str]:
+        found = ([n for n in names if n.startswith(pattern[:-1])] if pattern.endswith("*")
+                 else [n for n in names if n == pattern])
+        if not found:
+            raise ValueError(f"no column family matches {pattern!r} (have: {', '.join(names)})")
+        return found
+
     chosen: list[str] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        if part.endswith("*"):
-            matched = [n for n in names if n.startswith(part[:-1])]
-        else:
-            matched = [n for n in names if n == part]
-        if not matched:
-            raise ValueError(f"no column family matches {part!r} (have: {', '.join(names)})")
-        chosen.extend(m for m in matched if m not in chosen)
-    return chosen
+    for pattern in include or ["*"]:
+        chosen.extend(m for m in matching(pattern) if m not in chosen)
+    dropped = {m for pattern in exclude for m in matching(pattern)}
+    return [c for c in chosen if c not in dropped]
 
 
 # --- key-range planning ---------------------------------------------------------------------

@@ -162,60 +162,69 @@ def gini(values: list[int]) -> float:
     return (2 * weighted) / (n * total) - (n + 1) / n
 
 
-def topics_and_shards(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
+def topics(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
     rows = (waiting.groupBy("topic")
             .agg(F.count("*").alias("n"), F.sum("value_size").alias("b")).collect())
     ranked = sorted(((str(r["topic"]), int(r["n"]), int(r["b"])) for r in rows),
                     key=lambda t: (-t[1], t[0]))
     total = sum(n for _, n, _ in ranked)
-    shards = sorted((int(r["shard"]), int(r["n"]), int(r["b"])) for r in
-                    waiting.groupBy("shard").agg(F.count("*").alias("n"),
-                                                 F.sum("value_size").alias("b")).collect())
-    shard_counts = [n for _, n, _ in shards]
     return {
-        "topics": {
-            "count": len(ranked),
-            "top": [{"topic": t, "messages": n, "bytes": b, "share": n / total if total else 0.0}
-                    for t, n, b in ranked[:top]],
-            "topShare": ranked[0][1] / total if total else 0.0,
-            "maxToMean": (ranked[0][1] / (total / len(ranked))) if total else 0.0,
-            "gini": gini([n for _, n, _ in ranked]),
-        },
-        "shards": {
-            "rows": [{"shard": s, "messages": n, "bytes": b} for s, n, b in shards],
-            "maxToMean": (max(shard_counts) / (sum(shard_counts) / len(shard_counts)))
-            if sum(shard_counts) else 0.0,
-        },
+        "count": len(ranked),
+        "top": [{"topic": t, "messages": n, "bytes": b, "share": n / total if total else 0.0}
+                for t, n, b in ranked[:top]],
+        "topShare": ranked[0][1] / total if total else 0.0,
+        "maxToMean": (ranked[0][1] / (total / len(ranked))) if total else 0.0,
+        "gini": gini([n for _, n, _ in ranked]),
     }
 
 
-def column_families(rows: DataFrame) -> dict[str, Any]:
-    groups = (rows.groupBy("cf", "state").agg(F.count("*").alias("n"),
-                                              F.sum("key_size").alias("k"),
-                                              F.sum("value_size").alias("v")).collect())
+def shards(counts: dict[str, Any]) -> dict[str, Any]:
+    """Waiting messages per timer shard, from the per-CF counts."""
+    rows = sorted((int(cf[len(CF_TIMER_PREFIX):]), c["rows"], c["valueBytes"])
+                  for cf, c in counts["byCf"].items() if cf.startswith(CF_TIMER_PREFIX))
+    total = sum(n for _, n, _ in rows)
+    return {
+        "rows": [{"shard": s, "messages": n, "bytes": b} for s, n, b in rows],
+        "maxToMean": max(n for _, n, _ in rows) / (total / len(rows)) if total else 0.0,
+    }
+
+
+def column_families(timers: DataFrame, others: DataFrame) -> dict[str, Any]:
+    """Rows, key and value bytes per column family; index entries per status."""
+    groups = (others.groupBy("cf", "state").agg(F.count("*").alias("n"),
+                                                F.sum("key_size").alias("k"),
+                                                F.sum("value_size").alias("v")).collect())
+    shards = (timers.groupBy("shard").agg(F.count("*").alias("n"), F.sum("key_size").alias("k"),
+                                          F.sum("value_size").alias("v")).collect())
+    rows = [(str(r["cf"]), r["state"], r["n"], r["k"], r["v"]) for r in groups]
+    rows += [(f"{CF_TIMER_PREFIX}{r['shard']}", None, r["n"], r["k"], r["v"]) for r in shards]
     by_cf: dict[str, dict[str, int]] = {}
     states: dict[str, int] = {}
-    for r in sorted(groups, key=lambda r: (str(r["cf"]), str(r["state"]))):
-        acc = by_cf.setdefault(str(r["cf"]), {"rows": 0, "keyBytes": 0, "valueBytes": 0})
-        acc["rows"] += int(r["n"])
-        acc["keyBytes"] += int(r["k"])
-        acc["valueBytes"] += int(r["v"])
-        if r["cf"] == CfKind.INDEX.value:
-            states[str(r["state"])] = int(r["n"])
+    for cf, state, n, k, v in sorted(rows, key=lambda r: (r[0], str(r[1]))):
+        acc = by_cf.setdefault(cf, {"rows": 0, "keyBytes": 0, "valueBytes": 0})
+        acc["rows"] += int(n)
+        acc["keyBytes"] += int(k)
+        acc["valueBytes"] += int(v)
+        if cf == CfKind.INDEX.value:
+            states[str(state)] = int(n)
     return {"byCf": by_cf, "indexStates": states}
 
 
-def logical_figures(rows: DataFrame, now_ms: int, horizons: Horizons) -> dict[str, Any]:
-    """Every logical figure of one snapshot; ``rows`` is the hourglass_logical DataFrame."""
-    slim = rows.select("cf", "shard", "deliver_at", "topic", "key_size", "value_size", "state")
-    slim = slim.persist(StorageLevel.MEMORY_AND_DISK)
+def logical_figures(timers: DataFrame, others: DataFrame, now_ms: int,
+                    horizons: Horizons) -> dict[str, Any]:
+    """Every logical figure of one snapshot from its hourglass_logical rows, split in two:
+    ``timers`` (the timer shards, cached: every figure but the counts reads them) and
+    ``others`` (every other column family, read once for the counts)."""
+    waiting = (timers.select("shard", "deliver_at", "topic", "key_size", "value_size")
+               .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        waiting = slim.where(F.col("cf").startswith(CF_TIMER_PREFIX))
+        counts = column_families(waiting, others)
         return {
-            "counts": column_families(slim),
+            "counts": counts,
             "dueLoad": due_load(waiting, now_ms, horizons),
             "valueSizes": value_sizes(waiting),
-            **topics_and_shards(waiting),
+            "topics": topics(waiting),
+            "shards": shards(counts),
         }
     finally:
-        slim.unpersist()
+        waiting.unpersist()

@@ -131,5 +131,7 @@ def test_select_cfs() -> None:
     names = ["timer.0", "timer.1", "index", "meta"]
     assert select_cfs(names, None) == sorted(names)
     assert select_cfs(names, "timer.*, meta") == ["timer.0", "timer.1", "meta"]
+    assert select_cfs(names, "!timer.*") == ["index", "meta"]
+    assert select_cfs(names, "timer.*,!timer.1") == ["timer.0"]
     with pytest.raises(ValueError, match=r"timer\.9"):
         select_cfs(names, "timer.9")
