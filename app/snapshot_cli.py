@@ -36,7 +36,8 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hourglass snapshot", description=__doc__,
+    p = argparse.ArgumentParser(prog="hourglass snapshot",
+                                description=(__doc__ or "").replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     common = argparse.ArgumentParser(add_help=False)

@@ -141,7 +141,8 @@ def run_analysis(spark: Any, sources: Sequence[Any], *, thresholds: Any = None,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hourglass analyze", description=__doc__,
+    p = argparse.ArgumentParser(prog="hourglass analyze",
+                                description=(__doc__ or "").replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("snapshots", nargs="+", metavar="SNAPSHOT")
     p.add_argument("--out", required=True, help="directory for report.json and report.html")
