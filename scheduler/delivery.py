@@ -4,7 +4,8 @@ Flow control: scanners block in ``put`` while the queue holds ``delivery_queue_b
 batches, so however many messages are due at once, at most that many scan batches (plus the
 one being committed) are in memory. The consumer takes a batch and, without waiting, as
 many more as fit in ``delivery_batch_max`` messages, and commits them with ONE log append
-and ONE RocksDB write (scheduler/committer.py).
+and ONE RocksDB write (scheduler/committer.py). When the stage is idle, a scanner commits a
+small batch itself (``put``), which saves a thread hand-off per due instant.
 
 Failures: a failed commit is retried with back-off min(n x 100 ms, retry_max_backoff_ms)
 measured on the engine clock; the batch is never dropped. While it fails the stage is
@@ -27,6 +28,8 @@ from scheduler.scanner import Progress
 
 log = logging.getLogger(__name__)
 
+INLINE_MAX = 256  # messages: a smaller batch handed to an idle stage is committed at once
+
 
 class BoundedQueue:
     """A FIFO of scan batches with a capacity in batches; ``close`` wakes every waiter."""
@@ -38,6 +41,7 @@ class BoundedQueue:
         self._items: collections.deque[ScanBatch] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._busy = 0  # batches being committed (by the consumer or inline)
         self.messages = 0
 
     def put(self, item: ScanBatch) -> bool:
@@ -53,11 +57,27 @@ class BoundedQueue:
             return True
 
     def get(self) -> ScanBatch | None:
-        """Block until an item is there; None once closed."""
+        """Block until an item is there and take it (the caller is busy until ``done``);
+        None once closed."""
         with self._cond:
             while not self._items and not self._closed:
                 self._cond.wait()
-            return self._pop() if not self._closed else None
+            if self._closed:
+                return None
+            self._busy += 1
+            return self._pop()
+
+    def claim_idle(self) -> bool:
+        """True (and busy until ``done``) when nothing is queued or being committed."""
+        with self._cond:
+            if self._items or self._busy or self._closed:
+                return False
+            self._busy += 1
+            return True
+
+    def done(self) -> None:
+        with self._cond:
+            self._busy -= 1
 
     def get_nowait(self) -> ScanBatch | None:
         with self._cond:
@@ -108,8 +128,30 @@ class DeliveryStage:
         self._thread.start()
 
     def put(self, batch: ScanBatch) -> bool:
-        """Hand a scan batch over (blocks while the queue is full); False when stopping."""
+        """Hand a scan batch over (blocks while the queue is full); False when stopping.
+
+        Fast path: a small batch handed over while nothing is queued or being committed is
+        committed at once by the calling scanner, saving a thread hand-off (the latency of
+        a steady flow of due messages). Nothing of this shard can be ahead of it, so the
+        topic order holds; if that commit fails, the batch is queued and the delivery thread
+        retries it with back-off as usual."""
+        if len(batch.items) <= INLINE_MAX and self.queue.claim_idle():
+            try:
+                if self._commit_inline(batch):
+                    return True
+            finally:
+                self.queue.done()
         return self.queue.put(batch)
+
+    def _commit_inline(self, batch: ScanBatch) -> bool:
+        try:
+            outcome = self._committer.commit_due([batch])
+        except Exception as exc:
+            self._failed(exc, len(batch.items), 0)  # blocked until the queued retry works
+            return False
+        self._on_commit(outcome)
+        self._progress.commit(1)
+        return True
 
     def stop(self) -> None:
         """Stop taking batches; a commit in progress finishes, a back-off wait is cut short;
@@ -136,8 +178,11 @@ class DeliveryStage:
                     break
                 batches.append(more)
                 count += len(more.items)
-            if not self._commit(batches):
-                return
+            try:
+                if not self._commit(batches):
+                    return
+            finally:
+                self.queue.done()
 
     def _commit(self, batches: list[ScanBatch]) -> bool:
         """Commit, retrying with back-off until it works (True) or the stage stops (False)."""
@@ -149,13 +194,7 @@ class DeliveryStage:
             except Exception as exc:
                 attempt += 1
                 backoff = min(attempt * 100, self._max_backoff_ms)
-                self._metrics.retries.inc()
-                self._metrics.storage_errors.inc()
-                if not self.blocked:
-                    self.blocked = True
-                    self._metrics.blocked.set(1)
-                log.warning("delivery of %d messages failed (attempt %d), retrying in %d ms: %s",
-                            sum(len(b.items) for b in batches), attempt, backoff, exc)
+                self._failed(exc, sum(len(b.items) for b in batches), backoff)
                 if not self._sleep(backoff):
                     return False
         if self.blocked:
@@ -165,6 +204,15 @@ class DeliveryStage:
         self._on_commit(outcome)
         self._progress.commit(len(batches))
         return True
+
+    def _failed(self, exc: Exception, messages: int, backoff_ms: int) -> None:
+        if not self.blocked:  # first: whoever sees the retry counted sees "not ready"
+            self.blocked = True
+            self._metrics.blocked.set(1)
+        self._metrics.retries.inc()
+        self._metrics.storage_errors.inc()
+        log.warning("delivery of %d messages failed, retrying in %d ms: %s", messages,
+                    backoff_ms, exc)
 
     def _sleep(self, ms: int) -> bool:
         """Wait ``ms`` on the engine clock; False when stopped meanwhile."""

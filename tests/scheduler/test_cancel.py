@@ -9,6 +9,7 @@ import pytest
 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
+from scheduler.delivery import INLINE_MAX
 from scheduler.model import SendRequest
 from storage.errors import AlreadyDelivered, InvalidArgument, NotFound
 from storage.keys import encode_handle
@@ -85,14 +86,20 @@ def test_cancel_of_a_message_already_queued_for_delivery(harness: Harness,
 
 
 @pytest.mark.slow
-def test_cancels_racing_delivery_from_many_threads(harness: Harness, clock: FakeClock) -> None:
+@pytest.mark.parametrize(("count", "scan_batch", "iterations"), [
+    (120, 16, 40),  # small batches: committed inline by the scanner when delivery is idle
+    (900, 300, 12),  # batches above INLINE_MAX: through the queue (the skip-set window)
+])
+def test_cancels_racing_delivery_from_many_threads(
+        harness: Harness, clock: FakeClock, count: int, scan_batch: int, iterations: int) -> None:
     """Many iterations: messages fall due while 4 threads cancel them. Every answer must be
     the truth: CANCELLED -> never in the log, ALREADY_DELIVERED -> in the log once."""
-    broker = harness.open(scan_batch_size=16, delivery_batch_max=32, delivery_queue_batches=4)
+    assert (scan_batch > INLINE_MAX) == (count > 120)
+    broker = harness.open(scan_batch_size=scan_batch, delivery_batch_max=2 * scan_batch,
+                          delivery_queue_batches=4)
     rng = random.Random(7)
-    for iteration in range(40):
+    for iteration in range(iterations):
         topic = f"race{iteration}"
-        count = 120
         due = clock.now_ms() + 5
         broker.send_batch([SendRequest(topic=topic, body=b"x", msg_id=f"m{i}", deliver_at=due)
                            for i in range(count)])
