@@ -96,8 +96,12 @@ def _correct(sysres: dict) -> str:
         ran = True
         if c.get("ok"):
             continue
+        if c.get("note"):
+            bad.append(f"{w.upper()}: {c['note']}")
+            continue
         if "pending" in c:
-            bad.append(f"{w.upper()}: pending {c.get('pending')} ≠ {c.get('expected')}")
+            bad.append(f"{w.upper()}: pending {c.get('pending')} + delivered "
+                       f"{c.get('delivered', 0)} ≠ {c.get('expected')}")
         else:
             bad.append(f"{w.upper()}: missing {c.get('missing')}, dup {c.get('duplicates')}"
                        + ("" if c.get("complete") else " (timed out)"))
@@ -304,6 +308,17 @@ def plot_throughput(results: dict, out: Path) -> Path:
     return path
 
 
+def _compact(v: float) -> str:
+    """A bar label that stays narrow: 9.55, 158, 3.5k, 142k."""
+    if v >= 10_000:
+        return f"{v / 1000:,.0f}k"
+    if v >= 1000:
+        return f"{v / 1000:.1f}k"
+    if v >= 10:
+        return f"{v:.0f}"
+    return f"{v:.2f}"
+
+
 def _pct_bars(ax: Any, names: list[str], results: dict, wl: str, scale: float,
               unit: str, title: str) -> None:
     keys = ("p50", "p99", "max")
@@ -324,7 +339,7 @@ def _pct_bars(ax: Any, names: list[str], results: dict, wl: str, scale: float,
         for b, v in zip(bars, vals, strict=True):
             if v is None:
                 continue
-            txt = f"{v / scale:,.2f}" if v / scale < 10 else f"{v / scale:,.0f}"
+            txt = _compact(v / scale)
             ax.annotate(txt, (b.get_x() + b.get_width() / 2, b.get_height()),
                         ha="center", va="bottom", fontsize=7, xytext=(0, 1),
                         textcoords="offset points")

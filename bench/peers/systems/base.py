@@ -95,6 +95,11 @@ class System(ABC):
     def pending_count(self) -> int | None:
         """Messages stored and not yet handed to a consumer (None if the system cannot say)."""
 
+    def delivered_count(self) -> int:
+        """Messages the system already delivered on its own (hourglass moves due messages into
+        its log without a consumer); 0 for the queues, where nothing moves without one."""
+        return 0
+
     @abstractmethod
     def footprint(self) -> dict[str, int | None]:
         """Bytes: ``memory`` (server RSS/PSS or the store's own figure), ``disk`` (data dir),

@@ -253,6 +253,10 @@ class HourglassSystem(System):
         doc = self._refresh_stats()
         return _find_number(doc, ("pending", "pendingCount", "scheduled", "scheduledCount"))
 
+    def delivered_count(self) -> int:
+        """From the same stats document as the last ``pending_count``."""
+        return _find_number(self.stats_doc, ("delivered", "deliveredCount")) or 0
+
     def footprint(self) -> dict[str, int | None]:
         import time
 
