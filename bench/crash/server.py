@@ -12,11 +12,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
+REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0  # imports + RocksDB open + CommitLog recovery, on a loaded machine
 
 
@@ -40,15 +41,18 @@ class ServerError(RuntimeError):
 
 class ServerProcess:
     """One data directory, one port, any number of (re)starts. ``settings`` are extra
-    ``HOURGLASS_*`` settings by name (``{"segment_size": "4MiB"}``)."""
+    ``HOURGLASS_*`` settings by name (``{"segment_size": "4MiB"}``); ``argv`` replaces
+    ``hourglass serve`` (it gets the same flags)."""
 
     def __init__(self, data_dir: Path, *, token: str, log_path: Path,
-                 settings: Mapping[str, str] | None = None, port: int | None = None) -> None:
+                 settings: Mapping[str, str] | None = None, port: int | None = None,
+                 argv: Sequence[str] | None = None) -> None:
         self.data_dir = data_dir
         self.token = token
         self.log_path = log_path
         self.port = port or free_port()
         self.settings = dict(settings or {})
+        self.argv = list(argv) if argv is not None else serve_argv()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -66,6 +70,7 @@ class ServerProcess:
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOURGLASS_")}
         env["HOURGLASS_ADMIN_TOKEN"] = self.token
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), env.get("PYTHONPATH"))))
         env.setdefault("HOURGLASS_LOG_LEVEL", "warning")
         for name, value in self.settings.items():
             env["HOURGLASS_" + name.upper()] = str(value)
@@ -77,7 +82,7 @@ class ServerProcess:
         if self.alive():
             raise ServerError("the server is already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [*serve_argv(), "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
+        argv = [*self.argv, "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
                 "--port", str(self.port)]
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:

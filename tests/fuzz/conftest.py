@@ -1,7 +1,8 @@
 """Fixtures and settings of the bad-input suites.
 
 ``fuzz_live``: the real app over real HTTP on a real Broker (SystemClock, so scheduled
-messages fall due and cancels race deliveries while the fuzzers run), one per test module.
+messages fall due and cancels race deliveries while the fuzzers run), one per test module
+(``fuzz_server`` makes one on another clock).
 When the module is done and the server stopped, ``hourglass verify`` must find the data
 directory consistent: fuzzing may be refused, never corrupt anything.
 
@@ -12,6 +13,7 @@ default is a bounded, reproducible run for CI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from app import verify_cli
-from scheduler.clock import SystemClock
+from scheduler.clock import Clock, SystemClock
 from tests.api.conftest import Live, make_settings, serve
 
 SCALE = int(os.environ.get("FUZZ_SCALE", "1"))
@@ -40,12 +42,19 @@ def fuzz_settings(examples: int, **kw: Any) -> settings:
                     **kw)
 
 
-@pytest.fixture(scope="module")
-def fuzz_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+@contextlib.contextmanager
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory, clock: Clock) -> Iterator[Live]:
+    """A served Broker on a new data directory, checked with ``hourglass verify`` after."""
     data = tmp_path_factory.mktemp("fuzz") / "data"
-    with serve(make_settings(data), clock=SystemClock()) as live:
+    with serve(make_settings(data), clock=clock) as live:
         yield live
     assert verify_cli.main(["--data-dir", str(data)]) == 0, "the data directory is corrupt"
+
+
+@pytest.fixture(scope="module")
+def fuzz_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    with fuzz_server(tmp_path_factory, SystemClock()) as live:
+        yield live
 
 
 def assert_problem(response: httpx.Response) -> dict[str, Any]:

@@ -19,6 +19,12 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
+from storage.constants import (
+    PROP_DELAY_LEVEL,
+    PROP_TIMER_DELAY_MS,
+    PROP_TIMER_DELAY_SEC,
+    PROP_TIMER_DELIVER_MS,
+)
 from tests.api.conftest import Live
 from tests.fuzz.conftest import assert_problem, fuzz_settings
 
@@ -103,11 +109,14 @@ def test_any_body_is_refused_cleanly_or_stored(fuzz_live: Live, op: tuple[str, s
 
 
 texts = st.text(max_size=40)
+TIMING_PROPERTIES = {PROP_DELAY_LEVEL, PROP_TIMER_DELIVER_MS, PROP_TIMER_DELAY_MS,
+                     PROP_TIMER_DELAY_SEC}  # RocketMQ timing: not a plain property
 valid_messages = st.fixed_dictionaries(
     {"body": st.one_of(texts, st.binary(max_size=200))},
     optional={"tags": st.text(max_size=30), "keys": st.lists(texts, max_size=5),
-              "properties": st.dictionaries(st.text(min_size=1, max_size=20), texts,
-                                            max_size=5)},
+              "properties": st.dictionaries(
+                  st.text(min_size=1, max_size=20).filter(lambda k: k not in TIMING_PROPERTIES),
+                  texts, max_size=5)},
 )
 
 
