@@ -149,7 +149,9 @@ def lsm_map(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int], no
 
 def levels(sst: Mapping[str, Any]) -> bytes:
     """Bytes and tombstones per level."""
-    rows = sst["byLevel"]
+    present = {r["level"]: r for r in sst["byLevel"]}
+    rows = [present.get(lv, {"level": lv, "bytes": 0, "deletions": 0})
+            for lv in range(max([6, *present]) + 1)]  # every level, so the shape reads
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
     names = [f"L{r['level']}" for r in rows]
     ax1.bar(names, [r["bytes"] / (1 << 20) for r in rows], color=COLORS["main"])
