@@ -314,6 +314,10 @@ class Broker:
         store, committer = self._live()
         results: list[SendResult | None] = [None] * len(messages)
         shards = sorted({m.shard for m in messages})
+        # encode before taking the locks: they are held only for the decision and the write
+        at = self.clock.now_ms()
+        stored = [(m.value(), index_value(_SCHEDULED, m.deliver_at, at, None, None, m.tx_id))
+                  for m in messages]
         with self._locks(shards):
             self._check_running()
             if committer.needs_replay:
@@ -323,16 +327,18 @@ class Broker:
             now = self.clock.now_ms()
             due: list[PreparedMessage] = []
             later: list[PreparedMessage] = []
-            for m, result in zip(messages, results, strict=True):
+            later_stored: list[tuple[bytes, bytes]] = []
+            for m, result, encoded in zip(messages, results, stored, strict=True):
                 if result is not None:
                     continue
                 if m.deliver_at <= now or self._shards[m.shard].below_frontier(m.timer_key):
                     due.append(m)
                 else:
                     later.append(m)
+                    later_stored.append(encoded)
             batch = store.batch()
             if later:
-                self._add_scheduled(batch, later, now)
+                self._add_scheduled(batch, later, later_stored)
             outcome = None
             if due or extra is not None:
                 with committer.lock:
@@ -375,19 +381,20 @@ class Broker:
                 count += 1
         return count
 
-    def _add_scheduled(self, batch: Batch, later: list[PreparedMessage], now: int) -> None:
+    def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
+                       stored: list[tuple[bytes, bytes]]) -> None:
+        """Timer keys and index entries (SCHEDULED) of ``later``, pre-encoded in ``stored``."""
         by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
-        for m in later:
+        for m, (value, _) in zip(later, stored, strict=True):
             cf = self._shards[m.shard].cf
             items = by_shard.get(cf)
             if items is None:
                 items = by_shard[cf] = []
-            items.append((m.timer_key, m.value()))
+            items.append((m.timer_key, value))
         for cf, items in by_shard.items():
             batch.put_many(cf, items)
-        batch.put_many(CF_INDEX, [(m.index_key, index_value(_SCHEDULED, m.deliver_at, now,
-                                                            None, None, m.tx_id))
-                                  for m in later])
+        batch.put_many(CF_INDEX, [(m.index_key, entry)
+                                  for m, (_, entry) in zip(later, stored, strict=True)])
 
     def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
                  delivered: set[bytes]) -> list[SendResult]:
