@@ -194,7 +194,11 @@ class Histogram:
         self._sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.observe_many((value,))
+        slot = bisect.bisect_left(self.bounds, value)
+        with self._lock:
+            self._counts[slot] += 1
+            self._count += 1
+            self._sum += value
 
     def observe_many(self, values: Iterable[float]) -> None:
         bounds = self.bounds
