@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 MIB = 1 << 20
@@ -60,6 +61,12 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "n/a"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _gib(n: float) -> str:
@@ -150,7 +157,7 @@ def burst(r: Mapping[str, Any], _i: Any, t: Thresholds) -> Finding:
     return Finding(
         rule="burst", title="Messages due in the busiest second",
         fired=v > t.delivery_rate, value=v, threshold=t.delivery_rate,
-        advice=f"{v:,} messages fall due in one second (at {peak['at']} ms); at "
+        advice=f"{v:,} messages fall due in one second (at {_utc(peak['at'])}); at "
                f"{t.delivery_rate:,} msgs/s the last leaves about {v / t.delivery_rate:.1f} s "
                "late. Spread producers' deliverAt (jitter) or raise delivery batch sizes.")
 
