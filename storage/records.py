@@ -95,6 +95,35 @@ _FIELDS: dict[type, tuple[str, ...]] = {
 }
 
 
+_OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
+#: the type each stored field must decode to; checked on decode so that bytes which slipped
+#: past the checksums fail here as CorruptionError, not later as a TypeError far away
+_TYPES: dict[type, tuple[tuple[str, tuple[type, ...]], ...]] = {
+    MessageRecord: (("body", (bytes,)), ("tags", _OPT_STR), ("keys", (tuple,)),
+                    ("properties", (dict,)), ("born_at", (int,)), ("deliver_at", (int,)),
+                    ("flags", (int,))),
+    LogRecord: (("topic", (str,)), ("msg_id", (str,)), ("queue_offset", (int,)),
+                ("body", (bytes,)), ("tags", _OPT_STR), ("keys", (tuple,)),
+                ("properties", (dict,)), ("born_at", (int,)), ("deliver_at", (int,)),
+                ("stored_at", (int,)), ("flags", (int,))),
+    IndexEntry: (("status", (str,)), ("deliver_at", (int,)), ("updated_at", (int,)),
+                 ("queue_offset", _OPT_INT), ("log_position", _OPT_INT), ("tx_id", _OPT_STR)),
+}
+
+
+def _check_types(cls: type, kwargs: dict[str, Any]) -> None:
+    for name, types in _TYPES[cls]:
+        if name in kwargs and not isinstance(kwargs[name], types):
+            raise CorruptionError(f"cannot decode {cls.__name__}: {name} is a "
+                                  f"{type(kwargs[name]).__name__}")
+    keys, props = kwargs.get("keys", ()), kwargs.get("properties", {})
+    if not all(isinstance(k, str) for k in keys) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+        raise CorruptionError(f"cannot decode {cls.__name__}: keys and properties must be "
+                              "strings")
+
+
 def _pack(obj: Any) -> bytes:
     names = _FIELDS[type(obj)]
     values: list[Any] = [FORMAT_VERSION]
@@ -117,6 +146,7 @@ def _unpack(cls: type[R], raw: bytes) -> R:
         raise CorruptionError(f"cannot decode {cls.__name__}: not a versioned record")
     names = _FIELDS[cls]
     kwargs = dict(zip(names, values[1 : len(names) + 1], strict=False))
+    _check_types(cls, kwargs)
     try:
         if cls is IndexEntry and "status" in kwargs:
             kwargs["status"] = MessageStatus(kwargs["status"])

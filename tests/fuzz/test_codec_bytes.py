@@ -129,13 +129,6 @@ TYPES: dict[type, dict[str, tuple[type, ...]]] = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "storage/records.py decodes any versioned msgpack array into a record without checking "
-    "field types: decode_log_record(msgpack.packb([1, 5, None, 'x'])) returns "
-    "LogRecord(topic=5, msg_id=None, queue_offset='x', ...), which fails later, far from the "
-    "cause (a TypeError in the pull path = HTTP 500). Only bytes that pass RocksDB's block "
-    "checksum or the CommitLog's CRC32C get here, so it takes corruption those miss; a type "
-    "check in _unpack (or msgspec typed decoding) would turn it into CorruptionError."))
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(raw=versioned)
 def test_decoded_records_are_well_typed(raw: bytes) -> None:
