@@ -22,13 +22,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
-from scheduler.codec import cancel_handle, index_value
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
@@ -37,8 +35,6 @@ from scheduler.intake import (
     PreparedMessage,
     check_msg_id,
     check_topic,
-    expiry_key,
-    topic_shard,
 )
 from scheduler.levels import DelayLevels
 from scheduler.listing import list_scheduled
@@ -56,12 +52,11 @@ from scheduler.model import (
 )
 from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.transactions import TransactionManager
+from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
-from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, GROUP_PATTERN, META_GROUP_OFFSET_PREFIX
+from storage.constants import CF_INDEX, CF_META, GROUP_PATTERN, META_GROUP_OFFSET_PREFIX
 from storage.consume_queue import ConsumeQueue
 from storage.errors import (
-    AlreadyDelivered,
-    Conflict,
     InvalidArgument,
     NotFound,
     Unavailable,
@@ -69,20 +64,15 @@ from storage.errors import (
 from storage.keys import (
     SEP,
     decode_handle,
-    encode_handle,
-    encode_timer_key,
     index_key,
     pack_u64,
     unpack_u64,
 )
 from storage.records import (
     FLAG_IMMEDIATE,
-    IndexEntry,
     LogRecord,
-    MessageStatus,
     decode_index,
     decode_log_record,
-    encode_index,
 )
 from storage.timer_store import Batch, TimerStore
 
@@ -151,6 +141,7 @@ class Broker:
         self._delivery: DeliveryStage | None = None
         self._maintenance: Maintenance | None = None
         self._transactions: TransactionManager | None = None
+        self._writes: WritePaths | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -174,11 +165,15 @@ class Broker:
                 store=store, config=cfg, clock=self.clock, intake=self._intake,
                 committer=self._committer, submit=self.submit, metrics=self.metrics,
                 shard_locks=self._locks,
-                on_appended=lambda due, outcome: self._count_sent([], list(due), 0, outcome))
+                on_appended=self._count_appended)
             replayed = self._committer.recover()
             if replayed:
                 log.info("recovery applied %d log records to RocksDB", len(replayed))
             self._shards = [ShardState(s, store.watermark(s)) for s in range(cfg.timer_shards)]
+            self._writes = WritePaths(
+                store=store, committer=self._committer, shards=self._shards, clock=self.clock,
+                metrics=self.metrics, retention_ms=cfg.retention_ms,
+                check_running=self._check_running, notify=self._notify)
             self.metrics.pending.set(sum(
                 sum(1 for _ in store.scan(st.cf, st.frontier_key)) for st in self._shards))
             self._delivery = DeliveryStage(
@@ -309,176 +304,25 @@ class Broker:
         written. ``replace_prepared``: an index entry PREPARED for the same (topic, msgId)
         is the half message being committed, not a duplicate.
         """
-        if not messages:
-            return []
-        store, committer = self._live()
-        results: list[SendResult | None] = [None] * len(messages)
-        shards = sorted({m.shard for m in messages})
-        # encode before taking the locks: they are held only for the decision and the write
-        at = self.clock.now_ms()
-        stored = [(m.value(), index_value(_SCHEDULED, m.deliver_at, at, None, None, m.tx_id))
-                  for m in messages]
-        with self._locks(shards):
-            self._check_running()
-            if committer.needs_replay:
-                with committer.lock:
-                    committer.replay_if_needed()
-            duplicates = self._find_duplicates(store, messages, results, replace_prepared)
-            now = self.clock.now_ms()
-            due: list[PreparedMessage] = []
-            later: list[PreparedMessage] = []
-            later_stored: list[tuple[bytes, bytes]] = []
-            for m, result, encoded in zip(messages, results, stored, strict=True):
-                if result is not None:
-                    continue
-                if m.deliver_at <= now or self._shards[m.shard].below_frontier(m.timer_key):
-                    due.append(m)
-                else:
-                    later.append(m)
-                    later_stored.append(encoded)
-            batch = store.batch()
-            if later:
-                self._add_scheduled(batch, later, later_stored)
-            outcome = None
-            if due or extra is not None:
-                with committer.lock:
-                    committer.replay_if_needed()
-                    if extra is not None:
-                        extra(batch)
-                    outcome = committer.commit_immediate(batch, due)
-            else:
-                store.write(batch)
-            for m in later:
-                self._shards[m.shard].note_scheduled(m.deliver_at)
-        self._count_sent(later, due, duplicates, outcome)
-        return self._results(messages, results, {m.index_key for m in due})
-
-    def _find_duplicates(
-        self, store: TimerStore, messages: Sequence[PreparedMessage],
-        results: list[SendResult | None], replace_prepared: bool,
-    ) -> int:
-        """Fill ``results`` for re-sends (stored before, or earlier in this batch)."""
-        lookup = [i for i, m in enumerate(messages) if not m.generated_id]
-        if not lookup:
-            return 0
-        found = store.multi_get(CF_INDEX, [messages[i].index_key for i in lookup])
-        count = 0
-        for i, raw in zip(lookup, found, strict=True):
-            if raw is None:
-                continue
-            entry = decode_index(raw)
-            if replace_prepared and entry.status is MessageStatus.PREPARED:
-                continue
-            results[i] = _duplicate_result(messages[i], entry)
-            count += 1
-        first: dict[bytes, int] = {}
-        for i in lookup:
-            if results[i] is not None:
-                continue
-            j = first.setdefault(messages[i].index_key, i)
-            if j != i:  # the second occurrence in one batch is a duplicate of the first
-                results[i] = _PENDING_DUPLICATE
-                count += 1
-        return count
-
-    def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
-                       stored: list[tuple[bytes, bytes]]) -> None:
-        """Timer keys and index entries (SCHEDULED) of ``later``, pre-encoded in ``stored``."""
-        by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
-        for m, (value, _) in zip(later, stored, strict=True):
-            cf = self._shards[m.shard].cf
-            items = by_shard.get(cf)
-            if items is None:
-                items = by_shard[cf] = []
-            items.append((m.timer_key, value))
-        for cf, items in by_shard.items():
-            batch.put_many(cf, items)
-        batch.put_many(CF_INDEX, [(m.index_key, entry)
-                                  for m, (_, entry) in zip(later, stored, strict=True)])
-
-    def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
-                 delivered: set[bytes]) -> list[SendResult]:
-        out: list[SendResult] = []
-        first: dict[bytes, SendResult] = {}
-        for m, result in zip(messages, results, strict=True):
-            if result is _PENDING_DUPLICATE:
-                result = replace(first[m.index_key], duplicate=True)
-            elif result is None:
-                result = SendResult(
-                    msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
-                    status=(MessageStatus.DELIVERED if m.index_key in delivered
-                            else MessageStatus.SCHEDULED),
-                    cancel_handle=cancel_handle(m.timer_key))
-                if m.generated_id:  # unique: never looked up again
-                    out.append(result)
-                    continue
-            first.setdefault(m.index_key, result)
-            out.append(result)
-        return out
-
-    def _count_sent(self, later: list[PreparedMessage], due: list[PreparedMessage],
-                    duplicates: int, outcome: CommitOutcome | None) -> None:
-        metrics = self.metrics
-        if later:
-            metrics.scheduled.inc(len(later))
-            metrics.pending.inc(len(later))
-            for m in later:
-                if m.level is not None:
-                    metrics.scheduled_by_level.labels(m.level).inc()
-        if duplicates:
-            metrics.duplicates.inc(duplicates)
-        if due and outcome is not None:
-            metrics.delivered.inc(len(due))
-            metrics.delivered_immediate.inc(len(due))
-            metrics.lateness_ms.observe_many(outcome.lateness_ms)
-            metrics.commit_batch_size.observe(len(due))
-            self._notify(outcome.topics)
+        self._check_running()
+        assert self._writes is not None
+        return self._writes.submit(messages, extra=extra, replace_prepared=replace_prepared)
 
     # --- cancelling -----------------------------------------------------------------------
     def cancel_by_handle(self, handle: str) -> CancelResult:
         """Raises NotFound, AlreadyDelivered."""
         deliver_at, topic, msg_id = decode_handle(handle)
-        return self._cancel(topic, msg_id, deliver_at)
+        self._check_running()
+        assert self._writes is not None
+        return self._writes.cancel(topic, msg_id, deliver_at)
 
     def cancel(self, topic: str, msg_id: str) -> CancelResult:
         """Raises NotFound, AlreadyDelivered."""
         check_topic(topic, allow_system=True)
         check_msg_id(msg_id)
-        return self._cancel(topic, msg_id, None)
-
-    def _cancel(self, topic: str, msg_id: str, handle_at: int | None) -> CancelResult:
-        store, committer = self._live()
-        shard = self._shards[topic_shard(topic, len(self._shards))]
-        ikey = index_key(topic, msg_id)
-        with shard.lock, committer.lock:
-            self._check_running()
-            committer.replay_if_needed()  # a message in the log is delivered, whatever RocksDB says
-            raw = store.get(CF_INDEX, ikey)
-            entry = None if raw is None else decode_index(raw)
-            if entry is None or (handle_at is not None and entry.deliver_at != handle_at):
-                raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
-            result = CancelResult(msg_id=msg_id, topic=topic, status=MessageStatus.CANCELLED)
-            if entry.status is MessageStatus.CANCELLED:
-                return result
-            if entry.status is MessageStatus.DELIVERED:
-                raise AlreadyDelivered(f"message {msg_id!r} of topic {topic!r} was delivered "
-                                       f"at queue offset {entry.queue_offset}")
-            if entry.status is not MessageStatus.SCHEDULED:
-                raise Conflict(f"message {msg_id!r} of topic {topic!r} is a transactional "
-                               f"message ({entry.status}); use its transaction instead")
-            now = self.clock.now_ms()
-            timer_key = encode_timer_key(entry.deliver_at, topic, msg_id)
-            batch = store.batch()
-            batch.delete(shard.cf, timer_key)
-            batch.put(CF_INDEX, ikey, encode_index(replace(
-                entry, status=MessageStatus.CANCELLED, updated_at=now)))
-            batch.put(CF_EXPIRY, expiry_key(now + self.config.retention_ms, ikey), b"")
-            committer.commit_plain(batch)
-            if shard.below_frontier(timer_key):  # maybe queued for delivery: filter it out
-                committer.skip(timer_key)
-        self.metrics.cancelled.inc()
-        self.metrics.pending.dec()
-        return result
+        self._check_running()
+        assert self._writes is not None
+        return self._writes.cancel(topic, msg_id, None)
 
     # --- reading --------------------------------------------------------------------------
     def status(self, topic: str, msg_id: str) -> MessageInfo:
@@ -654,19 +498,23 @@ class Broker:
         assert self._store is not None
         return self._store, self._committer
 
-    @contextlib.contextmanager
-    def _locks(self, shards: Sequence[int]) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for s in shards:
-                stack.enter_context(self._shards[s].lock)
-            yield
+    def _locks(self, shards: Sequence[int]) -> contextlib.AbstractContextManager[None]:
+        """The locks of ``shards`` in ascending order (for transactions.py's commits)."""
+        assert self._writes is not None
+        return self._writes.locks(shards)
 
     @contextlib.contextmanager
     def _all_locks(self) -> Iterator[None]:
-        with self._locks(range(len(self._shards))):
-            committer = getattr(self, "_committer", None)
-            with committer.lock if committer is not None else contextlib.nullcontext():
-                yield
+        if self._writes is None:  # start failed early: nobody can hold them
+            yield
+            return
+        with self._writes.locks(range(len(self._shards))), self._committer.lock:
+            yield
+
+    def _count_appended(self, due: Collection[PreparedMessage], outcome: CommitOutcome) -> None:
+        """Metrics and listeners for messages another path appended (transaction commits)."""
+        assert self._writes is not None
+        self._writes.count_sent([], list(due), 0, outcome)
 
     def _lags(self, now: int | None = None) -> dict[str, float]:
         now = self.clock.now_ms() if now is None else now
@@ -701,24 +549,6 @@ class Broker:
             self.metrics.delivered.inc(len(records))
             self.metrics.pending.dec(sum(1 for r in records if not r.flags & FLAG_IMMEDIATE))
             self._notify({r.topic for r in records})
-
-
-_SCHEDULED = MessageStatus.SCHEDULED.value
-_PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
-                                status=MessageStatus.SCHEDULED, cancel_handle="")
-
-
-def _duplicate_result(m: PreparedMessage, entry: IndexEntry) -> SendResult:
-    if entry.status in (MessageStatus.PREPARED, MessageStatus.ROLLED_BACK,
-                        MessageStatus.DISCARDED):
-        raise Conflict(f"msgId {m.msg_id!r} of topic {m.topic!r} belongs to a transactional "
-                       f"message ({entry.status})")
-    status = (MessageStatus.DELIVERED if entry.status is MessageStatus.DELIVERED
-              else MessageStatus.SCHEDULED)
-    return SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=entry.deliver_at,
-                      status=status,
-                      cancel_handle=encode_handle(entry.deliver_at, m.topic, m.msg_id),
-                      duplicate=True)
 
 
 def _delivered(rec: LogRecord) -> Delivered:

@@ -1,0 +1,237 @@
+"""The write paths that decide under the shard locks: send (schedule, or deliver at once)
+and cancel.
+
+A send holds the locks of its shards (ascending) while it checks idempotency, reads the
+clock, decides "due or not" against each shard's scan frontier and writes; a cancel holds
+its shard's lock and the commit lock. Scanners take their shard's lock to scan, so a key is
+never written below a scanner's frontier (the watermark race, scheduler/scanner.py), and a
+cancel either precedes a message's delivery commit or sees it (scheduler/committer.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import replace
+
+from scheduler.clock import Clock
+from scheduler.codec import cancel_handle, index_value
+from scheduler.committer import CommitOutcome, Committer
+from scheduler.intake import PreparedMessage, expiry_key, topic_shard
+from scheduler.metrics import EngineMetrics
+from scheduler.model import CancelResult, SendResult
+from scheduler.scanner import ShardState
+from storage.constants import CF_EXPIRY, CF_INDEX
+from storage.errors import AlreadyDelivered, Conflict, NotFound
+from storage.keys import encode_handle, encode_timer_key, index_key
+from storage.records import IndexEntry, MessageStatus, decode_index, encode_index
+from storage.timer_store import Batch, TimerStore
+
+
+class WritePaths:
+    def __init__(
+        self, *, store: TimerStore, committer: Committer, shards: list[ShardState],
+        clock: Clock, metrics: EngineMetrics, retention_ms: int,
+        check_running: Callable[[], None], notify: Callable[[Collection[str]], None],
+    ) -> None:
+        self._store = store
+        self._committer = committer
+        self._shards = shards
+        self._clock = clock
+        self._metrics = metrics
+        self._retention_ms = retention_ms
+        self._check_running = check_running
+        self._notify = notify
+
+    @contextlib.contextmanager
+    def locks(self, shards: Sequence[int]) -> Iterator[None]:
+        """The locks of ``shards``, in ascending order."""
+        with contextlib.ExitStack() as stack:
+            for s in sorted(shards):
+                stack.enter_context(self._shards[s].lock)
+            yield
+
+    def submit(
+        self, messages: Sequence[PreparedMessage], *,
+        extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
+    ) -> list[SendResult]:
+        """See ``Broker.submit``."""
+        if not messages:
+            return []
+        store, committer = self._store, self._committer
+        results: list[SendResult | None] = [None] * len(messages)
+        shards = sorted({m.shard for m in messages})
+        # encode before taking the locks: they are held only for the decision and the write
+        at = self._clock.now_ms()
+        stored = [(m.value(), index_value(_SCHEDULED, m.deliver_at, at, None, None, m.tx_id))
+                  for m in messages]
+        with self.locks(shards):
+            self._check_running()
+            if committer.needs_replay:
+                with committer.lock:
+                    committer.replay_if_needed()
+            duplicates = self._find_duplicates(store, messages, results, replace_prepared)
+            now = self._clock.now_ms()
+            due: list[PreparedMessage] = []
+            later: list[PreparedMessage] = []
+            later_stored: list[tuple[bytes, bytes]] = []
+            for m, result, encoded in zip(messages, results, stored, strict=True):
+                if result is not None:
+                    continue
+                if m.deliver_at <= now or self._shards[m.shard].below_frontier(m.timer_key):
+                    due.append(m)
+                else:
+                    later.append(m)
+                    later_stored.append(encoded)
+            batch = store.batch()
+            if later:
+                self._add_scheduled(batch, later, later_stored)
+            outcome = None
+            if due or extra is not None:
+                with committer.lock:
+                    committer.replay_if_needed()
+                    if extra is not None:
+                        extra(batch)
+                    outcome = committer.commit_immediate(batch, due)
+            else:
+                store.write(batch)
+            for m in later:
+                self._shards[m.shard].note_scheduled(m.deliver_at)
+        self.count_sent(later, due, duplicates, outcome)
+        return self._results(messages, results, {m.index_key for m in due})
+
+    def _find_duplicates(
+        self, store: TimerStore, messages: Sequence[PreparedMessage],
+        results: list[SendResult | None], replace_prepared: bool,
+    ) -> int:
+        """Fill ``results`` for re-sends (stored before, or earlier in this batch)."""
+        lookup = [i for i, m in enumerate(messages) if not m.generated_id]
+        if not lookup:
+            return 0
+        found = store.multi_get(CF_INDEX, [messages[i].index_key for i in lookup])
+        count = 0
+        for i, raw in zip(lookup, found, strict=True):
+            if raw is None:
+                continue
+            entry = decode_index(raw)
+            if replace_prepared and entry.status is MessageStatus.PREPARED:
+                continue
+            results[i] = _duplicate_result(messages[i], entry)
+            count += 1
+        first: dict[bytes, int] = {}
+        for i in lookup:
+            if results[i] is not None:
+                continue
+            j = first.setdefault(messages[i].index_key, i)
+            if j != i:  # the second occurrence in one batch is a duplicate of the first
+                results[i] = _PENDING_DUPLICATE
+                count += 1
+        return count
+
+    def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
+                       stored: list[tuple[bytes, bytes]]) -> None:
+        """Timer keys and index entries (SCHEDULED) of ``later``, pre-encoded in ``stored``."""
+        by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
+        for m, (value, _) in zip(later, stored, strict=True):
+            cf = self._shards[m.shard].cf
+            items = by_shard.get(cf)
+            if items is None:
+                items = by_shard[cf] = []
+            items.append((m.timer_key, value))
+        for cf, items in by_shard.items():
+            batch.put_many(cf, items)
+        batch.put_many(CF_INDEX, [(m.index_key, entry)
+                                  for m, (_, entry) in zip(later, stored, strict=True)])
+
+    def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
+                 delivered: set[bytes]) -> list[SendResult]:
+        out: list[SendResult] = []
+        first: dict[bytes, SendResult] = {}
+        for m, result in zip(messages, results, strict=True):
+            if result is _PENDING_DUPLICATE:
+                result = replace(first[m.index_key], duplicate=True)
+            elif result is None:
+                result = SendResult(
+                    msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
+                    status=(MessageStatus.DELIVERED if m.index_key in delivered
+                            else MessageStatus.SCHEDULED),
+                    cancel_handle=cancel_handle(m.timer_key))
+                if m.generated_id:  # unique: never looked up again
+                    out.append(result)
+                    continue
+            first.setdefault(m.index_key, result)
+            out.append(result)
+        return out
+
+    def count_sent(self, later: list[PreparedMessage], due: list[PreparedMessage],
+                    duplicates: int, outcome: CommitOutcome | None) -> None:
+        metrics = self._metrics
+        if later:
+            metrics.scheduled.inc(len(later))
+            metrics.pending.inc(len(later))
+            for m in later:
+                if m.level is not None:
+                    metrics.scheduled_by_level.labels(m.level).inc()
+        if duplicates:
+            metrics.duplicates.inc(duplicates)
+        if due and outcome is not None:
+            metrics.delivered.inc(len(due))
+            metrics.delivered_immediate.inc(len(due))
+            metrics.lateness_ms.observe_many(outcome.lateness_ms)
+            metrics.commit_batch_size.observe(len(due))
+            self._notify(outcome.topics)
+
+    def cancel(self, topic: str, msg_id: str, handle_at: int | None) -> CancelResult:
+        """Cancel a SCHEDULED message (``handle_at``: the deliverAt its handle names)."""
+        store, committer = self._store, self._committer
+        shard = self._shards[topic_shard(topic, len(self._shards))]
+        ikey = index_key(topic, msg_id)
+        with shard.lock, committer.lock:
+            self._check_running()
+            committer.replay_if_needed()  # a message in the log is delivered, whatever RocksDB says
+            raw = store.get(CF_INDEX, ikey)
+            entry = None if raw is None else decode_index(raw)
+            if entry is None or (handle_at is not None and entry.deliver_at != handle_at):
+                raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+            result = CancelResult(msg_id=msg_id, topic=topic, status=MessageStatus.CANCELLED)
+            if entry.status is MessageStatus.CANCELLED:
+                return result
+            if entry.status is MessageStatus.DELIVERED:
+                raise AlreadyDelivered(f"message {msg_id!r} of topic {topic!r} was delivered "
+                                       f"at queue offset {entry.queue_offset}")
+            if entry.status is not MessageStatus.SCHEDULED:
+                raise Conflict(f"message {msg_id!r} of topic {topic!r} is a transactional "
+                               f"message ({entry.status}); use its transaction instead")
+            now = self._clock.now_ms()
+            timer_key = encode_timer_key(entry.deliver_at, topic, msg_id)
+            batch = store.batch()
+            batch.delete(shard.cf, timer_key)
+            batch.put(CF_INDEX, ikey, encode_index(replace(
+                entry, status=MessageStatus.CANCELLED, updated_at=now)))
+            batch.put(CF_EXPIRY, expiry_key(now + self._retention_ms, ikey), b"")
+            committer.commit_plain(batch)
+            if shard.below_frontier(timer_key):  # maybe queued for delivery: filter it out
+                committer.skip(timer_key)
+        self._metrics.cancelled.inc()
+        self._metrics.pending.dec()
+        return result
+
+
+_SCHEDULED = MessageStatus.SCHEDULED.value
+_PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
+                                status=MessageStatus.SCHEDULED, cancel_handle="")
+
+
+def _duplicate_result(m: PreparedMessage, entry: IndexEntry) -> SendResult:
+    if entry.status in (MessageStatus.PREPARED, MessageStatus.ROLLED_BACK,
+                        MessageStatus.DISCARDED):
+        raise Conflict(f"msgId {m.msg_id!r} of topic {m.topic!r} belongs to a transactional "
+                       f"message ({entry.status})")
+    status = (MessageStatus.DELIVERED if entry.status is MessageStatus.DELIVERED
+              else MessageStatus.SCHEDULED)
+    return SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=entry.deliver_at,
+                      status=status,
+                      cancel_handle=encode_handle(entry.deliver_at, m.topic, m.msg_id),
+                      duplicate=True)
+
+
