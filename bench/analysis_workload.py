@@ -117,7 +117,7 @@ def generate(store: TimerStore, spec: WorkloadSpec) -> Workload:
     for lo in range(0, len(plan), spec.batch_size):
         batch = store.batch()
         for topic, msg_id, deliver_at, value in plan[lo:lo + spec.batch_size]:
-            shard = store.shard_of(topic, msg_id)
+            shard = store.shard_of(topic)
             batch.put(timer_cf(shard), encode_timer_key(deliver_at, topic, msg_id), value)
             batch.put(CF_INDEX, index_key(topic, msg_id), encode_index(IndexEntry(
                 status=MessageStatus.SCHEDULED, deliver_at=deliver_at, updated_at=now - DAY_MS)))
@@ -132,7 +132,7 @@ def generate(store: TimerStore, spec: WorkloadSpec) -> Workload:
     batch = store.batch()
     for i in sorted(range(len(plan)), key=lambda i: plan[i][2]):  # deliveries in time order
         topic, msg_id, deliver_at, value = plan[i]
-        shard = store.shard_of(topic, msg_id)
+        shard = store.shard_of(topic)
         key = encode_timer_key(deliver_at, topic, msg_id)
         state, offset = MessageStatus.SCHEDULED, None
         if i in delivered or i in cancelled:

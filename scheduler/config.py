@@ -20,7 +20,7 @@ class EngineConfig:
     timer_shards: int = 2  #                           timer column families = scanner threads
     scan_batch_size: int = 1000  #                      keys per due-range scan
     delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
-    delivery_batch_max: int = 4096  #                   messages per CommitLog append + RocksDB commit
+    delivery_batch_max: int = 4096  #                   messages per log append + RocksDB commit
     segment_size: int = 1 << 30  #                      bytes per CommitLog segment file
     flush_policy: str = "async"  #                      "async" (every flush_interval_ms) | "sync"
     flush_interval_ms: int = 200  #                     ms between async CommitLog flushes

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import secrets
-import zlib
 from collections.abc import Mapping
 
 from scheduler.codec import message_value
@@ -20,7 +19,7 @@ from scheduler.model import SendRequest
 from scheduler.timing import resolve_timing
 from storage.constants import MSG_ID_PATTERN, TOPIC_PATTERN, is_system_topic
 from storage.errors import InvalidArgument, PayloadTooLarge, TopicInvalid
-from storage.keys import SEP, pack_u64
+from storage.keys import SEP, pack_u64, topic_shard
 from storage.records import MessageRecord
 
 
@@ -86,13 +85,6 @@ class PreparedMessage:
         """The encoded MessageRecord (value of the timer column family)."""
         return message_value(self.body, self.tags, self.keys, self.properties, self.born_at,
                              self.deliver_at, self.flags)
-
-
-def topic_shard(topic: str, shards: int) -> int:
-    """The timer shard of every message of ``topic``: one topic lives in one shard, so its
-    scanner hands the topic's due messages on in deliver-time order, even when a backlog
-    falls due at once (placement by (topic, msgId) would interleave shards in a catch-up)."""
-    return zlib.crc32(topic.encode("utf-8")) % shards
 
 
 def check_topic(topic: object, *, allow_system: bool = False) -> str:

@@ -39,7 +39,7 @@ class SendResult:
 class CancelResult:
     msg_id: str
     topic: str
-    status: MessageStatus  # always CANCELLED; ALREADY_DELIVERED is raised as errors.AlreadyDelivered
+    status: MessageStatus  # CANCELLED; ALREADY_DELIVERED is raised as errors.AlreadyDelivered
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from storage.constants import (
     timer_cf,
 )
 from storage.errors import InvalidArgument, StorageError
-from storage.keys import MAX_U64, index_key, pack_u64, time_bound, unpack_u64
+from storage.keys import MAX_U64, pack_u64, time_bound, topic_shard, unpack_u64
 from storage.rocks_options import (
     StoreTuning,
     all_cf_names,
@@ -237,9 +236,9 @@ class TimerStore:
     def timer_cf_names(self) -> list[str]:
         return [timer_cf(i) for i in range(self._shards)]
 
-    def shard_of(self, topic: str, msg_id: str) -> int:
-        """Stable shard of a message (crc32 of its index key modulo timer_shards)."""
-        return zlib.crc32(index_key(topic, msg_id)) % self._shards
+    def shard_of(self, topic: str) -> int:
+        """The timer shard of ``topic``'s messages (storage.keys.topic_shard)."""
+        return topic_shard(topic, self._shards)
 
     def _live_db(self) -> rocksdict.Rdict:
         if self._db is None:

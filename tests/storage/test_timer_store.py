@@ -8,7 +8,7 @@ import pytest
 
 from storage.constants import CF_HALF, CF_INDEX, CF_META, META_SHARDS, timer_cf
 from storage.errors import InvalidArgument, StorageError
-from storage.keys import encode_timer_key, unpack_u64
+from storage.keys import encode_timer_key, topic_shard, unpack_u64
 from storage.timer_store import TimerStore
 
 
@@ -101,10 +101,10 @@ def test_shard_count_is_persisted_and_enforced(tmp_path: Path) -> None:
             s.get(timer_cf(3), b"k")
 
 
-def test_shard_of_is_stable_and_in_range(store: TimerStore) -> None:
-    shards = {store.shard_of("t", f"m{i}") for i in range(100)}
+def test_shard_of_places_a_topic_in_one_shard_and_spreads_topics(store: TimerStore) -> None:
+    shards = {store.shard_of(f"t{i}") for i in range(100)}
     assert shards == {0, 1}
-    assert store.shard_of("t", "m1") == store.shard_of("t", "m1")
+    assert store.shard_of("t1") == store.shard_of("t1") == topic_shard("t1", 2)
 
 
 def test_close_really_closes_even_with_an_abandoned_scan(tmp_path: Path) -> None:
