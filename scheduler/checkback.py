@@ -231,13 +231,22 @@ class CheckbackClient:
 
     def __init__(self, *, timeout_ms: int, workers: int,
                  transport: httpx.BaseTransport | None = None) -> None:
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(timeout_ms / 1000.0),
-            limits=httpx.Limits(max_connections=max(workers, 1)),
-            follow_redirects=False,  # a redirect could leave the allow-list
-            transport=transport,
-            headers={"User-Agent": "hourglass-checkback/1"},
-        )
+        self._timeout_ms, self._workers, self._transport = timeout_ms, workers, transport
+        self._http_client: httpx.Client | None = None  # made on the first check (TLS set-up
+        self._lock = threading.Lock()  #                  costs ~0.1 s, most groups never need it)
+
+    @property
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._http_client is None:
+                self._http_client = httpx.Client(
+                    timeout=httpx.Timeout(self._timeout_ms / 1000.0),
+                    limits=httpx.Limits(max_connections=max(self._workers, 1)),
+                    follow_redirects=False,  # a redirect could leave the allow-list
+                    transport=self._transport,
+                    headers={"User-Agent": "hourglass-checkback/1"},
+                )
+            return self._http_client
 
     def ask(self, reg: CallbackRegistration, check: TransactionCheck, now_ms: int) -> CheckAnswer:
         body = orjson.dumps(check_payload(check))
@@ -253,7 +262,9 @@ class CheckbackClient:
         return parse_answer(response)
 
     def close(self) -> None:
-        self._http.close()
+        with self._lock:
+            if self._http_client is not None:
+                self._http_client.close()
 
 
 # --- the dispatcher -----------------------------------------------------------------------------
