@@ -97,31 +97,30 @@ _FIELDS: dict[type, tuple[str, ...]] = {
 
 _OPT_STR = (str, type(None))
 _OPT_INT = (int, type(None))
-#: the type each stored field must decode to; checked on decode so that bytes which slipped
-#: past the checksums fail here as CorruptionError, not later as a TypeError far away
-_TYPES: dict[type, tuple[tuple[str, tuple[type, ...]], ...]] = {
-    MessageRecord: (("body", (bytes,)), ("tags", _OPT_STR), ("keys", (tuple,)),
-                    ("properties", (dict,)), ("born_at", (int,)), ("deliver_at", (int,)),
-                    ("flags", (int,))),
-    LogRecord: (("topic", (str,)), ("msg_id", (str,)), ("queue_offset", (int,)),
-                ("body", (bytes,)), ("tags", _OPT_STR), ("keys", (tuple,)),
-                ("properties", (dict,)), ("born_at", (int,)), ("deliver_at", (int,)),
-                ("stored_at", (int,)), ("flags", (int,))),
-    IndexEntry: (("status", (str,)), ("deliver_at", (int,)), ("updated_at", (int,)),
-                 ("queue_offset", _OPT_INT), ("log_position", _OPT_INT), ("tx_id", _OPT_STR)),
+#: the type each stored field must decode to, in field order; checked on decode so that bytes
+#: which slipped past the checksums fail here as CorruptionError, not later as a TypeError
+_TYPES: dict[type, tuple[tuple[type, ...], ...]] = {
+    MessageRecord: ((bytes,), _OPT_STR, (tuple,), (dict,), (int,), (int,), (int,)),
+    LogRecord: ((str,), (str,), (int,), (bytes,), _OPT_STR, (tuple,), (dict,), (int,), (int,),
+                (int,), (int,)),
+    IndexEntry: ((str,), (int,), (int,), _OPT_INT, _OPT_INT, _OPT_STR),
 }
 
 
-def _check_types(cls: type, kwargs: dict[str, Any]) -> None:
-    for name, types in _TYPES[cls]:
-        if name in kwargs and not isinstance(kwargs[name], types):
+def _check_types(cls: type, values: tuple[Any, ...]) -> None:
+    """``values``: the record's fields in order (a prefix of them, for an older record)."""
+    for name, value, types in zip(_FIELDS[cls], values, _TYPES[cls], strict=False):
+        if not isinstance(value, types):
             raise CorruptionError(f"cannot decode {cls.__name__}: {name} is a "
-                                  f"{type(kwargs[name]).__name__}")
-    keys, props = kwargs.get("keys", ()), kwargs.get("properties", {})
-    if not all(isinstance(k, str) for k in keys) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
-        raise CorruptionError(f"cannot decode {cls.__name__}: keys and properties must be "
-                              "strings")
+                                  f"{type(value).__name__}")
+    if cls is not IndexEntry:
+        at = 5 if cls is LogRecord else 2  # position of keys; properties follow
+        keys = values[at] if len(values) > at else ()
+        props = values[at + 1] if len(values) > at + 1 else {}
+        if (keys and not all(isinstance(k, str) for k in keys)) or (props and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in props.items())):
+            raise CorruptionError(f"cannot decode {cls.__name__}: keys and properties must "
+                                  "be strings")
 
 
 def _pack(obj: Any) -> bytes:
@@ -145,8 +144,9 @@ def _unpack(cls: type[R], raw: bytes) -> R:
     if not isinstance(values, tuple) or not values or not isinstance(values[0], int):
         raise CorruptionError(f"cannot decode {cls.__name__}: not a versioned record")
     names = _FIELDS[cls]
-    kwargs = dict(zip(names, values[1 : len(names) + 1], strict=False))
-    _check_types(cls, kwargs)
+    fields_ = values[1 : len(names) + 1]
+    _check_types(cls, fields_)
+    kwargs = dict(zip(names, fields_, strict=False))
     try:
         if cls is IndexEntry and "status" in kwargs:
             kwargs["status"] = MessageStatus(kwargs["status"])
