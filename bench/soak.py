@@ -9,10 +9,17 @@ without the CommitLog's mapped segment files, which are page cache the kernel ca
 CPU, and the lateness (storedAt - deliverAt, as the server measured it) of what was
 consumed in that second.
 
-Verdict (exit code 1 when broken): RssAnon of the last third of the run exceeds the first
-third's by at most ``--max-growth`` (relative) or ``--max-growth-mib``, whichever is larger;
-lateness p99 <= ``--p99-ms``; every acknowledged, uncancelled message consumed exactly once,
-none early, nothing cancelled consumed. A PNG (``--plot``) shows RSS, lateness and rates.
+Memory is attributed: with ``--rocksdb-buffers small`` (the default) the server runs with
+RocksDB's memtables and block cache shrunk (SMALL_BUFFERS), so those bounded caches reach
+their steady state within a minute instead of filling for tens of minutes, and it logs each
+second what RocksDB says it holds (memtables, table readers, block cache) and Python's
+allocated blocks; the soak plots RssAnon, RocksDB's share, and the rest.
+
+Verdict (exit code 1 when broken): the rest (RssAnon minus RocksDB's accounted memory; all
+of RssAnon without that log) grows from the first third of the run to the last by at most
+``--max-growth`` (relative) or ``--max-growth-mib``, whichever is larger; lateness p99 <=
+``--p99-ms``; every acknowledged, uncancelled message consumed exactly once, none early,
+nothing cancelled consumed. A PNG (``--plot``) shows memory, lateness and rates.
 """
 
 from __future__ import annotations
@@ -61,6 +68,13 @@ class Sample:
     p99_ms: float | None
     max_ms: float | None
     load1: float  # the machine's 1-minute load average (2 cores, shared: others run too)
+    rocksdb_mib: float | None = None  # memtables + table readers + block cache, as RocksDB says
+    python_kblocks: float | None = None  # sys.getallocatedblocks() / 1000 in the server
+
+    @property
+    def unaccounted_mib(self) -> float | None:
+        """RssAnon minus what RocksDB accounts for: Python's heap, allocator slack, threads."""
+        return None if self.rocksdb_mib is None else self.anon_mib - self.rocksdb_mib
 
 
 @dataclass
@@ -213,6 +227,8 @@ class SoakReport:
     anon_last_mib: float
     rss_first_mib: float
     rss_last_mib: float
+    unaccounted_first_mib: float | None  # RssAnon - RocksDB's own accounting (small buffers)
+    unaccounted_last_mib: float | None
     violations: list[str]
 
     @property
@@ -222,6 +238,10 @@ class SoakReport:
     def summary(self) -> str:
         lat = self.lateness_ms
         growth = self.anon_last_mib - self.anon_first_mib
+        unaccounted = ("" if self.unaccounted_first_mib is None or self.unaccounted_last_mib
+                       is None else
+                       f"; RssAnon minus RocksDB's memtables, table readers and block cache "
+                       f"{self.unaccounted_first_mib:.1f} -> {self.unaccounted_last_mib:.1f} MiB")
         lines = [
             f"soak: {self.config['seconds']:.0f} s at {self.achieved_rate:,.0f} msgs/s "
             f"(target {self.config['rate']:,}), machine load average "
@@ -231,8 +251,8 @@ class SoakReport:
             f"lateness (storedAt - deliverAt): p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
             f"p99.9 {lat['p999']} ms, max {lat['max']} ms",
             f"RssAnon first third {self.anon_first_mib:.1f} MiB, last third "
-            f"{self.anon_last_mib:.1f} MiB ({growth:+.1f} MiB); RSS {self.rss_first_mib:.1f} -> "
-            f"{self.rss_last_mib:.1f} MiB",
+            f"{self.anon_last_mib:.1f} MiB ({growth:+.1f} MiB){unaccounted}; RSS "
+            f"{self.rss_first_mib:.1f} -> {self.rss_last_mib:.1f} MiB",
             "VERDICT: " + ("flat memory, lateness within target, nothing lost"
                            if self.ok else "; ".join(self.violations)),
         ]
@@ -250,7 +270,9 @@ def run(config: SoakConfig, progress: Any = print) -> SoakReport:
         config.workdir / "data", token=secrets.token_urlsafe(24),
         log_path=config.workdir / "server.log", settings=config.settings,
         argv=[sys.executable, "-c", "import sys, bench.soak; sys.exit(bench.soak."
-              "serve_small_buffers())"] if config.small_buffers else None)
+              "serve_small_buffers())"] if config.small_buffers else None,
+        env={MEMORY_LOG_ENV: str(config.workdir / "memory.jsonl")})
+    memory = MemoryLog(config.workdir / "memory.jsonl")
     server.start(ready="/readyz")
     assert server.pid is not None
     proc = psutil.Process(server.pid)
@@ -269,10 +291,12 @@ def run(config: SoakConfig, progress: Any = print) -> SoakReport:
         next_sample = t0 + 1.0
         while next_sample - t0 <= config.seconds:
             time.sleep(max(0.0, next_sample - time.monotonic()))
-            samples.append(_sample(proc, totals, next_sample - t0))
+            samples.append(_sample(proc, totals, next_sample - t0, memory))
             if len(samples) % 10 == 0:
                 s = samples[-1]
-                progress(f"[{s.t_s:5.0f} s] RSS {s.rss_mib:7.1f} MiB (anon {s.anon_mib:6.1f}), "
+                rocks = "" if s.rocksdb_mib is None else f", RocksDB {s.rocksdb_mib:5.1f}"
+                progress(f"[{s.t_s:5.0f} s] RSS {s.rss_mib:7.1f} MiB (anon {s.anon_mib:6.1f}"
+                         f"{rocks}), "
                          f"cpu {s.cpu_pct:4.0f} %, sent {s.sent}/s, consumed {s.consumed}/s, "
                          f"lateness p99 {s.p99_ms} ms max {s.max_ms} ms, load {s.load1:.1f}")
             next_sample += 1.0
@@ -288,16 +312,40 @@ def run(config: SoakConfig, progress: Any = print) -> SoakReport:
     return _report(config, samples, totals)
 
 
-def _sample(proc: psutil.Process, totals: Totals, t_s: float) -> Sample:
+class MemoryLog:
+    """The server's latest line of ``_log_memory`` (nothing when it does not write one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.latest = path, 0, None
+
+    def read(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self.offset)
+                lines = f.readlines()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return None
+        complete = [line for line in lines if line.endswith("\n")]
+        if complete:
+            self.latest = json.loads(complete[-1])
+        return self.latest
+
+
+def _sample(proc: psutil.Process, totals: Totals, t_s: float, memory: MemoryLog) -> Sample:
     with totals.lock:
         window = list(totals.lateness)
         totals.lateness.clear()
         sent, totals.sent_window = totals.sent_window, 0
+    mem = memory.read()
+    rocksdb = None if mem is None else sum(
+        mem.get(k) or 0 for k in (*ROCKSDB_MEMORY, "rocksdb.block-cache-usage")) / MIB
     return Sample(t_s=round(t_s, 1), rss_mib=proc.memory_info().rss / MIB,
                   anon_mib=_anon_mib(proc.pid), cpu_pct=proc.cpu_percent(None), sent=sent,
                   consumed=len(window), p50_ms=_quantile(window, 0.5),
                   p99_ms=_quantile(window, 0.99), max_ms=float(max(window)) if window else None,
-                  load1=os.getloadavg()[0])
+                  load1=os.getloadavg()[0], rocksdb_mib=rocksdb,
+                  python_kblocks=None if mem is None else mem["python_blocks"] / 1000)
 
 
 def _wait_consumed(totals: Totals, last_due: int, timeout_s: float = 60.0) -> None:
@@ -330,10 +378,16 @@ def _report(config: SoakConfig, samples: list[Sample], totals: Totals) -> SoakRe
     steady = samples[len(samples) // 10:] or samples  # without the first tenth (warm-up)
     anon_first, anon_last = _thirds([s.anon_mib for s in steady])
     rss_first, rss_last = _thirds([s.rss_mib for s in steady])
-    allowed = max(config.max_growth * anon_first, config.max_growth_mib)
-    if anon_last - anon_first > allowed:
-        violations.append(f"RssAnon grew {anon_last - anon_first:.1f} MiB (allowed "
-                          f"{allowed:.1f} MiB)")
+    rest = [s.unaccounted_mib for s in steady]
+    un_first, un_last = _thirds([r for r in rest if r is not None]) if all(
+        r is not None for r in rest) and rest else (None, None)
+    # the leak check: what RocksDB does not account for when it says, else all of RssAnon
+    first, last, what = ((un_first, un_last, "RssAnon minus RocksDB's accounted memory")
+                         if un_first is not None and un_last is not None
+                         else (anon_first, anon_last, "RssAnon"))
+    allowed = max(config.max_growth * first, config.max_growth_mib)
+    if last - first > allowed:
+        violations.append(f"{what} grew {last - first:.1f} MiB (allowed {allowed:.1f} MiB)")
     lat = totals.all_lateness
     lateness = {"p50": _quantile(lat, 0.5), "p99": _quantile(lat, 0.99),
                 "p999": _quantile(lat, 0.999), "max": float(max(lat)) if lat else None}
@@ -345,7 +399,8 @@ def _report(config: SoakConfig, samples: list[Sample], totals: Totals) -> SoakRe
         samples=samples, acked=len(totals.acked), cancelled=len(totals.cancelled),
         consumed=len(consumed), achieved_rate=len(totals.acked) / max(seconds, 1e-9),
         lateness_ms=lateness, anon_first_mib=anon_first, anon_last_mib=anon_last,
-        rss_first_mib=rss_first, rss_last_mib=rss_last, violations=violations)
+        rss_first_mib=rss_first, rss_last_mib=rss_last, unaccounted_first_mib=un_first,
+        unaccounted_last_mib=un_last, violations=violations)
 
 
 def plot(report: SoakReport, path: Path, title: str) -> None:
@@ -358,6 +413,11 @@ def plot(report: SoakReport, path: Path, title: str) -> None:
     fig, (mem, late, rate) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     mem.plot(t, [s.rss_mib for s in report.samples], label="RSS (with mapped CommitLog pages)")
     mem.plot(t, [s.anon_mib for s in report.samples], label="RssAnon (heap, memtables, cache)")
+    if all(s.rocksdb_mib is not None for s in report.samples):
+        mem.plot(t, [s.rocksdb_mib for s in report.samples],
+                 label="RocksDB: memtables + table readers + block cache")
+        mem.plot(t, [s.unaccounted_mib for s in report.samples],
+                 label="RssAnon - RocksDB (Python heap, allocator, threads)")
     mem.set_ylabel("MiB")
     mem.set_ylim(bottom=0)
     mem.legend(loc="lower right")
@@ -386,6 +446,34 @@ SMALL_BUFFERS = {  # StoreTuning for --rocksdb-buffers small: caches in steady s
 }
 
 
+MEMORY_LOG_ENV = "SOAK_MEMORY_LOG"  # the launcher appends one JSON line per second there
+ROCKSDB_MEMORY = ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem")
+
+
+def _log_memory(path: Path, stores: list[Any]) -> None:
+    """In the server: what RocksDB says it holds (memtables, table readers, block cache) and
+    Python's allocated blocks, each second, so the soak can attribute the RssAnon it sees."""
+    from storage.rocks_options import all_cf_names
+
+    while True:
+        time.sleep(1.0)
+        if not stores or stores[-1].closed:
+            continue
+        store = stores[-1]
+        try:
+            cfs = all_cf_names(store.timer_shards)
+            doc = {name: sum(store.property_int(cf, name) or 0 for cf in cfs)
+                   for name in ROCKSDB_MEMORY}
+            doc["rocksdb.block-cache-usage"] = store.property_int("meta",
+                                                                  "rocksdb.block-cache-usage")
+        except Exception:  # closing: the server is stopping
+            return
+        doc["t"] = time.time()
+        doc["python_blocks"] = sys.getallocatedblocks()
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(doc) + "\n")
+
+
 def serve_small_buffers() -> int:
     """``hourglass serve`` (app/server.py) with SMALL_BUFFERS as the store's tuning, which
     the server's settings do not expose; run as a subprocess by the soak."""
@@ -404,10 +492,17 @@ def serve_small_buffers() -> int:
         env=os.environ))
     logging.basicConfig(level=settings.log_level.upper())
     tuning = StoreTuning(**SMALL_BUFFERS)
+    stores: list[TimerStore] = []
 
     def store_factory(directory: Path, cfg: EngineConfig) -> TimerStore:
-        return TimerStore(directory, timer_shards=cfg.timer_shards, sync_writes=cfg.sync_writes,
-                          tuning=tuning)
+        store = TimerStore(directory, timer_shards=cfg.timer_shards, sync_writes=cfg.sync_writes,
+                           tuning=tuning)
+        stores.append(store)
+        return store
+
+    if os.environ.get(MEMORY_LOG_ENV):
+        threading.Thread(target=_log_memory, args=(Path(os.environ[MEMORY_LOG_ENV]), stores),
+                         daemon=True).start()
 
     app = create_app(settings, broker=Broker(settings.engine, store_factory=store_factory))
     server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.notifier.close)

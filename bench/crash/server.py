@@ -42,17 +42,18 @@ class ServerError(RuntimeError):
 class ServerProcess:
     """One data directory, one port, any number of (re)starts. ``settings`` are extra
     ``HOURGLASS_*`` settings by name (``{"segment_size": "4MiB"}``); ``argv`` replaces
-    ``hourglass serve`` (it gets the same flags)."""
+    ``hourglass serve`` (it gets the same flags); ``env`` adds environment variables."""
 
     def __init__(self, data_dir: Path, *, token: str, log_path: Path,
                  settings: Mapping[str, str] | None = None, port: int | None = None,
-                 argv: Sequence[str] | None = None) -> None:
+                 argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.token = token
         self.log_path = log_path
         self.port = port or free_port()
         self.settings = dict(settings or {})
         self.argv = list(argv) if argv is not None else serve_argv()
+        self.extra_env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -74,6 +75,7 @@ class ServerProcess:
         env.setdefault("HOURGLASS_LOG_LEVEL", "warning")
         for name, value in self.settings.items():
             env["HOURGLASS_" + name.upper()] = str(value)
+        env.update(self.extra_env)
         return env
 
     def start(self, *, ready: str = "/healthz", timeout_s: float = STARTUP_TIMEOUT_S) -> float:

@@ -88,7 +88,7 @@ def _json(doc: Any) -> bytes:
         return msgpack.packb(doc)
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(op=st.sampled_from(BODY_OPERATIONS), content_type=st.sampled_from(CONTENT_TYPES),
        body=st.one_of(st.binary(max_size=80), documents.map(lambda d: ("doc", d))))
 def test_any_body_is_refused_cleanly_or_stored(fuzz_live: Live, op: tuple[str, str],
@@ -120,7 +120,7 @@ valid_messages = st.fixed_dictionaries(
 )
 
 
-@fuzz_settings(150)
+@fuzz_settings(100)
 @given(message=valid_messages, as_msgpack=st.booleans())
 def test_what_is_sent_is_what_is_read(fuzz_live: Live, message: dict[str, Any],
                                       as_msgpack: bool) -> None:

@@ -4,7 +4,8 @@ handle strings.
 
 - Key decoders raise only InvalidArgument (handles: NotFound); whatever they accept
   re-encodes to exactly the same bytes, so a key has one reading.
-- Record decoders (storage/records.py, scheduler/tx_records.py) raise only CorruptionError.
+- Record decoders (storage/records.py, scheduler/tx_records.py) raise only CorruptionError,
+  and what they return is well typed (a record with ``topic=5`` would fail far away, as a 500).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from storage.records import (
     decode_message,
 )
 
-FUZZ = settings(max_examples=400, deadline=None, derandomize=True)
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True)
 
 # bytes shaped like keys: a time, a name, NUL, an id (sometimes not UTF-8, sometimes short)
 key_like = st.one_of(

@@ -32,7 +32,7 @@ from storage.segment import segment_name
 
 DOCUMENTED = (StorageError, CorruptionError, InvalidArgument)
 TIME_LIMIT_S = 5  # one example; a walk that loops forever fails here, not at pytest's timeout
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 
