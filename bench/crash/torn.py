@@ -28,6 +28,7 @@ from crc32c import crc32c
 
 from storage.commitlog import CHECKPOINT_NAME, CommitLog
 from storage.constants import CF_META, META_APPLIED_POSITION
+from storage.consume_queue import ConsumeQueue
 from storage.keys import unpack_u64
 from storage.log_format import CRC_SEED, HEADER, RECORD_MAGIC
 from storage.records import LogRecord, encode_log_record
@@ -51,13 +52,29 @@ class TornWrite:
         return f"{self.mode} at {self.position} ({what})"
 
 
-def _applied_position(data_dir: Path) -> int:
+def _store_state(data_dir: Path, topic: str) -> tuple[int, int]:
+    """(log position applied to RocksDB, next queue offset of ``topic``)."""
     store = TimerStore(data_dir / "rocksdb", timer_shards=None, read_only=True)
     try:
         raw = store.get(CF_META, META_APPLIED_POSITION)
+        next_offset = ConsumeQueue(store).end_offset(topic)
     finally:
         store.close()
-    return 0 if raw is None else unpack_u64(raw)
+    return (0 if raw is None else unpack_u64(raw)), next_offset
+
+
+def _frame(payload: bytes) -> bytes:
+    """A record as the CommitLog frames it (storage/log_format.py)."""
+    return HEADER.pack(RECORD_MAGIC, len(payload),
+                       crc32c(payload, len(payload) ^ CRC_SEED)) + payload
+
+
+def _torn_length(record: bytes, rng: random.Random) -> int:
+    """How much of ``record`` a torn write keeps: at least one byte, and never past its last
+    non-zero byte (the rest of a segment reads as zeros, so a cut inside trailing zero bytes
+    would leave the record whole, not torn)."""
+    last = max((i for i, b in enumerate(record) if b), default=0)
+    return rng.randrange(1, last + 1) if last >= 1 else 1
 
 
 def _flushed_position(log_dir: Path) -> int:
@@ -96,19 +113,19 @@ def tear_tail(data_dir: Path, rng: random.Random, *, topic: str, tag: str,
     """Tear the log's tail of a stopped server's ``data_dir`` (see the module docstring);
     None when the last segment is exactly full and no later one exists yet."""
     log_dir = data_dir / "commitlog"
-    applied = _applied_position(data_dir)
+    applied, next_offset = _store_state(data_dir, topic)
     floor = max(applied, _flushed_position(log_dir))
     log = CommitLog(log_dir, read_only=True)
     try:
         end = log.end_position
-        tail = [(pos, len(payload)) for pos, payload in log.iter_from(floor)] if floor < end \
-            else []
+        tail = [pos for pos, _ in log.iter_from(floor)] if floor < end else []
+        last_frame = _frame(bytes(log.read(tail[-1]))) if tail else b""
     finally:
         log.close()
     mode = mode or rng.choice(MODES)
     if tail:
-        pos, length = tail[-1]
-        cut = pos + rng.randrange(1, HEADER.size + length)
+        pos = tail[-1]
+        cut = pos + _torn_length(last_frame, rng)
         path, base, _, last = _segment_of(log_dir, pos)
         if mode == "truncate" and not last:
             mode = "zero"  # a shorter file before the spare segment is a foreign layout
@@ -116,10 +133,10 @@ def tear_tail(data_dir: Path, rng: random.Random, *, topic: str, tag: str,
         return TornWrite(mode=mode, position=cut, record_at=pos, fabricated=None,
                          dropped_records=1)
     msg_id = f"torn-{tag}"
-    payload = encode_log_record(LogRecord(topic=topic, msg_id=msg_id, queue_offset=0,
+    # at the topic's next offset: were recovery to keep it, it would show in the log's tail
+    payload = encode_log_record(LogRecord(topic=topic, msg_id=msg_id, queue_offset=next_offset,
                                           body=b"torn", deliver_at=0, stored_at=0))
-    frame = HEADER.pack(RECORD_MAGIC, len(payload), crc32c(payload, len(payload) ^ CRC_SEED))
-    frame += payload
+    frame = _frame(payload)
     try:
         path, base, size, last = _segment_of(log_dir, end)
     except FileNotFoundError:
@@ -128,7 +145,7 @@ def tear_tail(data_dir: Path, rng: random.Random, *, topic: str, tag: str,
         mode = "zero"
     if end - base + len(frame) > size:  # no room left in this segment: tear at its very end
         frame = frame[: size - (end - base)]
-    keep = rng.randrange(1, len(frame)) if len(frame) > 1 else 1
+    keep = _torn_length(frame, rng)
     with open(path, "r+b") as f:
         f.seek(end - base)
         f.write(frame[:keep] if mode != "garble" else frame[:HEADER.size] +

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from crc32c import crc32c
+from hypothesis import given
+from hypothesis import strategies as st
 
-from bench.crash.torn import MODES, tear_tail
+from bench.crash.torn import MODES, _frame, _torn_length, tear_tail
 from storage.commitlog import CHECKPOINT_NAME, CommitLog
 from storage.constants import CF_META, META_APPLIED_POSITION
 from storage.keys import pack_u64
@@ -45,17 +47,26 @@ def records_of(log: CommitLog) -> list[bytes]:
     return [bytes(p) for _, p in log.iter_from(0)]
 
 
+SEEDS = range(8)  # cuts at different places (a record's last bytes are often zeros: flags=0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("mode", MODES)
-def test_a_fabricated_half_written_record_is_dropped(tmp_path: Path, mode: str) -> None:
+def test_a_fabricated_half_written_record_is_dropped(tmp_path: Path, mode: str,
+                                                      seed: int) -> None:
     data, payloads = make_data_dir(tmp_path, records=30, applied=30)
-    torn = tear_tail(data, random.Random(7), topic="t", tag="x", mode=mode)
+    torn = tear_tail(data, random.Random(seed), topic="t", tag="x", mode=mode)
     assert torn is not None and torn.mode == mode and torn.fabricated == ("t", "torn-x")
     damaged = CommitLog(data / "commitlog", read_only=True)
     try:
         report = damaged.verify()
     finally:
         damaged.close()
-    assert not report.ok  # the damage is really there
+    segment = data / "commitlog" / f"{0:020d}"
+    if torn.mode == "truncate":  # the file ends inside the record (under a header's length
+        assert segment.stat().st_size < SEGMENT  # of it left reads as the segment's padding)
+    else:
+        assert not report.ok  # the damage is really there
     log = CommitLog(data / "commitlog", segment_size=SEGMENT)
     assert records_of(log) == payloads
     log.append_batch([b"after"])
@@ -66,11 +77,24 @@ def test_a_fabricated_half_written_record_is_dropped(tmp_path: Path, mode: str) 
     log.close()
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("mode", MODES)
-def test_the_last_unapplied_record_is_cut_and_only_it(tmp_path: Path, mode: str) -> None:
+def test_the_last_unapplied_record_is_cut_and_only_it(tmp_path: Path, mode: str,
+                                                      seed: int) -> None:
     data, payloads = make_data_dir(tmp_path, records=30, applied=25)
-    torn = tear_tail(data, random.Random(3), topic="t", tag="y", mode=mode)
+    torn = tear_tail(data, random.Random(seed), topic="t", tag="y", mode=mode)
     assert torn is not None and torn.fabricated is None and torn.dropped_records == 1
     log = CommitLog(data / "commitlog", segment_size=SEGMENT)
     assert records_of(log) == payloads[:-1]
     log.close()
+
+
+@given(st.binary(max_size=60), st.integers(0, 8), st.randoms(use_true_random=False))
+def test_a_torn_record_never_reads_back_whole(payload: bytes, trailing_zeros: int,
+                                             rng: random.Random) -> None:
+    """What a tear keeps, followed by the zeros the rest of a segment holds, is never the
+    whole record (a cut inside trailing zero bytes would leave it valid: the bug this pins)."""
+    record = _frame(payload + bytes(trailing_zeros))
+    keep = _torn_length(record, rng)
+    assert 1 <= keep < len(record)
+    assert record[:keep] + bytes(len(record) - keep) != record
