@@ -215,7 +215,9 @@ def shard_imbalance(r: Mapping[str, Any], _i: Any, t: Thresholds) -> Finding:
         fired=v > t.shard_imbalance and len(sh["rows"]) >= 2 and total >= t.min_messages,
         value=round(v, 4), threshold=t.shard_imbalance,
         advice=f"One timer shard holds {v:.2f}x the mean: its scanner does most of the work. "
-               "Many messages share a (topic, msgId) hash bucket: check msgId generation.")
+               "A topic lives whole in one shard (crc32(topic) % timer_shards, which keeps "
+               "each topic in deliver-time order), so the busiest topics share this one: "
+               "raise timer_shards, or split a hot topic.")
 
 
 def tombstone_growth(_r: Mapping[str, Any], trend: Mapping[str, Any], t: Thresholds) -> Finding:

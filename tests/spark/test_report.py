@@ -31,8 +31,9 @@ def test_json_html_and_console(analysis: dict[str, Any], workload: Generated,
     embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(embedded) == 5 and base64.b64decode(embedded[0]).startswith(PNG)
     fired = [f for f in analysis["rules"] if f["fired"]]
-    # the workload's large values, and its 50 overdue messages (up to 10 s late)
-    assert [f["rule"] for f in fired] == ["blob-separation", "overdue"]
+    # the workload's large values, its 50 overdue messages (up to 10 s late), and its topics:
+    # 95 % of the messages are in topics that hash to shard 0 (a topic lives in one shard)
+    assert [f["rule"] for f in fired] == ["blob-separation", "overdue", "shard-imbalance"]
     assert "min_blob_size=4096" in page
     assert workload.snapshot.snapshot_id in page
     data = json.loads(write_json(analysis, tmp_path).read_text())
@@ -40,7 +41,7 @@ def test_json_html_and_console(analysis: dict[str, Any], workload: Generated,
         latest["logical"]["dueLoad"]["peakSecond"]
     assert len(data["rules"]) == 13 and data["recommendations"] == fired
     text = console_summary(analysis)
-    assert "peak second" in text and "2 of 13 rules fired" in text
+    assert "peak second" in text and "3 of 13 rules fired" in text
 
 
 def test_hourglass_analyze_cli(spark: Any, workload: Generated, tmp_path: Path,
@@ -52,9 +53,10 @@ def test_hourglass_analyze_cli(spark: Any, workload: Generated, tmp_path: Path,
     assert status == 0
     captured = capsys.readouterr()
     assert "[analyze" in captured.err and "logical rows" in captured.err  # progress
-    assert "recommendations: 3 of 13 rules fired" in captured.out
+    assert "recommendations: 4 of 13 rules fired" in captured.out
     report = json.loads((out / "report.json").read_text())
-    assert {f["rule"] for f in report["recommendations"]} == {"blob-separation", "burst", "overdue"}
+    assert {f["rule"] for f in report["recommendations"]} == {"blob-separation", "burst", "overdue",
+                                                               "shard-imbalance"}
     assert report["parameters"]["thresholds"]["delivery_rate"] == 100
     assert (out / "report.html").stat().st_size > 50_000
     # the Parquet export analyses to the same figures, without RocksDB
