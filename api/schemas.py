@@ -41,12 +41,13 @@ MsgId = Annotated[str, Meta(pattern=MSG_ID_REGEX, examples=["order-42"])]
 Text = Annotated[str, Meta(max_length=4096)]
 
 
-class _In(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
+class _In(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True, gc=False):
     """Base of request bodies."""
 
 
-class _Out(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
-    """Base of response bodies; UNSET fields are left out."""
+class _Out(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True, gc=False):
+    """Base of response bodies; UNSET fields are left out. Untracked by the cyclic GC (their
+    fields are plain data), so a pull of 1000 does not set off collections."""
 
 
 class MessageIn(_In, kw_only=True):

@@ -42,7 +42,6 @@ from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
 from scheduler.model import (
     CancelResult,
-    Delivered,
     MessageInfo,
     PullResult,
     SendRequest,
@@ -72,7 +71,7 @@ from storage.records import (
     FLAG_IMMEDIATE,
     LogRecord,
     decode_index,
-    decode_log_record,
+    decode_log_records,
 )
 from storage.timer_store import Batch, TimerStore
 
@@ -357,11 +356,9 @@ class Broker:
             raise InvalidArgument(f"max must be in 1..{PULL_MAX}")
         self._live()
         assert self._log is not None
-        messages = []
-        for entry in self._queues.read(topic, offset, max_messages):
-            rec = decode_log_record(self._log.read(entry.position))
-            messages.append(_delivered(rec))
-        next_offset = messages[-1].offset + 1 if messages else offset
+        payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages))
+        messages = decode_log_records(payloads)
+        next_offset = messages[-1].queue_offset + 1 if messages else offset
         return PullResult(messages=messages, next_offset=next_offset)
 
     def end_offset(self, topic: str) -> int:
@@ -549,12 +546,6 @@ class Broker:
             self.metrics.delivered.inc(len(records))
             self.metrics.pending.dec(sum(1 for r in records if not r.flags & FLAG_IMMEDIATE))
             self._notify({r.topic for r in records})
-
-
-def _delivered(rec: LogRecord) -> Delivered:
-    return Delivered(offset=rec.queue_offset, msg_id=rec.msg_id, topic=rec.topic, body=rec.body,
-                     tags=rec.tags, keys=tuple(rec.keys), properties=rec.properties,
-                     born_at=rec.born_at, deliver_at=rec.deliver_at, stored_at=rec.stored_at)
 
 
 def _group_key(topic: str, group: str) -> bytes:

@@ -1,15 +1,23 @@
-"""The engine's public records: what the API and CLI send in and get back."""
+"""The engine's public records: what the API and CLI send in and get back.
+
+msgspec Structs, not dataclasses: a batch send builds two of them per message and a frozen
+dataclass costs ~2 µs to construct (a Struct ~0.2 µs).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from storage.records import MessageStatus
+import msgspec
+
+from storage.records import LogRecord, MessageStatus
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SendRequest:
+class _Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Untracked by the cyclic GC: the fields are strings, numbers and containers of them."""
+
+
+class SendRequest(_Record, frozen=True, kw_only=True, gc=False):
     """A validated ``MessageIn``. At most one of deliver_at / delay_ms / delay_level is set;
     when none is, the RocketMQ properties DELAY, TIMER_DELIVER_MS, TIMER_DELAY_MS,
     TIMER_DELAY_SEC are honoured (a level wins over the timer properties); else: now."""
@@ -18,15 +26,14 @@ class SendRequest:
     body: bytes
     tags: str | None = None
     keys: tuple[str, ...] = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = msgspec.field(default_factory=dict)
     msg_id: str | None = None  # None: the engine generates one
     deliver_at: int | None = None
     delay_ms: int | None = None
     delay_level: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SendResult:
+class SendResult(_Record, frozen=True, kw_only=True, gc=False):
     msg_id: str
     topic: str
     deliver_at: int
@@ -35,15 +42,13 @@ class SendResult:
     duplicate: bool = False
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CancelResult:
+class CancelResult(_Record, frozen=True, kw_only=True, gc=False):
     msg_id: str
     topic: str
     status: MessageStatus  # CANCELLED; ALREADY_DELIVERED is raised as errors.AlreadyDelivered
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MessageInfo:
+class MessageInfo(_Record, frozen=True, kw_only=True, gc=False):
     msg_id: str
     topic: str
     status: MessageStatus
@@ -51,28 +56,12 @@ class MessageInfo:
     offset: int | None = None  # queue offset once delivered
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Delivered:
-    offset: int
-    msg_id: str
-    topic: str
-    body: bytes
-    tags: str | None
-    keys: tuple[str, ...]
-    properties: Mapping[str, str]
-    born_at: int
-    deliver_at: int
-    stored_at: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PullResult:
-    messages: list[Delivered]
+class PullResult(_Record, frozen=True, kw_only=True, gc=False):
+    messages: list[LogRecord]  # in queue order; LogRecord.offset is the queue offset
     next_offset: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TransactionResult:
+class TransactionResult(_Record, frozen=True, kw_only=True, gc=False):
     transaction_id: str
     msg_id: str
     topic: str
@@ -81,8 +70,7 @@ class TransactionResult:
     duplicate: bool = False  # a re-sent prepare of the same (topic, msgId): the first result
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TransactionCheck:
+class TransactionCheck(_Record, frozen=True, kw_only=True, gc=False):
     """A prepared message whose producer must say COMMIT, ROLLBACK or UNKNOWN."""
 
     transaction_id: str

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+import msgspec
+
 from scheduler.checkback import (
     CallbackRegistration,
     CallbackRegistry,
@@ -211,7 +213,7 @@ class TransactionManager:
             if raw is not None:
                 entry = decode_entry(raw)
                 if entry.producer_group == group:
-                    return dataclasses.replace(_result(index.tx_id, entry), duplicate=True)
+                    return msgspec.structs.replace(_result(index.tx_id, entry), duplicate=True)
         raise Conflict(f"msgId {prepared.msg_id!r} of topic {prepared.topic!r} is already "
                        f"used by another message")
 
@@ -233,7 +235,7 @@ class TransactionManager:
             delay_ms=half.delay_ms, delay_level=half.delay_level)
         prepared = self._intake.prepare(request, now, flags=FLAG_TRANSACTIONAL,
                                         tx_id=transaction_id)
-        prepared.record = dataclasses.replace(prepared.record, born_at=half.prepared_at)
+        prepared.record = msgspec.structs.replace(prepared.record, born_at=half.prepared_at)
 
         def finish(batch: Batch) -> None:  # every engine lock held, log replayed
             current = self._entry(transaction_id)
@@ -356,7 +358,7 @@ class TransactionManager:
                               deliver_at=now)
         prepared = self._intake.prepare(request, now, flags=FLAG_DISCARDED, allow_system=True,
                                         tx_id=tx_id)
-        prepared.record = dataclasses.replace(prepared.record, born_at=half.prepared_at)
+        prepared.record = msgspec.structs.replace(prepared.record, born_at=half.prepared_at)
         self._end(batch, tx_id, entry, TransactionState.DISCARDED, now)
         return prepared
 

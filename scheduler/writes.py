@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from scheduler.clock import Clock
 from scheduler.codec import cancel_handle, index_value

@@ -14,7 +14,6 @@ cluster without one, export to Parquet first (spark_jobs/inputs.py).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +41,7 @@ from storage.records import (
     MessageStatus,
     decode_index,
     decode_message,
+    fields_of,
 )
 from storage.snapshots import open_read_only, resolve_db_dir, sst_number
 
@@ -111,7 +111,7 @@ def _names(rests: list[bytes]) -> tuple[list[bytes | None], list[bytes | None]]:
     return topics, ids
 
 
-_INDEX_FIELDS = {f.name: n + 1 for n, f in enumerate(dataclasses.fields(IndexEntry))}
+_INDEX_FIELDS = {name: n + 1 for n, name in enumerate(fields_of(IndexEntry))}
 _STATUS, _DELIVER_AT, _QUEUE_OFFSET = (_INDEX_FIELDS[f] for f in
                                        ("status", "deliver_at", "queue_offset"))
 

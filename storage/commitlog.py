@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import fcntl
+import mmap
 import os
 import struct
 import threading
@@ -36,7 +37,16 @@ from pathlib import Path
 from crc32c import crc32c
 
 from storage.errors import CorruptionError, InvalidArgument, StorageError
-from storage.log_format import HEADER, HEADER_SIZE, RECORD_MAGIC, Walk, check, frame, seal
+from storage.log_format import (
+    CRC_SEED,
+    HEADER,
+    HEADER_SIZE,
+    RECORD_MAGIC,
+    Walk,
+    check,
+    frame,
+    seal,
+)
 from storage.segment import NAME_PATTERN, Segment, fsync_dir
 
 FLUSH_POLICIES = ("async", "sync")
@@ -380,7 +390,30 @@ class CommitLog:
         return payload
 
     def read_many(self, positions: Sequence[int]) -> list[bytes]:
-        return [self.read(p) for p in positions]
+        """``[read(p) for p in positions]`` with the same checks, in one tight loop (the pull
+        path reads up to 1000 records a request, mostly from one segment)."""
+        if self._closed:
+            raise StorageError("the CommitLog is closed")
+        out: list[bytes] = []
+        unpack, header, magic_ok, seed = HEADER.unpack_from, HEADER_SIZE, RECORD_MAGIC, CRC_SEED
+        lo = hi = 0
+        mm: bytes | mmap.mmap = b""
+        for position in positions:
+            if not lo <= position < hi:
+                seg = self._segment_at(position)
+                lo, hi, mm = seg.base, min(seg.base + seg.size, self._end), seg.mm
+            off = position - lo
+            if hi - position < header:
+                raise InvalidArgument(f"no record at position {position}")
+            magic, length, crc = unpack(mm, off)
+            if magic != magic_ok:
+                raise InvalidArgument(f"no record at position {position}")
+            start = off + header
+            payload = mm[start:start + length]
+            if len(payload) != length or crc32c(payload, length ^ seed) != crc:
+                raise CorruptionError(f"CommitLog record at {position}: bad length or CRC32C")
+            out.append(payload)
+        return out
 
     def iter_from(self, position: int) -> Iterator[tuple[int, bytes]]:
         """(position, payload) of every record from ``position`` to the end (the end when the

@@ -18,16 +18,18 @@ from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
 from storage.constants import GROUP_PATTERN
 from storage.errors import InvalidArgument
+from storage.records import LogRecord
 
 Group = Annotated[str, Path(pattern=schemas.GROUP_REGEX, description="Consumer group.")]
 
 
-def delivered(message: model.Delivered) -> schemas.Delivered:
+def delivered(message: LogRecord) -> schemas.Delivered:
+    body = message.body
     return schemas.Delivered(
-        offset=message.offset, msg_id=message.msg_id, topic=message.topic, tags=message.tags,
-        keys=list(message.keys), properties=dict(message.properties),
-        body_base64=message.body, body=schemas.utf8_text(message.body),
-        born_at=message.born_at, deliver_at=message.deliver_at, stored_at=message.stored_at,
+        offset=message.queue_offset, msg_id=message.msg_id, topic=message.topic,
+        tags=message.tags, keys=list(message.keys), properties=dict(message.properties),
+        body_base64=body, body=schemas.utf8_text(body), born_at=message.born_at,
+        deliver_at=message.deliver_at, stored_at=message.stored_at,
     )
 
 

@@ -15,8 +15,8 @@ from scheduler.broker import Broker, open_commitlog, open_store
 from scheduler.clock import FakeClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
-from scheduler.model import Delivered
 from storage.errors import StorageError
+from storage.records import LogRecord
 from storage.timer_store import Batch, TimerStore
 
 START_MS = 1_700_000_000_000
@@ -53,6 +53,9 @@ class FlakyLog:
 
     def read(self, position: int) -> bytes:
         return self.inner.read(position)
+
+    def read_many(self, positions: Sequence[int]) -> list[bytes]:
+        return self.inner.read_many(positions)
 
     def iter_from(self, position: int) -> Any:
         return self.inner.iter_from(position)
@@ -144,9 +147,9 @@ def broker(harness: Harness) -> Broker:
     return harness.open()
 
 
-def read_topic(broker: Broker, topic: str) -> list[Delivered]:
+def read_topic(broker: Broker, topic: str) -> list[LogRecord]:
     """Every message delivered to ``topic``, in queue order."""
-    out: list[Delivered] = []
+    out: list[LogRecord] = []
     offset = 0
     while True:
         page = broker.pull(topic, offset, 1000)
