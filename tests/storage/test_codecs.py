@@ -27,6 +27,7 @@ from storage.records import (
     MessageStatus,
     decode_index,
     decode_log_record,
+    decode_log_records,
     decode_message,
     encode_index,
     encode_log_record,
@@ -163,3 +164,12 @@ def test_records_evolve_by_appending_fields() -> None:
 def test_garbage_is_corruption(raw: bytes) -> None:
     with pytest.raises(CorruptionError):
         decode_index(raw)
+
+
+@given(st.lists(log_records, max_size=5))
+def test_log_records_decode_in_bulk(records: list[LogRecord]) -> None:
+    payloads = [encode_log_record(r) for r in records]
+    assert decode_log_records(payloads) == records
+    wrong_type = msgpack.packb([1, "topic", 42, 0, b"body"])  # msgId must be a string
+    with pytest.raises(CorruptionError, match=r"cannot decode LogRecord: Expected `str`"):
+        decode_log_records([*payloads, wrong_type])

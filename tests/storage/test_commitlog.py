@@ -16,6 +16,11 @@ def test_append_read_and_reopen(tmp_path: Path) -> None:
         positions = log.append_batch(payloads[:120])
         positions += log.append_batch(payloads[120:])
         assert [log.read(p) for p in positions] == payloads
+        assert log.read_many(positions) == payloads  # across segments, in one loop
+        assert log.read_many(positions[::-7]) == payloads[::-7]
+        for bad in (positions[3] + 1, log.end_position, log.end_position + 10**6):
+            with pytest.raises(InvalidArgument):
+                log.read_many([positions[0], bad])
         assert [p for p, _ in log.iter_from(0)] == positions
         end = log.end_position
     with CommitLog(tmp_path / "log", segment_size=4096) as log:

@@ -201,6 +201,8 @@ def test_default_open_trusts_the_flushed_prefix_and_reads_catch_rot(
         assert log.end_position == info["end"]  # with the size of the log
         with pytest.raises(CorruptionError, match="CRC32C"):
             log.read(victim)
+        with pytest.raises(CorruptionError, match="CRC32C"):
+            log.read_many(info["positions"][8:12])
         assert log.read(info["positions"][11]) == info["payloads"][11]
         assert log.verify().errors == [f"position {victim}: CRC32C mismatch"]
 

@@ -9,7 +9,8 @@ import pytest
 from storage.commitlog import CommitLog
 from storage.constants import CF_CQ
 from storage.consume_queue import ConsumeQueue, CqEntry, rebuild
-from storage.errors import InvalidArgument
+from storage.errors import CorruptionError, InvalidArgument
+from storage.keys import cq_key
 from storage.records import LogRecord, encode_log_record
 from storage.timer_store import TimerStore
 
@@ -47,6 +48,21 @@ def test_read_and_end_offset(store: TimerStore) -> None:
     store.write(b)
     assert cq.end_offset("orders") == 501
     assert cq.read("orders", 500, 1) == [CqEntry(queue_offset=500, position=123, size=4)]
+    for offset, n in ((0, 1000), (100, 50), (495, 100), (501, 10), (0, 0)):
+        assert cq.positions("orders", offset, n) == [e.position for e in cq.read(
+            "orders", offset, n)]
+
+
+def test_a_malformed_entry_is_corruption(store: TimerStore) -> None:
+    _fill(store, "t", 10)
+    cq = ConsumeQueue(store)
+    b = store.batch()
+    b.put(CF_CQ, cq_key("t", 4), b"\x00" * 11)  # one byte short of position + size
+    store.write(b)
+    for read in (cq.read, cq.positions):
+        with pytest.raises(CorruptionError, match="malformed"):
+            read("t", 0, 10)
+    assert cq.positions("t", 5, 5) == [i * 100 for i in range(5, 10)]
 
 
 def test_read_costs_one_seek_and_n_steps(store: TimerStore) -> None:
