@@ -18,6 +18,17 @@ is idempotent. It runs on start, and also at run time: a failed step 3 sets
 ``needs_replay`` and the next commit, cancel or send replays before it looks at anything, so
 a retried batch never appends a message twice.
 
+All or nothing. A send batch that mixes due-now and scheduled messages stores the scheduled
+ones in the same RocksDB write that commits the due-now ones' log records, so that one write
+decides the whole batch. Replaying its log records after that write failed would deliver the
+due-now half alone; so those records carry ``FLAG_BATCH`` and are never replayed: a failed
+write revokes them from the log at once (``CommitLog.revoke``, under the commit lock, where
+nobody else appends), and a replay (after a crash between the append and the write, or when
+the revoke failed) skips them and revokes them if they are the log's tail, which they are
+(every append is preceded by a replay, so past the applied position there is only the last
+append). The applied position moves in the same atomic write as the batch, so a record past
+it belongs to a write that never landed.
+
 The skip set. Delivery does not read the index to learn whether a scanned message is still
 wanted (that multi-get would cost more than the rest of the commit). Instead, a cancel of a
 message the scanner may already have handed on (its key lies below the shard's scan
@@ -39,8 +50,10 @@ from scheduler.clock import Clock
 from scheduler.codec import index_value, log_payload, log_payload_from_value
 from scheduler.intake import PreparedMessage, expiry_key, topic_shard
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
+from storage.errors import HourglassError
 from storage.keys import encode_timer_key, index_key, pack_u64, unpack_u64
 from storage.records import (
+    FLAG_BATCH,
     FLAG_IMMEDIATE,
     IndexEntry,
     LogRecord,
@@ -66,6 +79,7 @@ class Log(Protocol):
     def read(self, position: int) -> bytes: ...
     def read_many(self, positions: Sequence[int]) -> list[bytes]: ...
     def iter_from(self, position: int) -> Iterable[tuple[int, bytes]]: ...
+    def revoke(self, position: int) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
 
@@ -160,15 +174,30 @@ class Committer:
     def _replay(self, *, runtime: bool) -> list[LogRecord]:
         replayed: list[LogRecord] = []
         chunk: list[tuple[int, int, LogRecord]] = []
+        dropped = 0
+        dead_tail: int | None = None  # where the records of a batch that never committed start
         for position, payload in self._log.iter_from(self.applied_position):
+            record = decode_log_record(payload)
+            if record.flags & FLAG_BATCH:  # its batch's write never landed: never apply it
+                dropped += 1
+                if dead_tail is None:
+                    dead_tail = position
+                continue
+            dead_tail = None  # not the tail after all (see the module doc): skipped only
             if len(chunk) >= REPLAY_CHUNK:
                 self._apply(chunk, position, runtime)
                 replayed.extend(r for _, _, r in chunk)
                 chunk = []
-            chunk.append((position, len(payload), decode_log_record(payload)))
+            chunk.append((position, len(payload), record))
         if chunk:
-            self._apply(chunk, self._log.end_position, runtime)
+            end = self._log.end_position if dead_tail is None else dead_tail
+            self._apply(chunk, end, runtime)
             replayed.extend(r for _, _, r in chunk)
+        if dropped:
+            revoked = dead_tail is not None and self._revoke(dead_tail)
+            log.warning("replay skipped %d log record(s) of a send batch whose RocksDB write "
+                        "never landed (%s)", dropped,
+                        "revoked from the log" if revoked else "left in the log, never applied")
         self.needs_replay = False
         self._offsets.clear()  # reloaded from the consume queues, which now hold everything
         if replayed and self._on_replayed is not None:
@@ -246,19 +275,24 @@ class Committer:
             outcome.lateness_ms = [now - at for at in pending.deliver_ats]
             return outcome
 
-    def commit_immediate(self, batch: Batch, messages: Sequence[PreparedMessage]) -> CommitOutcome:
+    def commit_immediate(self, batch: Batch, messages: Sequence[PreparedMessage], *,
+                         atomic: bool = False) -> CommitOutcome:
         """Append messages due on arrival and write them with ``batch`` (which may hold the
-        caller's own operations, e.g. scheduled siblings of a send batch). Lock held."""
+        caller's own operations, e.g. scheduled siblings of a send batch). Lock held.
+
+        ``atomic``: ``batch`` stores other messages of the same send batch, so the messages
+        count only with it: if the write fails they are revoked, never replayed (module doc)."""
         now = self._clock.now_ms()
+        flags = FLAG_IMMEDIATE | FLAG_BATCH if atomic else FLAG_IMMEDIATE
         pending = _Appends()
         for m in messages:
             pending.add(m.topic, m.msg_id, m.deliver_at, m.index_key, m.tx_id, m)
         offsets = self._take_offsets(pending.topics)
         payloads = [
             log_payload(m.topic, m.msg_id, offset, m.body, m.tags, m.keys, m.properties,
-                        m.born_at, m.deliver_at, now, m.flags | FLAG_IMMEDIATE)
+                        m.born_at, m.deliver_at, now, m.flags | flags)
             for m, offset in zip(messages, offsets, strict=True)]
-        outcome = self._append_and_commit(batch, pending, offsets, payloads, now)
+        outcome = self._append_and_commit(batch, pending, offsets, payloads, now, atomic=atomic)
         outcome.lateness_ms = [now - max(m.deliver_at, m.born_at) for m in messages]
         return outcome
 
@@ -283,8 +317,10 @@ class Committer:
             TimerStore.put_watermark(batch, shard, unpack_u64(end))
 
     def _append_and_commit(self, batch: Batch, pending: _Appends, offsets: list[int],
-                           payloads: list[bytes], now: int) -> CommitOutcome:
+                           payloads: list[bytes], now: int, *,
+                           atomic: bool = False) -> CommitOutcome:
         outcome = CommitOutcome()
+        positions: list[int] = []
         if payloads:
             try:
                 positions = self._log.append_batch(payloads)
@@ -310,8 +346,26 @@ class Committer:
             batch.put_many(CF_INDEX, index_puts)
             batch.put_many(CF_EXPIRY, [(expiry_prefix + k, b"") for k in pending.ikeys])
             self.needs_replay = True  # until the write below succeeds
-        self._write(batch)
+        try:
+            self._write(batch)
+        except BaseException:
+            if atomic and positions and self._revoke(positions[0]):
+                # the log is as it was before the append: nothing to replay
+                self.needs_replay = self._log.end_position != self.applied_position
+            raise
         return outcome
+
+    def _revoke(self, position: int) -> bool:
+        """Take the records of a batch that never committed out of the log (from
+        ``position`` to the end). On failure they stay, and FLAG_BATCH keeps replay off them."""
+        try:
+            self._log.revoke(position)
+        except (HourglassError, OSError):
+            log.exception("could not revoke the log records of a failed send batch from "
+                          "position %d: they stay in the log, never applied", position)
+            return False
+        self._offsets.clear()  # the revoked records' queue offsets are free again
+        return True
 
     def _write(self, batch: Batch) -> None:
         end = self._log.end_position

@@ -93,7 +93,9 @@ class WritePaths:
                     committer.replay_if_needed()
                     if extra is not None:
                         extra(batch)
-                    outcome = committer.commit_immediate(batch, due)
+                    # with scheduled siblings in ``batch``, the due ones count only with
+                    # that one write: all or nothing (scheduler/committer.py)
+                    outcome = committer.commit_immediate(batch, due, atomic=bool(later))
             else:
                 store.write(batch)
             for m in later:

@@ -279,6 +279,39 @@ class CommitLog:
         del self._segments[old_count:], self._bases[old_count:]
         self._end = old_end
 
+    def revoke(self, position: int) -> None:
+        """Take back every record from ``position`` (a record boundary) to the end: the log
+        ends at ``position`` again and its next append goes there, as if they had never been
+        appended. For a writer that appended a batch, failed to commit it elsewhere and must
+        not let it become visible (scheduler/committer.py: all-or-nothing send batches); the
+        caller makes sure nothing refers to those positions.
+
+        Crash-consistent: if the checkpoint already covers the records it is lowered first
+        (the file is written and fsync'ed, ~1 ms), then the bytes are zeroed and later
+        segments removed. A crash in between leaves the records after the checkpoint, where
+        recovery keeps them (the caller must recognise them; the engine marks them), never
+        zeros below the checkpoint, which recovery would refuse. Raises StorageError, having
+        changed nothing, when the checkpoint cannot be written."""
+        with self._lock, self._flush_lock:
+            self._writable()
+            end = self._end
+            if position == end:
+                return
+            i = bisect.bisect_right(self._bases, position) - 1
+            if i < 0 or position > end:
+                raise InvalidArgument(f"position {position} is outside the log [.., {end}]")
+            seg = self._segments[i]
+            off = position - seg.base
+            if seg.size - off < HEADER_SIZE or HEADER.unpack_from(seg.mm, off)[0] != RECORD_MAGIC:
+                raise InvalidArgument(f"no record at position {position}")
+            if self._flushed > position:
+                self._write_checkpoint(position)
+                with self._flushed_cond:
+                    self._flushed = position
+            # zeroing is a memset of pages the records already occupy (no new space); an
+            # msync error is ignored as recovery does: the page cache has the zeros
+            self._rollback(position, i + 1)
+
     def _writable(self) -> None:
         if self._closed:
             raise StorageError("the CommitLog is closed")

@@ -39,6 +39,8 @@ FINAL_STATUSES = frozenset(
 FLAG_IMMEDIATE = 1  # was due on arrival: never stored in a timer column family
 FLAG_TRANSACTIONAL = 2  # came from a committed half message
 FLAG_DISCARDED = 4  # a half message discarded into TRANS_CHECK_MAX_TIME_TOPIC
+FLAG_BATCH = 8  # due on arrival in a send batch that also stored scheduled messages: it
+# counts only with that batch's RocksDB write, never by replay (scheduler/committer.py)
 
 
 class _Record(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):

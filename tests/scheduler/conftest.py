@@ -24,7 +24,8 @@ START_MS = 1_700_000_000_000
 
 class FlakyLog:
     """Wraps the real CommitLog; ``fail_appends = n`` makes the next n appends raise (and
-    append nothing, as a real failed append); ``after_append`` runs after a successful one."""
+    append nothing, as a real failed append); ``after_append`` runs after a successful one;
+    ``fail_revokes`` as ``fail_appends`` for ``revoke``."""
 
     def __init__(self, inner: Log) -> None:
         self.inner = inner
@@ -33,6 +34,8 @@ class FlakyLog:
         self.records = 0
         self.after_append: Callable[[list[int]], None] | None = None
         self.before_append: Callable[[], None] | None = None
+        self.fail_revokes = 0  # the next n revokes raise (and revoke nothing)
+        self.revokes: list[int] = []  # positions revoked
 
     @property
     def end_position(self) -> int:
@@ -59,6 +62,13 @@ class FlakyLog:
 
     def iter_from(self, position: int) -> Any:
         return self.inner.iter_from(position)
+
+    def revoke(self, position: int) -> None:
+        if self.fail_revokes > 0:
+            self.fail_revokes -= 1
+            raise StorageError("injected: revoke failed")
+        self.inner.revoke(position)
+        self.revokes.append(position)
 
     def flush(self) -> None:
         self.inner.flush()
