@@ -1,0 +1,197 @@
+"""CommitLog flushes release the GIL: an msync of tens of MiB must not stall other threads.
+
+The stall is measured, not assumed: a second thread counts loop iterations and records when
+each ran; during the flush it must keep running (most of the flush's duration covered), where
+``mmap.flush`` (msync under the GIL) would leave it frozen from the msync's start to its end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from storage.commitlog import CHECKPOINT_NAME, CommitLog
+from storage.errors import StorageError
+from storage.segment import Segment
+
+_MIB = 1 << 20
+_DIRTY = 128 * _MIB  # what one flush msyncs: ~80-700 ms on this disk
+
+
+class _Spinner(threading.Thread):
+    """Records the time of each iteration of a pure-Python loop while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.ticks: list[float] = []
+        self._running = threading.Event()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        ticks, clock, stop = self.ticks, time.perf_counter, self._halt
+        self._running.set()
+        while not stop.is_set():
+            ticks.append(clock())
+
+    def __enter__(self) -> _Spinner:
+        self.start()
+        self._running.wait()
+        time.sleep(0.02)  # in its steady state: holding the GIL, handing it over every 5 ms
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt.set()
+        self.join()
+
+    def assert_ran_during(self, windows: list[tuple[float, float]]) -> None:
+        """Over each (start, end) window, the longest stretch without an iteration is a
+        scheduler hiccup, not the window: below half of it, or 25 ms for short windows (the
+        interpreter hands the GIL over every 5 ms; the machine is shared). Holding the GIL
+        through an msync freezes this thread for the whole window (stall ~= window)."""
+        assert windows
+        for start, end in windows:
+            inside = [t for t in self.ticks if start <= t <= end]
+            edges = [start, *inside, end]
+            stall = max(b - a for a, b in itertools.pairwise(edges))
+            assert inside, f"no iteration of the other thread in a {end - start:.3f} s msync"
+            assert stall < max(0.5 * (end - start), 0.025), (
+                f"the other thread stalled {stall * 1000:.1f} ms of a "
+                f"{(end - start) * 1000:.1f} ms msync")
+
+
+@pytest.fixture
+def msync_windows(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
+    """The (start, end) times of every Segment.sync call made during the test."""
+    windows: list[tuple[float, float]] = []
+    sync = Segment.sync
+
+    def timed(seg: Segment, start: int, stop: int) -> None:
+        began = time.perf_counter()
+        try:
+            sync(seg, start, stop)
+        finally:
+            windows.append((began, time.perf_counter()))
+
+    monkeypatch.setattr(Segment, "sync", timed)
+    return windows
+
+
+def _fill(log: CommitLog, total: int) -> None:
+    payload = bytes(range(256)) * 256  # 64 KiB, not all zeros
+    per_batch = 64
+    for _ in range(total // (len(payload) * per_batch)):
+        log.append_batch([payload] * per_batch)
+
+
+def test_flush_leaves_other_threads_running(
+    tmp_path: Path, msync_windows: list[tuple[float, float]],
+) -> None:
+    log = CommitLog(tmp_path / "log", segment_size=_DIRTY + _MIB, flush_interval_ms=3_600_000)
+    try:
+        _fill(log, _DIRTY)
+        assert log.flushed_position < log.end_position
+        msync_windows.clear()  # (opening syncs the empty recovered tail)
+        with _Spinner() as spinner:
+            log.flush()
+        assert log.flushed_position == log.end_position
+    finally:
+        log.close()
+        shutil.rmtree(tmp_path / "log")  # pytest keeps the last runs' tmp_path: free the disk
+    spinner.assert_ran_during(msync_windows[:1])  # the flush's msync (close() adds none)
+
+
+def test_segment_sync_leaves_other_threads_running(tmp_path: Path) -> None:
+    seg = Segment.create(tmp_path, 0, _DIRTY)
+    try:
+        chunk = bytes(range(256)) * 4096  # 1 MiB
+        for pos in range(0, _DIRTY, len(chunk)):
+            seg.mm[pos:pos + len(chunk)] = chunk
+        with _Spinner() as spinner:
+            start = time.perf_counter()
+            seg.sync(0, seg.size)
+            end = time.perf_counter()
+    finally:
+        seg.close()
+        seg.path.unlink()
+    spinner.assert_ran_during([(start, end)])
+
+
+@pytest.mark.parametrize("policy", ["async", "sync"])
+def test_flushed_records_survive_reopen(tmp_path: Path, policy: str) -> None:
+    directory = tmp_path / "log"
+    payloads = [i.to_bytes(4, "little") * (1 + i % 700) for i in range(3000)]
+    log = CommitLog(directory, segment_size=256 * 1024, flush_policy=policy,
+                    flush_interval_ms=3_600_000)
+    try:
+        positions = log.append_batch(payloads[:1500]) + log.append_batch(payloads[1500:])
+        log.flush()
+        end = log.end_position
+        assert log.flushed_position == end
+        assert len(list(directory.glob("0" * 10 + "*"))) > 1  # spans segments
+    finally:
+        log.close()
+    with CommitLog(directory, read_only=True) as reopened:
+        assert reopened.end_position == end
+        assert [reopened.read(p) for p in positions] == payloads
+    checkpoint = (directory / CHECKPOINT_NAME).read_bytes()
+    assert int.from_bytes(checkpoint[:8], "little") == end  # the flush recorded it
+    with CommitLog(directory, full_check=True) as again:  # every record checked on open
+        assert again.end_position == end
+
+
+def test_segment_sync_clamps_its_range_and_refuses_a_closed_segment(tmp_path: Path) -> None:
+    seg = Segment.create(tmp_path, 0, 64 * 1024)
+    seg.mm[5000:5005] = b"hello"
+    seg.sync(5000, 5005)  # unaligned start: rounded down to the page
+    seg.sync(-10, 10 * seg.size)  # clamped to the segment
+    seg.sync(100, 100)  # empty: nothing to do
+    seg.close()  # the sync released its hold on the mapping's buffer
+    with pytest.raises(ValueError, match="closed"):
+        seg.sync(0, 10)
+    read_only = Segment.open(seg.path, writable=False)
+    try:
+        read_only.sync(0, read_only.size)  # nothing to sync in a read-only mapping
+        assert read_only.mm[5000:5005] == b"hello"
+    finally:
+        read_only.close()
+
+
+def test_flush_after_close_is_refused(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "log", segment_size=64 * 1024)
+    log.append_batch([b"x"])
+    log.close()
+    with pytest.raises(StorageError, match="closed"):
+        log.flush()
+
+
+def test_close_waits_for_an_msync_in_flight(tmp_path: Path) -> None:
+    """The msync runs without the GIL: a close() meanwhile must neither unmap the pages under
+    it nor fail; it waits, and a later sync is refused."""
+    seg = Segment.create(tmp_path, 0, 32 * _MIB)
+    seg.mm[:] = bytes(range(256)) * (seg.size // 256)
+    outcome: list[BaseException | None] = []
+    began = threading.Event()
+
+    def sync() -> None:
+        began.set()
+        try:
+            seg.sync(0, seg.size)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    syncer = threading.Thread(target=sync)
+    syncer.start()
+    began.wait()
+    seg.close()  # mid-msync (or, if the syncer is slow to start, before it: ValueError)
+    syncer.join()
+    assert seg.mm.closed
+    assert outcome == [None] or isinstance(outcome[0], ValueError), outcome
+    with pytest.raises(ValueError, match="closed"):
+        seg.sync(0, 10)
+    seg.path.unlink()
