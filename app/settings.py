@@ -213,7 +213,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(name="max_batch_messages", parse=parse_int, check=_batch),
 )
 
-_ENGINE_CHECKS: dict[str, Check] = {"flush_policy": _flush_policy}
+_ENGINE_CHECKS: dict[str, Check] = {"flush_policy": _flush_policy,
+                                    "disk_reserve_bytes": _non_negative}
 
 
 def _engine_options() -> tuple[Option, ...]:

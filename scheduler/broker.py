@@ -93,7 +93,9 @@ def open_commitlog(directory: Path, config: EngineConfig) -> Log:
 
 
 def open_store(directory: Path, config: EngineConfig) -> TimerStore:
-    return TimerStore(directory, timer_shards=config.timer_shards, sync_writes=config.sync_writes)
+    return TimerStore(directory, timer_shards=config.timer_shards, sync_writes=config.sync_writes,
+                      disk_reserve_bytes=config.disk_reserve_bytes,
+                      disk_retry_interval_ms=config.disk_retry_interval_ms)
 
 
 def check_config(config: EngineConfig) -> DelayLevels:
@@ -249,9 +251,12 @@ class Broker:
 
     @property
     def ready(self) -> bool:
-        """Storage open, recovery done, delivery stage not blocked by failures."""
+        """Storage open and taking writes, recovery done, delivery stage not blocked by
+        failures. While the store refuses writes (a full disk), reading this may try to
+        recover it (TimerStore.writable): read it off the event loop."""
         return (self._state == "running" and self._delivery is not None
-                and not self._delivery.blocked and not self._committer.needs_replay)
+                and not self._delivery.blocked and not self._committer.needs_replay
+                and self._store is not None and self._store.writable)
 
     def drain(self, timeout_s: float = 30.0) -> None:
         """Block until every message due at the clock's current time is in the log; raises

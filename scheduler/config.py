@@ -39,3 +39,7 @@ class EngineConfig:
     #                                                   ("*.example.com": subdomains); () = none
     transaction_callback_timeout_ms: int = 3_000  #     ms per check-callback POST; past it: UNKNOWN
     transaction_callback_workers: int = 4  #            concurrent check-callback POSTs
+    disk_reserve_bytes: int = 64 << 20  #               bytes; less free on RocksDB's filesystem ->
+    #                                                   writes refused (503) before ENOSPC; 0 = off
+    disk_retry_interval_ms: int = 1_000  #              ms between free-space re-checks (and RocksDB
+    #                                                   reopens) while writes are refused

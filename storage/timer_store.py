@@ -8,18 +8,29 @@ twice is ``InvalidArgument``.
 Iteration never keeps a RocksDB iterator alive across a ``yield``: ``scan`` reads in chunks
 and re-seeks after the last key it returned, so an abandoned generator holds nothing and
 ``close()`` really closes (rocksdict keeps the DB lock while any iterator lives).
+
+A full disk does not need a restart (storage/write_guard.py): below ``disk_reserve_bytes`` of
+free space writes are refused before RocksDB sees them, and after RocksDB's sticky I/O error
+(a WAL append that met ENOSPC) the store refuses writes until there is room again, then
+closes and reopens the DB in place; RocksDB recovers every acknowledged write from its WAL.
+Every operation holding a RocksDB handle passes the ``Gate`` (storage/gate.py), which the
+reopen (and ``close``) pass alone, so no handle of the old DB survives it.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
+import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import rocksdict
 
+from storage.batch import Batch
 from storage.constants import (
     CF_META,
     CF_TIMER_PREFIX,
@@ -29,6 +40,7 @@ from storage.constants import (
     timer_cf,
 )
 from storage.errors import InvalidArgument, StorageError
+from storage.gate import Gate
 from storage.keys import MAX_U64, pack_u64, time_bound, topic_shard, unpack_u64
 from storage.rocks_options import (
     StoreTuning,
@@ -37,102 +49,61 @@ from storage.rocks_options import (
     db_options,
     is_time_ordered,
 )
+from storage.write_guard import MonotonicClock, NowMs, WriteGuard
+
+log = logging.getLogger(__name__)
 
 STORE_FORMAT_VERSION = 1
 MAX_TIMER_SHARDS = 256
 _SCAN_CHUNK = 1024
+DEFAULT_DISK_RETRY_INTERVAL_MS = 1000
 
 
 def _storage_error(what: str, exc: BaseException) -> StorageError:
     return StorageError(f"RocksDB {what} failed: {exc}")
 
 
-class Batch:
-    """Operations applied atomically by ``TimerStore.write`` (one RocksDB WriteBatch).
-
-    A Batch is written once; using it after ``write`` raises ``InvalidArgument``. The
-    ``*_many`` methods take lists so hot paths pay no Python call per record.
-    """
-
-    __slots__ = ("_handles", "_wb")
-
-    def __init__(self, handles: dict[str, Any]) -> None:
-        self._handles = handles
-        self._wb: rocksdict.WriteBatch | None = rocksdict.WriteBatch(raw_mode=True)
-
-    def _target(self, cf: str) -> tuple[rocksdict.WriteBatch, Any]:
-        wb = self._wb
-        if wb is None:
-            raise InvalidArgument("this batch was already written; make a new one")
-        try:
-            return wb, self._handles[cf]
-        except KeyError:
-            if not self._handles:  # the store's handles are dropped when it closes
-                raise StorageError("the store is closed") from None
-            raise InvalidArgument(f"unknown column family {cf!r}") from None
-
-    def put(self, cf: str, key: bytes, value: bytes) -> None:
-        wb, handle = self._target(cf)
-        wb.put(key, value, handle)
-
-    def delete(self, cf: str, key: bytes) -> None:
-        wb, handle = self._target(cf)
-        wb.delete(key, handle)
-
-    def delete_range(self, cf: str, begin: bytes, end: bytes) -> None:
-        wb, handle = self._target(cf)
-        wb.delete_range(begin, end, handle)
-
-    def put_many(self, cf: str, items: Iterable[tuple[bytes, bytes]]) -> None:
-        wb, handle = self._target(cf)
-        put = wb.put
-        for key, value in items:
-            put(key, value, handle)
-
-    def delete_many(self, cf: str, keys: Iterable[bytes]) -> None:
-        wb, handle = self._target(cf)
-        delete = wb.delete
-        for key in keys:
-            delete(key, handle)
-
-    def __len__(self) -> int:
-        return 0 if self._wb is None else int(self._wb.len())
-
-    def _take(self) -> rocksdict.WriteBatch:
-        wb = self._wb
-        if wb is None:
-            raise InvalidArgument("this batch was already written; make a new one")
-        self._wb = None
-        return wb
-
-
 class TimerStore:
     def __init__(
         self, path: str | Path, *, timer_shards: int | None = 2, sync_writes: bool = False,
-        read_only: bool = False, tuning: StoreTuning | None = None,
+        read_only: bool = False, tuning: StoreTuning | None = None, clock: NowMs | None = None,
+        disk_reserve_bytes: int = 0, disk_retry_interval_ms: int = DEFAULT_DISK_RETRY_INTERVAL_MS,
     ) -> None:
         """Open (or create) the store at ``path``.
 
         ``timer_shards`` must equal the count the data was written with (kept in ``meta``);
         ``None`` adopts the persisted count (e.g. to open a checkpoint). ``read_only`` opens
         without the write lock (checkpoints, analysis); writes then raise StorageError.
+        ``disk_reserve_bytes`` (0: none) and ``disk_retry_interval_ms`` (on ``clock``, default a
+        monotonic one) set the full-disk handling of storage/write_guard.py.
         """
         if timer_shards is not None and not 1 <= timer_shards <= MAX_TIMER_SHARDS:
             raise InvalidArgument(f"timer_shards must be in 1..{MAX_TIMER_SHARDS}")
+        if disk_reserve_bytes < 0 or disk_retry_interval_ms < 0:
+            raise InvalidArgument("disk_reserve_bytes and disk_retry_interval_ms must be >= 0")
         self._path = Path(path)
         self._read_only = read_only
         self._tuning = tuning or StoreTuning()
         self._db: rocksdict.Rdict | None = None
         self._cfs: dict[str, rocksdict.Rdict] = {}
         self._handles: dict[str, Any] = {}
+        self._families: list[str] = []  # the column families this store opens (sorted)
         self._cleaned: dict[str, int] = {}  # cf -> bound of its last cleanup_prefix
         self._shards = 0
+        self._closed = False
+        self._gate = Gate()
+        self._clock = clock or MonotonicClock()
+        self._guard = WriteGuard(self._path, clock=self._clock,
+                                 reserve_bytes=0 if read_only else disk_reserve_bytes,
+                                 retry_interval_ms=disk_retry_interval_ms)
+        self.reopens = 0  # successful reopens after a sticky RocksDB error
         existing = self._existing_cfs()
         if read_only and existing is None:
             raise StorageError(f"no RocksDB store at {self._path}")
         self._cache = rocksdict.Cache(self._tuning.block_cache_bytes)
         self._opts = db_options(self._tuning, create=not read_only)
         self._shards = self._open(existing, timer_shards)
+        self._families = sorted(self._cfs)
         self._sync_write = rocksdict.WriteOptions()
         self._sync_write.sync = True
         self._async_write = rocksdict.WriteOptions()
@@ -231,7 +202,33 @@ class TimerStore:
 
     @property
     def closed(self) -> bool:
-        return self._db is None
+        return self._closed
+
+    @property
+    def writable(self) -> bool:
+        """True while writes are accepted (open, not read-only, not refused for a full disk).
+
+        While they are refused, reading this also does what a write would: re-reads the free
+        space and, after RocksDB's sticky I/O error, reopens the DB when there is room, at most
+        every ``disk_retry_interval_ms``. So a readiness probe drives the recovery even when no
+        write comes; it may then take as long as a reopen (the WAL's replay): call it off the
+        event loop.
+        """
+        if self._read_only or self._closed:
+            return False
+        guard = self._guard
+        if guard.refusal is None and guard.next_check_ms > self._clock.now_ms():
+            return True
+        try:
+            self._admit()
+        except StorageError:
+            return False
+        return True
+
+    @property
+    def refusal(self) -> str | None:
+        """Why writes are refused (a full disk, RocksDB's sticky error), or None."""
+        return self._guard.refusal
 
     def timer_cf_names(self) -> list[str]:
         return [timer_cf(i) for i in range(self._shards)]
@@ -240,80 +237,117 @@ class TimerStore:
         """The timer shard of ``topic``'s messages (storage.keys.topic_shard)."""
         return topic_shard(topic, self._shards)
 
+    def _unavailable(self) -> StorageError:
+        if self._closed:
+            return StorageError("the store is closed")
+        return StorageError(self._guard.refusal or "the store is being reopened")
+
     def _live_db(self) -> rocksdict.Rdict:
         if self._db is None:
-            raise StorageError("the store is closed")
+            raise self._unavailable()
         return self._db
 
+    def _check_cf(self, cf: str) -> None:
+        """Validate a CF name without taking its handle (for checks outside the gate)."""
+        if self._closed:
+            raise self._unavailable()
+        if cf not in self._families:
+            raise InvalidArgument(f"unknown column family {cf!r}")
+
     def _cf(self, cf: str) -> rocksdict.Rdict:
+        """The handle of ``cf``: only inside the gate, and never kept past it."""
         try:
             return self._cfs[cf]
         except KeyError:
             if self._db is None:
-                raise StorageError("the store is closed") from None
+                raise self._unavailable() from None
             raise InvalidArgument(f"unknown column family {cf!r}") from None
+
+    def _failed(self, what: str, exc: BaseException) -> StorageError:
+        """A failed write-side operation: an I/O error stops writes until the reopen."""
+        self._guard.failed(exc)
+        return _storage_error(what, exc)
 
     # --- generic access -------------------------------------------------------------------------
     def batch(self) -> Batch:
-        self._live_db()
+        if self._closed:
+            raise self._unavailable()
         return Batch(self._handles)
 
     def write(self, batch: Batch, *, sync: bool | None = None) -> None:
-        db = self._live_db()
         wb = batch._take()
         if self._read_only:
             raise StorageError("the store is open read-only")
+        guard = self._guard
+        if guard.refusal is not None or guard.next_check_ms <= self._clock.now_ms():
+            self._admit()
         opts = self._default_write if sync is None else (
             self._sync_write if sync else self._async_write)
-        try:
-            db.write(wb, opts)
-        except Exception as exc:
-            raise _storage_error("write", exc) from exc
+        with self._gate:
+            db = self._live_db()
+            try:
+                db.write(wb, opts)
+            except Exception as exc:
+                del db  # a traceback kept somewhere must not keep the DB open
+                raise self._failed("write", exc) from exc
+
+    def _admit(self) -> None:
+        """Raise StorageError while writes are refused; reopen first when it is time."""
+        if self._closed:
+            raise self._unavailable()
+        if self._guard.admit():
+            self._reopen()
 
     def get(self, cf: str, key: bytes) -> bytes | None:
-        handle = self._cf(cf)
-        try:
-            value: bytes | None = handle.get(key)
-        except Exception as exc:
-            raise _storage_error("get", exc) from exc
+        with self._gate:
+            handle = self._cf(cf)
+            try:
+                value: bytes | None = handle.get(key)
+            except Exception as exc:
+                raise _storage_error("get", exc) from exc
         return value
 
     def multi_get(self, cf: str, keys: Sequence[bytes]) -> list[bytes | None]:
-        handle = self._cf(cf)
         if not keys:
+            self._check_cf(cf)
             return []
-        try:
-            values: list[bytes | None] = handle.get(list(keys))  # type: ignore[assignment]
-        except Exception as exc:
-            raise _storage_error("multi_get", exc) from exc
+        with self._gate:
+            handle = self._cf(cf)
+            try:
+                values: list[bytes | None] = handle.get(list(keys))  # type: ignore[assignment]
+            except Exception as exc:
+                raise _storage_error("multi_get", exc) from exc
         return values
 
-    def _chunk(self, cf: rocksdict.Rdict, start: bytes | None, upper: bytes | None, n: int,
+    def _chunk(self, cf: str, start: bytes | None, upper: bytes | None, n: int,
                reverse: bool) -> list[tuple[bytes, bytes]]:
-        """At most ``n`` pairs from ``start`` (inclusive; backwards: the last key < upper)."""
+        """At most ``n`` pairs of ``cf`` from ``start`` (inclusive; backwards: the last key <
+        upper)."""
         ro = rocksdict.ReadOptions()
         if upper is not None:
             # NB rocksdict's set_iterate_lower_bound sets the upper bound: never use it.
             ro.set_iterate_upper_bound(upper)
-        try:
-            if reverse:
-                it = cf.items(backwards=True, read_opt=ro)
-            else:
-                it = cf.items(from_key=start or b"", read_opt=ro)
-            out: list[tuple[bytes, bytes]] = list(itertools.islice(it, n))  # type: ignore[arg-type]
-            del it
-        except Exception as exc:
-            raise _storage_error("scan", exc) from exc
+        with self._gate:
+            handle = self._cf(cf)
+            try:
+                if reverse:
+                    it = handle.items(backwards=True, read_opt=ro)
+                else:
+                    it = handle.items(from_key=start or b"", read_opt=ro)
+                out: list[tuple[bytes, bytes]] = list(itertools.islice(it, n))  # type: ignore[arg-type]
+                del it
+            except Exception as exc:
+                raise _storage_error("scan", exc) from exc
         return out
 
     def read_range(self, cf: str, start: bytes, end: bytes | None, limit: int,
                    reverse: bool = False) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` pairs of [start, end) read with one bounded iterator (one seek +
         ``limit`` nexts); ``reverse`` returns the last ones, last first."""
-        handle = self._cf(cf)
+        self._check_cf(cf)
         if limit <= 0 or (end is not None and end <= start):
             return []
-        out = self._chunk(handle, start, end, limit, reverse)
+        out = self._chunk(cf, start, end, limit, reverse)
         if reverse and start:
             out = list(itertools.takewhile(lambda kv: kv[0] >= start, out))
         return out
@@ -328,7 +362,7 @@ class TimerStore:
         1024 pairs, so it is not a point-in-time view across chunks (use a checkpoint for
         that); each pair yielded was current when its chunk was read.
         """
-        self._cf(cf)
+        self._check_cf(cf)
         if limit is not None and limit < 0:
             raise InvalidArgument("limit must be >= 0")
         return self._scan(cf, start, end, limit, reverse)
@@ -336,14 +370,14 @@ class TimerStore:
     def _scan(self, cf: str, start: bytes, end: bytes | None,
               limit: int | None, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
         # Holds only the CF *name* between yields: a suspended generator must not keep a
-        # column-family handle (and with it the DB lock) alive after close().
+        # column-family handle (and with it the DB lock) alive after close() or a reopen.
         remaining = MAX_U64 if limit is None else limit
         if end is not None and end <= start:
             return
         upper, lower = end, start
         while remaining > 0:
             n = min(_SCAN_CHUNK, remaining)
-            chunk = self._chunk(self._cf(cf), lower, upper, n, reverse)
+            chunk = self._chunk(cf, lower, upper, n, reverse)
             if reverse:
                 chunk = list(itertools.takewhile(lambda kv: kv[0] >= start, chunk))
             yield from chunk
@@ -356,10 +390,16 @@ class TimerStore:
                 lower = chunk[-1][0] + b"\x00"
 
     # --- timer column families ------------------------------------------------------------------
-    def _timer(self, shard: int) -> rocksdict.Rdict:
+    def _timer(self, shard: int) -> str:
         if not 0 <= shard < self._shards:
             raise InvalidArgument(f"shard {shard} is outside 0..{self._shards - 1}")
-        return self._cf(timer_cf(shard))
+        return timer_cf(shard)
+
+    def _time_ordered(self, cf: str) -> str:
+        if not is_time_ordered(cf):
+            raise InvalidArgument(f"{cf!r} is not a time-ordered column family")
+        self._check_cf(cf)
+        return cf
 
     def due(self, shard: int, from_ms: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` (key, value) of shard with from_ms <= deliverAt <= now_ms, in order."""
@@ -367,16 +407,13 @@ class TimerStore:
 
     def due_in(self, cf: str, from_ms: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
         """``due`` for any time-ordered CF (timer shards, ``half``, ``expiry``)."""
-        if not is_time_ordered(cf):
-            raise InvalidArgument(f"{cf!r} is not a time-ordered column family")
-        return self._due(self._cf(cf), from_ms, now_ms, limit)
+        return self._due(self._time_ordered(cf), from_ms, now_ms, limit)
 
-    def _due(self, handle: rocksdict.Rdict, from_ms: int, now_ms: int,
-             limit: int) -> list[tuple[bytes, bytes]]:
+    def _due(self, cf: str, from_ms: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
         if limit <= 0 or now_ms < from_ms:
             return []
         upper = None if now_ms >= MAX_U64 else time_bound(now_ms + 1)
-        return self._chunk(handle, time_bound(from_ms), upper, limit, False)
+        return self._chunk(cf, time_bound(from_ms), upper, limit, False)
 
     def next_due_at(self, shard: int, from_ms: int) -> int | None:
         """deliverAt of the first key of shard at or after from_ms, or None."""
@@ -384,12 +421,10 @@ class TimerStore:
 
     def next_at_in(self, cf: str, from_ms: int) -> int | None:
         """``next_due_at`` for any time-ordered CF."""
-        if not is_time_ordered(cf):
-            raise InvalidArgument(f"{cf!r} is not a time-ordered column family")
-        return self._next_at(self._cf(cf), from_ms)
+        return self._next_at(self._time_ordered(cf), from_ms)
 
-    def _next_at(self, handle: rocksdict.Rdict, from_ms: int) -> int | None:
-        first = self._chunk(handle, time_bound(from_ms), None, 1, False)
+    def _next_at(self, cf: str, from_ms: int) -> int | None:
+        first = self._chunk(cf, time_bound(from_ms), None, 1, False)
         return unpack_u64(first[0][0]) if first else None
 
     def watermark(self, shard: int) -> int:
@@ -404,54 +439,60 @@ class TimerStore:
 
     def cleanup_prefix(self, cf: str, before_ms: int) -> None:
         """delete_range [0, before_ms) of a time-ordered CF, then compact that range."""
-        if not is_time_ordered(cf):
-            raise InvalidArgument(f"{cf!r} is not a time-ordered column family")
-        handle = self._cf(cf)
+        self._time_ordered(cf)
         if self._read_only:
             raise StorageError("the store is open read-only")
         if before_ms <= self._cleaned.get(cf, 0):
             return  # nothing new below the bound since the last clean-up of this CF
+        self._admit()
         end = time_bound(before_ms)
         compact = rocksdict.CompactOptions()
         compact.set_bottommost_level_compaction(
             rocksdict.BottommostLevelCompaction.force_optimized())
-        try:
-            handle.delete_range(pack_u64(0), end, self._default_write)
-            handle.compact_range(None, end, compact)
-        except Exception as exc:
-            raise _storage_error(f"cleanup of {cf}", exc) from exc
+        with self._gate:
+            handle = self._cf(cf)
+            try:
+                handle.delete_range(pack_u64(0), end, self._default_write)
+                handle.compact_range(None, end, compact)
+            except Exception as exc:
+                del handle
+                raise self._failed(f"cleanup of {cf}", exc) from exc
         self._cleaned[cf] = before_ms
 
     # --- operations -----------------------------------------------------------------------------
     def checkpoint(self, dest: str | Path) -> Path:
         """A consistent copy (hard links) of the whole DB at ``dest`` (which must not exist)."""
         dest = Path(dest)
-        db = self._live_db()
         if dest.exists():
             raise InvalidArgument(f"checkpoint destination {dest} already exists")
-        try:
-            checkpoint = rocksdict.Checkpoint(db)
-            checkpoint.create_checkpoint(str(dest))
-            del checkpoint
-        except Exception as exc:
-            raise _storage_error(f"checkpoint to {dest}", exc) from exc
+        with self._gate:
+            db = self._live_db()
+            try:
+                checkpoint = rocksdict.Checkpoint(db)
+                checkpoint.create_checkpoint(str(dest))
+                del checkpoint
+            except Exception as exc:
+                del db
+                raise _storage_error(f"checkpoint to {dest}", exc) from exc
         return dest
 
     def property(self, cf: str, name: str) -> str | None:
-        handle = self._cf(cf)
-        try:
-            value = handle.property_value(name)
-        except Exception as exc:
-            raise _storage_error(f"property {name}", exc) from exc
+        value = self._property(cf, name, as_int=False)
         return None if value is None else str(value)
 
     def property_int(self, cf: str, name: str) -> int | None:
-        handle = self._cf(cf)
-        try:
-            value = handle.property_int_value(name)
-        except Exception as exc:
-            raise _storage_error(f"property {name}", exc) from exc
+        value = self._property(cf, name, as_int=True)
         return None if value is None else int(value)
+
+    def _property(self, cf: str, name: str, *, as_int: bool) -> Any:
+        with self._gate:
+            handle = self._cf(cf)
+            try:
+                if as_int:
+                    return handle.property_int_value(name)
+                return handle.property_value(name)
+            except Exception as exc:
+                raise _storage_error(f"property {name}", exc) from exc
 
     def statistics_text(self) -> str:
         """RocksDB's statistics dump (tickers and histograms), DB-wide since open."""
@@ -469,38 +510,78 @@ class TimerStore:
 
     def live_files(self) -> list[dict[str, Any]]:
         """SST files of the whole DB: name, size, level, start/end key, entries, deletions."""
-        db = self._live_db()
-        try:
-            return [dict(f) for f in db.live_files()]
-        except Exception as exc:
-            raise _storage_error("live_files", exc) from exc
+        with self._gate:
+            db = self._live_db()
+            try:
+                return [dict(f) for f in db.live_files()]
+            except Exception as exc:
+                del db
+                raise _storage_error("live_files", exc) from exc
 
     def flush(self, *, wait: bool = True) -> None:
         """Flush every CF's memtable to SST files (and the WAL)."""
-        self._live_db()
         if self._read_only:
+            self._live_db()
             return
-        try:
-            for handle in self._cfs.values():
-                handle.flush(wait)
-        except Exception as exc:
-            raise _storage_error("flush", exc) from exc
+        with self._gate:
+            self._live_db()
+            try:
+                for handle in self._cfs.values():
+                    handle.flush(wait)
+            except Exception as exc:
+                raise self._failed("flush", exc) from exc
 
+    # --- closing and reopening ------------------------------------------------------------------
     def _drop_handles(self) -> None:
         self._cfs.clear()
         self._handles.clear()
 
-    def close(self) -> None:
+    def _release(self) -> BaseException | None:
+        """Drop every handle and close the DB (gate held exclusively); returns what close
+        raised. After RocksDB's background error, close raises ("Writer has previous
+        error") and still closes."""
         db, self._db = self._db, None
-        if db is None:
-            return
         self._drop_handles()
+        if db is None:
+            return None
         try:
             db.close()
         except Exception as exc:
-            raise _storage_error("close", exc) from exc
+            return exc
         finally:
             del db
+        return None
+
+    def _reopen(self) -> None:
+        """Close and reopen the DB with the same options: RocksDB replays its WAL, so every
+        acknowledged write is there. Raises StorageError when it cannot reopen yet."""
+        started = time.monotonic()
+        with self._gate.exclusive():
+            if self._closed:
+                raise self._unavailable()
+            closing = self._release()
+            try:
+                try:
+                    self._connect(self._families)
+                except StorageError as exc:
+                    if "lock" not in str(exc):
+                        raise
+                    gc.collect()  # a handle of the old DB kept alive by a reference cycle
+                    self._connect(self._families)
+            except StorageError as exc:
+                self._guard.reopen_failed(exc)
+                raise
+        self.reopens += 1
+        self._guard.reopened()
+        log.warning("%s reopened in %.3f s (closing it said: %s)", self._path,
+                    time.monotonic() - started, closing)
+
+    def close(self) -> None:
+        with self._gate.exclusive():
+            self._closed = True
+            exc = self._release()
+        if exc is not None and not self._guard.sticky:
+            raise _storage_error("close", exc) from exc
 
     def __enter__(self) -> TimerStore:
         return self
@@ -509,7 +590,7 @@ class TimerStore:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._db is None else ("read-only" if self._read_only else "open")
+        state = "closed" if self.closed else ("read-only" if self._read_only else "open")
         return f"TimerStore({str(self._path)!r}, timer_shards={self._shards}, {state})"
 
 

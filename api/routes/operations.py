@@ -27,13 +27,14 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
 
     @router.get("/readyz", **operation(
         "getReadiness", tag="operations",
-        summary="Readiness: storage open, recovery done, delivery not blocked",
+        summary="Readiness: storage open and taking writes, recovery done, delivery not blocked",
         result="Health", auth=False, errors=(503,),
     ))
     async def readyz() -> Response:
-        if not broker.ready:
-            raise Unavailable("the engine is not ready (starting, recovering, or delivery "
-                              "blocked by storage failures)")
+        # off the event loop: while a full disk refuses writes, the check may reopen RocksDB
+        if not await run_in_threadpool(lambda: broker.ready):
+            raise Unavailable("the engine is not ready (starting, recovering, writes refused "
+                              "for a full disk, or delivery blocked by storage failures)")
         return respond(schemas.Health(status="ready"))
 
     @router.get("/metrics", **operation(
