@@ -203,3 +203,26 @@ def advance_until(clock: FakeClock, condition: Callable[[], bool], step: int = 1
             raise AssertionError("condition never held")
         clock.advance(step)
         time.sleep(0.001)
+
+
+def open_failing_after_append(
+    harness: Harness, *, messages: int, store_failures: int, **overrides: Any,
+) -> tuple[Broker, FlakyLog, FlakyStore]:
+    """A flaky Broker holding ``messages`` scheduled messages (topic "t", ids m0.., due in
+    10 ms), armed so that once the first delivery append has landed in the CommitLog, the
+    next ``store_failures`` RocksDB writes fail: the window between the log append and the
+    RocksDB commit. The clock is not moved."""
+    from scheduler.model import SendRequest  # (imports above are shared with other helpers)
+
+    broker = harness.open(flaky=True, **overrides)
+    store, log = harness.store, harness.log
+    assert store is not None and log is not None
+    broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i}", delay_ms=10)
+                       for i in range(messages)])
+
+    def fail_store_writes(_positions: list[int]) -> None:
+        store.fail_writes = store_failures
+        log.after_append = None
+
+    log.after_append = fail_store_writes
+    return broker, log, store

@@ -10,7 +10,7 @@ from scheduler.model import SendRequest
 from storage.errors import StorageError, Unavailable
 from storage.records import MessageStatus
 
-from .conftest import Harness, advance_until, read_topic
+from .conftest import Harness, advance_until, open_failing_after_append, read_topic
 
 
 def test_commitlog_failure_is_retried_with_backoff_and_nothing_is_lost(
@@ -41,17 +41,7 @@ def test_rocksdb_failure_after_the_append_is_replayed_not_duplicated(
         harness: Harness, clock: FakeClock) -> None:
     """The log append succeeds, the RocksDB commit fails: the records are in the log; the
     retry must apply them (replay) and append nothing twice."""
-    broker = harness.open(flaky=True)
-    store, log = harness.store, harness.log
-    assert store is not None and log is not None
-    broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i}", delay_ms=10)
-                       for i in range(30)])
-
-    def fail_next_write(_positions: list[int]) -> None:
-        store.fail_writes = 1
-        log.after_append = None
-
-    log.after_append = fail_next_write
+    broker, log, _ = open_failing_after_append(harness, messages=30, store_failures=1)
     clock.advance(10)
     advance_until(clock, lambda: broker.metrics.retries.value >= 1, step=1)
     advance_until(clock, lambda: broker.ready)

@@ -19,7 +19,7 @@ from storage.keys import unpack_u64
 from storage.records import MessageStatus
 from storage.timer_store import TimerStore
 
-from .conftest import Harness, advance_until, read_topic
+from .conftest import Harness, advance_until, open_failing_after_append, read_topic
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,16 +64,7 @@ def test_crash_between_log_append_and_rocksdb_commit(harness: Harness,
                                                      clock: FakeClock) -> None:
     """In process: the append works, every RocksDB commit after it fails, and the engine is
     abandoned in that state; a new Broker on the same directory delivers each once."""
-    broker = harness.open(flaky=True)
-    store, log = harness.store, harness.log
-    assert store is not None and log is not None
-    broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i}", delay_ms=10)
-                       for i in range(40)])
-
-    def break_rocksdb(_positions: list[int]) -> None:
-        store.fail_writes = 1_000_000
-
-    log.after_append = break_rocksdb
+    broker, log, _ = open_failing_after_append(harness, messages=40, store_failures=1_000_000)
     clock.advance(10)
     advance_until(clock, lambda: broker.metrics.retries.value >= 2, step=50)
     assert log.records > 0  # the log has records RocksDB does not know
