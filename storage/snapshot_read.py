@@ -1,0 +1,112 @@
+"""Reading a snapshot: its checkpoint opened read-only with every column family (raw mode),
+the engine's ``meta`` column family, and which column family each SST file belongs to.
+
+Used to write a snapshot's manifest (storage/snapshot_manifest.py) and by the Spark jobs,
+which read snapshots and never the live store.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rocksdict
+
+from storage.constants import (
+    CF_META,
+    META_APPLIED_POSITION,
+    META_FORMAT_VERSION,
+    META_SHARDS,
+    META_WATERMARK_PREFIX,
+)
+from storage.errors import NotFound, StorageError
+from storage.keys import unpack_u64
+
+CHECKPOINT_DIR = "db"  # inside a snapshot directory, beside manifest.json
+_SSTABLE = re.compile(r"^\s*(\d+):(\d+)\[")
+
+
+@dataclass(frozen=True)
+class ReadOnlyCheckpoint:
+    db: rocksdict.Rdict
+    cf_names: tuple[str, ...]
+
+    def column_family(self, name: str) -> rocksdict.Rdict:
+        if name not in self.cf_names:
+            raise NotFound(f"no column family {name!r} in the snapshot")
+        return self.db.get_column_family(name)
+
+    def meta(self) -> dict[str, Any]:
+        """Watermarks per shard, applied log position and shard count from the ``meta`` CF."""
+        out: dict[str, Any] = {"watermarks": {}}
+        if CF_META not in self.cf_names:
+            return out
+        meta = self.db.get_column_family(CF_META)
+        for key, value in meta.items(from_key=META_WATERMARK_PREFIX):
+            assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
+            if not key.startswith(META_WATERMARK_PREFIX):
+                break
+            out["watermarks"][key[len(META_WATERMARK_PREFIX):].decode()] = unpack_u64(value)
+        for name, key in (("appliedPosition", META_APPLIED_POSITION), ("timerShards", META_SHARDS),
+                          ("formatVersion", META_FORMAT_VERSION)):
+            raw = meta.get(key)
+            out[name] = None if raw is None else unpack_u64(raw)
+        del meta
+        return out
+
+    def sst_column_families(self) -> dict[int, str]:
+        """SST file number -> column family name (from each CF's ``rocksdb.sstables``)."""
+        out: dict[int, str] = {}
+        for name in self.cf_names:
+            cf = self.db.get_column_family(name)
+            text = cf.property_value("rocksdb.sstables") or ""
+            del cf
+            for line in text.splitlines():
+                if m := _SSTABLE.match(line):
+                    out[int(m[1])] = name
+        return out
+
+
+def resolve_db_dir(path: str | Path) -> Path:
+    """The checkpoint directory of a snapshot dir (``<snap>/db``) or of a bare checkpoint."""
+    path = Path(path)
+    if (path / CHECKPOINT_DIR / "CURRENT").is_file():
+        return path / CHECKPOINT_DIR
+    if (path / "CURRENT").is_file():
+        return path
+    raise NotFound(f"{path} is neither a snapshot directory nor a RocksDB checkpoint")
+
+
+@contextmanager
+def open_read_only(path: str | Path) -> Iterator[ReadOnlyCheckpoint]:
+    """Open a snapshot (or bare checkpoint) read-only with every column family, raw mode.
+
+    RocksDB's info log goes to a private temporary directory, so concurrent readers (Spark
+    tasks) never write into the snapshot and the snapshot may sit on a read-only share."""
+    db_dir = resolve_db_dir(path)
+    with tempfile.TemporaryDirectory(prefix="hourglass-ro-log-") as log_dir:
+        opts = rocksdict.Options(raw_mode=True)
+        opts.set_db_log_dir(log_dir)
+        try:
+            names = tuple(rocksdict.Rdict.list_cf(str(db_dir), rocksdict.Options(raw_mode=True)))
+            db = rocksdict.Rdict(
+                str(db_dir), opts,
+                column_families={n: rocksdict.Options(raw_mode=True) for n in names},
+                access_type=rocksdict.AccessType.read_only(),
+            )
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise StorageError(f"cannot open snapshot {db_dir} read-only: {exc}") from exc
+        try:
+            yield ReadOnlyCheckpoint(db=db, cf_names=names)
+        finally:
+            db.close()
+
+
+def sst_number(name: str) -> int:
+    """``'/000123.sst'`` -> 123."""
+    return int(Path(name).stem)
