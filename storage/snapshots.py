@@ -153,6 +153,13 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 # --- finding, removing, measuring ------------------------------------------------------------
 
 
@@ -234,10 +241,3 @@ def disk_usage(snapshot: SnapshotInfo | Path, live_db_dir: str | Path | None = N
         if f.suffix == ".sst" and (alone if live is None else (st.st_dev, st.st_ino) not in live):
             pinned += st.st_size
     return DiskUsage(total_bytes=total, pinned_bytes=pinned, exclusive_bytes=exclusive)
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
