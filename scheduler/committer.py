@@ -156,15 +156,18 @@ class Committer:
     def recover(self) -> list[LogRecord]:
         """On start: apply every log record past the persisted applied position."""
         with self.lock:
-            raw = self._store.get(CF_META, META_APPLIED_POSITION)
-            self.applied_position = 0 if raw is None else unpack_u64(raw)
+            self.applied_position = self._stored_applied()
             end = self._log.end_position
             if self.applied_position > end:
                 log.error("applied log position %d is past the log's end %d: the log lost its "
                           "tail (power loss with async flushing?); continuing from the end",
                           self.applied_position, end)
-                self.applied_position = end
+                self._write(self._store.batch())  # RocksDB says so too, from now on
             return self._replay(runtime=False)
+
+    def _stored_applied(self) -> int:
+        raw = self._store.get(CF_META, META_APPLIED_POSITION)
+        return 0 if raw is None else unpack_u64(raw)
 
     def replay_if_needed(self) -> None:
         """After a failed RocksDB commit: apply what the log holds first (lock held)."""
@@ -172,6 +175,10 @@ class Committer:
             self._replay(runtime=True)
 
     def _replay(self, *, runtime: bool) -> list[LogRecord]:
+        if runtime:  # a write that raised may have landed all the same: it is not replayed
+            stored = self._stored_applied()
+            if self.applied_position < stored <= self._log.end_position:
+                self.applied_position = stored
         replayed: list[LogRecord] = []
         chunk: list[tuple[int, int, LogRecord]] = []
         dropped = 0
@@ -357,8 +364,15 @@ class Committer:
 
     def _revoke(self, position: int) -> bool:
         """Take the records of a batch that never committed out of the log (from
-        ``position`` to the end). On failure they stay, and FLAG_BATCH keeps replay off them."""
+        ``position`` to the end). Not if RocksDB's applied position covers them (the write
+        raised but landed: the batch is committed, whole). On failure they stay, and
+        FLAG_BATCH keeps replay off them."""
         try:
+            stored = self._stored_applied()
+            if stored > position:
+                log.warning("the RocksDB write of a send batch raised but landed: kept whole")
+                self.applied_position = max(self.applied_position, stored)
+                return False
             self._log.revoke(position)
         except (HourglassError, OSError):
             log.exception("could not revoke the log records of a failed send batch from "

@@ -88,18 +88,20 @@ class WritePaths:
             if later:
                 self._add_scheduled(batch, later, later_stored)
             outcome = None
-            if due or extra is not None:
-                with committer.lock:
-                    committer.replay_if_needed()
-                    if extra is not None:
-                        extra(batch)
-                    # with scheduled siblings in ``batch``, the due ones count only with
-                    # that one write: all or nothing (scheduler/committer.py)
-                    outcome = committer.commit_immediate(batch, due, atomic=bool(later))
-            else:
-                store.write(batch)
-            for m in later:
-                self._shards[m.shard].note_scheduled(m.deliver_at)
+            try:
+                if due or extra is not None:
+                    with committer.lock:
+                        committer.replay_if_needed()
+                        if extra is not None:
+                            extra(batch)
+                        # with scheduled siblings in ``batch``, the due ones count only with
+                        # that one write: all or nothing (scheduler/committer.py)
+                        outcome = committer.commit_immediate(batch, due, atomic=bool(later))
+                else:
+                    store.write(batch)
+            finally:  # also when the write raised: it may have landed (else: one idle scan)
+                for m in later:
+                    self._shards[m.shard].note_scheduled(m.deliver_at)
         self.count_sent(later, due, duplicates, outcome)
         return self._results(messages, results, {m.index_key for m in due})
 

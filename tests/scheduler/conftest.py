@@ -82,6 +82,7 @@ class FlakyStore(TimerStore):
     the prefix clean-ups it is asked for."""
 
     fail_writes = 0
+    fail_after_writes = 0  # the next n writes land, then raise (an error that is not a no)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -96,6 +97,9 @@ class FlakyStore(TimerStore):
             self.fail_writes -= 1
             raise StorageError("injected: RocksDB write failed")
         super().write(batch, sync=sync)
+        if self.fail_after_writes > 0:
+            self.fail_after_writes -= 1
+            raise StorageError("injected: RocksDB write raised after it landed")
 
 
 def make_config(data_dir: Path, **overrides: Any) -> EngineConfig:

@@ -179,6 +179,29 @@ def test_when_the_revoke_fails_replay_skips_the_batch(harness: Harness, clock: F
     resend_is_stored_once(broker, clock)
 
 
+def test_a_write_that_raised_but_landed_keeps_the_batch_whole(harness: Harness,
+                                                             clock: FakeClock) -> None:
+    """The write's outcome is what RocksDB holds, not what it said: a batch whose write
+    landed is never revoked (its consume-queue entries point at those records)."""
+    broker = harness.open(flaky=True)
+    log, store = flaky_parts(harness)
+    store.fail_after_writes = 1
+    with pytest.raises(StorageError):
+        broker.send_batch(mixed_batch())
+    assert log.revokes == []
+    assert [broker.status("t", m).status for m in ("now-1", "now-2", "later-1")] == [
+        MessageStatus.DELIVERED, MessageStatus.DELIVERED, MessageStatus.SCHEDULED]
+    broker.send(SendRequest(topic="t", body=b"x", msg_id="after"))  # replays: nothing to do
+    assert broker.ready and broker.metrics.replayed.value == 0
+    clock.advance(LATER_MS)
+    broker.drain()
+    expected = [("now-1", 0), ("now-2", 1), ("after", 2), ("later-1", 3)]
+    assert [(m.msg_id, m.offset) for m in read_topic(broker, "t")] == expected
+    broker.close()
+    broker = harness.open()
+    assert [(m.msg_id, m.offset) for m in read_topic(broker, "t")] == expected
+
+
 def test_pure_batches_keep_the_replay_path(harness: Harness, clock: FakeClock) -> None:
     """All due now: a failed write is replayed (the 503 send may appear, at most once), as
     before; only mixed batches carry FLAG_BATCH."""
