@@ -39,6 +39,7 @@ from crc32c import crc32c
 from storage.errors import CorruptionError, InvalidArgument, StorageError
 from storage.log_format import (
     CRC_SEED,
+    EOS_MAGIC,
     HEADER,
     HEADER_SIZE,
     RECORD_MAGIC,
@@ -78,6 +79,18 @@ def _lock_directory(directory: Path) -> int:
             os.close(fd)
         raise StorageError(f"CommitLog {directory} is in use by another writer: {exc}") from exc
     return fd
+
+
+def _written_end(seg: Segment, off: int) -> int:
+    """Offset after the records written in ``seg`` from ``off`` and the end-of-segment header
+    that may follow them."""
+    mm, size = seg.mm, seg.size
+    while size - off >= HEADER_SIZE:
+        magic, length, _ = HEADER.unpack_from(mm, off)
+        if magic != RECORD_MAGIC:
+            return off + HEADER_SIZE if magic == EOS_MAGIC else off
+        off += HEADER_SIZE + length
+    return min(off, size)
 
 
 class CommitLog:
@@ -308,9 +321,20 @@ class CommitLog:
                 self._write_checkpoint(position)
                 with self._flushed_cond:
                     self._flushed = position
-            # zeroing is a memset of pages the records already occupy (no new space); an
-            # msync error is ignored as recovery does: the page cache has the zeros
-            self._rollback(position, i + 1)
+            # zero exactly what was written (pages the records occupy: no new space), not the
+            # rest of the segment (recovery's _truncate reads up to 1 GiB: ~0.4 s)
+            stop = end - seg.base if end <= seg.end else _written_end(seg, off)
+            seg.mm[off:stop] = bytes(stop - off)
+            later = self._segments[i + 1:]
+            del self._segments[i + 1:], self._bases[i + 1:]
+            self._end = position
+            for extra in later:
+                self._discard(extra)
+            # as recovery: after an msync error the page cache still has the zeros
+            with contextlib.suppress(OSError, ValueError):
+                seg.sync(off, stop)
+                if later:
+                    fsync_dir(self._dir)
 
     def _writable(self) -> None:
         if self._closed:

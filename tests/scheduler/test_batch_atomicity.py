@@ -291,7 +291,10 @@ def test_revoke_across_a_segment_roll_and_the_checkpoint(tmp_path: Path) -> None
         assert log.end_position > start and log.read(positions[-1]) == taken[-1]
         log.revoke(start)
         assert log.end_position == log.flushed_position == start
-        assert len([p for p in directory.iterdir() if p.name[0].isdigit()]) < len(segments)
+        assert sorted(p.name for p in directory.iterdir() if p.name[0].isdigit()) == \
+            segments[:1]
+        first = (directory / segments[0]).read_bytes()  # records and end-of-segment mark
+        assert first[start:] == bytes(len(first) - start)  # are zeroed
         with pytest.raises(InvalidArgument):
             log.read(positions[0])
         log.revoke(start)  # at the end: nothing to do
