@@ -18,15 +18,15 @@ MODULES = {**BENCHMARKS, **SEPARATE}
 
 
 def main(argv: list[str]) -> int:
-    choices = ", ".join((*MODULES, "all"))
+    names = (*MODULES, "all")
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: hourglass bench {{{choices.replace(', ', ',')}}} [options]\n"
-              f"  quick ({', '.join(BENCHMARKS)}; 'all' runs them in turn); on their own: "
+        print(f"usage: hourglass bench {{{','.join(names)}}} [options]\n"
+              f"  quick: {', '.join(BENCHMARKS)} ('all' runs them in turn); on their own: "
               f"{', '.join(SEPARATE)}. 'hourglass bench NAME --help' for NAME's options.")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in (*MODULES, "all"):
-        print(f"hourglass bench: unknown benchmark {name!r}; choose from {choices}",
+    if name not in names:
+        print(f"hourglass bench: unknown benchmark {name!r}; choose from {', '.join(names)}",
               file=sys.stderr)
         return 2
     status = 0
