@@ -81,6 +81,9 @@ def _lock_directory(directory: Path) -> int:
     return fd
 
 
+_REVOKE_PIECE = 1 << 20  # revoke zeroes at most this many bytes at a time
+
+
 def _written_end(seg: Segment, off: int) -> int:
     """Offset after the records written in ``seg`` from ``off`` and the end-of-segment header
     that may follow them."""
@@ -300,11 +303,13 @@ class CommitLog:
         caller makes sure nothing refers to those positions.
 
         Crash-consistent: if the checkpoint already covers the records it is lowered first
-        (the file is written and fsync'ed, ~1 ms), then the bytes are zeroed and later
+        (the file is written and fsync'ed), then the bytes are zeroed and later
         segments removed. A crash in between leaves the records after the checkpoint, where
         recovery keeps them (the caller must recognise them; the engine marks them), never
         zeros below the checkpoint, which recovery would refuse. Raises StorageError, having
-        changed nothing, when the checkpoint cannot be written."""
+        changed nothing, when the checkpoint cannot be written. Cost: the zeroing and an msync
+        of the revoked bytes (1000 records of 100 B: ~4 ms), plus the checkpoint's fsyncs when
+        it is lowered (~12 ms)."""
         with self._lock, self._flush_lock:
             self._writable()
             end = self._end
@@ -324,9 +329,15 @@ class CommitLog:
             # zero exactly what was written (pages the records occupy: no new space), not the
             # rest of the segment (recovery's _truncate reads up to 1 GiB: ~0.4 s)
             stop = end - seg.base if end <= seg.end else _written_end(seg, off)
-            seg.mm[off:stop] = bytes(stop - off)
-            later = self._segments[i + 1:]
-            del self._segments[i + 1:], self._bases[i + 1:]
+            zeros = memoryview(bytes(min(stop - off, _REVOKE_PIECE)))
+            for at in range(off, stop, len(zeros)):
+                seg.mm[at:min(stop, at + len(zeros))] = zeros[:stop - at]
+            with self._create_lock:  # the flusher makes spares under it, for the last segment
+                later = self._segments[i + 1:]
+                del self._segments[i + 1:], self._bases[i + 1:]
+                if self._spare is not None and self._spare.base != seg.end:
+                    later.append(self._spare)  # it would not follow on: recovery refuses gaps
+                    self._spare = None
             self._end = position
             for extra in later:
                 self._discard(extra)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -303,6 +304,33 @@ def test_revoke_across_a_segment_roll_and_the_checkpoint(tmp_path: Path) -> None
     with CommitLog(directory, segment_size=1024, full_check=True) as log:
         assert [bytes(p) for _, p in log.iter_from(0)] == [*kept, b"new"]
         assert log.verify().ok
+
+
+def _spare_made(directory: Path, base: int) -> None:
+    """Wait (bounded) for the background flusher to make the spare segment at ``base``."""
+    deadline = time.monotonic() + 30
+    while not (directory / f"{base:020d}").exists():
+        assert time.monotonic() < deadline, "the flusher made no spare segment"
+        time.sleep(0.005)
+
+
+def test_revoke_drops_a_spare_segment_that_would_no_longer_follow_on(tmp_path: Path) -> None:
+    """The flusher makes the next segment ahead of time; after a revoke that drops the
+    segment it was made for, a left-over spare would be a gap that recovery refuses."""
+    directory = tmp_path / "log"
+    with CommitLog(directory, segment_size=1024, flush_interval_ms=1) as log:
+        log.append_batch([b"a" * 400])  # under half of segment 0: no spare yet
+        start, rolled = log.append_batch([b"b" * 200, b"b" * 600])
+        assert rolled == 1024  # the second record opened segment 1
+        _spare_made(directory, 2048)  # segment 1 is over half full
+        log.revoke(start)  # back into segment 0: segment 1 goes, and so must the spare
+        assert log.end_position == start
+        with CommitLog(directory, segment_size=1024, read_only=True) as view:
+            report = view.verify()  # what recovery would find after a kill -9 now
+        assert report.ok and report.records == 1, report.errors
+        log.append_batch([b"c" * 600])
+    with CommitLog(directory, segment_size=1024) as reopened:
+        assert [bytes(p) for _, p in reopened.iter_from(0)] == [b"a" * 400, b"c" * 600]
 
 
 if __name__ == "__main__":
