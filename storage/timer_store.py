@@ -272,7 +272,7 @@ class TimerStore:
     def batch(self) -> Batch:
         if self._closed:
             raise self._unavailable()
-        return Batch(self._handles)
+        return Batch(self._handles, self._gate)
 
     def write(self, batch: Batch, *, sync: bool | None = None) -> None:
         wb = batch._take()
@@ -296,7 +296,7 @@ class TimerStore:
         if self._closed:
             raise self._unavailable()
         if self._guard.admit():
-            self._reopen()
+            self.reopen()
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         with self._gate:
@@ -552,9 +552,12 @@ class TimerStore:
             del db
         return None
 
-    def _reopen(self) -> None:
-        """Close and reopen the DB with the same options: RocksDB replays its WAL, so every
-        acknowledged write is there. Raises StorageError when it cannot reopen yet."""
+    def reopen(self) -> None:
+        """Close and reopen the DB in place, with the same options: RocksDB replays its WAL,
+        so every acknowledged write is there. Operations in flight finish first; new ones
+        wait for it. Raises StorageError when it cannot reopen (the store then answers
+        StorageError until a later attempt works). The write path calls it after RocksDB's
+        sticky I/O error once there is room again."""
         started = time.monotonic()
         with self._gate.exclusive():
             if self._closed:
@@ -572,9 +575,9 @@ class TimerStore:
                 self._guard.reopen_failed(exc)
                 raise
         self.reopens += 1
+        log.info("%s reopened in %.3f s (closing it said: %s)", self._path,
+                 time.monotonic() - started, closing)
         self._guard.reopened()
-        log.warning("%s reopened in %.3f s (closing it said: %s)", self._path,
-                    time.monotonic() - started, closing)
 
     def close(self) -> None:
         with self._gate.exclusive():

@@ -153,14 +153,18 @@ class WriteGuard:
 
     def reopened(self) -> None:
         with self._lock:
+            was = self.sticky
             self.sticky = False
             self.refusal = None
             self.next_check_ms = 0 if self._reserve else NEVER
-        log.warning("%s: reopened after the I/O error; writes accepted again", self._path)
+        if was:
+            log.warning("%s: reopened after the I/O error; writes accepted again", self._path)
 
     def reopen_failed(self, exc: BaseException) -> None:
-        log.warning("%s: reopening after the I/O error failed (next attempt in %d ms): %s",
+        """The store is left without a DB: refuse writes until a later reopen works."""
+        log.warning("%s: reopening RocksDB failed (next attempt in %d ms): %s",
                     self._path, self._retry_ms, exc)
         with self._lock:
-            self.refusal = (f"RocksDB stopped writing after an I/O error; reopening it "
-                            f"failed ({exc})")
+            self.sticky = True
+            self.refusal = f"RocksDB could not be reopened yet ({exc})"
+            self.next_check_ms = self._clock.now_ms() + self._retry_ms

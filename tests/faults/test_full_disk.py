@@ -24,7 +24,6 @@ import pytest
 
 from bench.crash.server import ServerProcess
 from bench.crash.verify import read_logs
-from bench.crash.workload import now_ms
 from tests.faults.conftest import TOKEN, fill_disk
 
 TOPIC = "disk.a"
@@ -190,13 +189,13 @@ def test_below_the_reserve_writes_are_refused_before_rocksdb_fails(
         stored = schedule(c, "r", 20, delay_ms=3_600_000)
         ballast = fill_disk(small_fs, leave_bytes=4096 * KIB)  # room left, below the reserve
         for i in range(1000):  # the free space is read at most every 100 ms
-            r = send(c, f"b{i}", delayMs=3_600_000)
+            refused = f"b{i}"
+            r = send(c, refused, delayMs=3_600_000)
             if r.status_code != 201:
                 break
-            stored.append(f"b{i}")
+            stored.append(refused)
             time.sleep(0.005)
         assert unavailable(r) and "below the reserve" in r.json()["detail"], r.text
-        refused = f"b{len(stored) - 20}"
         assert c.get(f"/v1/topics/{TOPIC}/messages/{refused}").status_code == 404
         assert ready(c) == 503  # writes are refused: not ready, though nothing is due
         ballast.unlink()
