@@ -560,10 +560,10 @@ class TimerStore:
         sticky I/O error once there is room again."""
         started = time.monotonic()
         with self._gate.exclusive():
-            if self._closed:
-                raise self._unavailable()
-            closing = self._release()
             try:
+                if self._closed:
+                    raise self._unavailable()
+                closing = self._release()
                 try:
                     self._connect(self._families)
                 except StorageError as exc:
@@ -571,7 +571,7 @@ class TimerStore:
                         raise
                     gc.collect()  # a handle of the old DB kept alive by a reference cycle
                     self._connect(self._families)
-            except StorageError as exc:
+            except BaseException as exc:
                 self._guard.reopen_failed(exc)
                 raise
         self.reopens += 1

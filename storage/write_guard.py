@@ -86,12 +86,9 @@ class WriteGuard:
         self._lock = threading.Lock()
         self.refusal: str | None = None  # why writes are refused; None while accepted
         self.sticky = False  # RocksDB holds a background error: only a reopen clears it
+        self._reopening = False  # a caller of admit() is reopening the store
         # the next free-space read (or recovery attempt): writers compare it with the clock
         self.next_check_ms = 0 if reserve_bytes else NEVER
-
-    @property
-    def reserve_bytes(self) -> int:
-        return self._reserve
 
     def free_bytes(self) -> int:
         try:
@@ -107,7 +104,7 @@ class WriteGuard:
         ``reopen_failed``), False when the write may go ahead."""
         now = self._clock.now_ms()
         with self._lock:
-            if now < self.next_check_ms:
+            if now < self.next_check_ms or self._reopening:
                 if self.refusal is None:
                     return False
                 raise StorageError(self.refusal)
@@ -119,6 +116,7 @@ class WriteGuard:
                     raise StorageError(self._refuse(
                         f"RocksDB stopped writing after an I/O error and is reopened once "
                         f"{need} bytes are free on its filesystem ({free} are)"))
+                self._reopening = True
                 return True
             if free < self._reserve:
                 self.next_check_ms = now + self._retry_ms
@@ -154,6 +152,7 @@ class WriteGuard:
     def reopened(self) -> None:
         with self._lock:
             was = self.sticky
+            self._reopening = False
             self.sticky = False
             self.refusal = None
             self.next_check_ms = 0 if self._reserve else NEVER
@@ -165,6 +164,7 @@ class WriteGuard:
         log.warning("%s: reopening RocksDB failed (next attempt in %d ms): %s",
                     self._path, self._retry_ms, exc)
         with self._lock:
+            self._reopening = False
             self.sticky = True
             self.refusal = f"RocksDB could not be reopened yet ({exc})"
             self.next_check_ms = self._clock.now_ms() + self._retry_ms
