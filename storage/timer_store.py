@@ -96,7 +96,7 @@ class TimerStore:
         self._guard = WriteGuard(self._path, clock=self._clock,
                                  reserve_bytes=0 if read_only else disk_reserve_bytes,
                                  retry_interval_ms=disk_retry_interval_ms)
-        self.reopens = 0  # successful reopens after a sticky RocksDB error
+        self.reopens = 0  # successful reopens (after RocksDB's sticky error, or asked for)
         existing = self._existing_cfs()
         if read_only and existing is None:
             raise StorageError(f"no RocksDB store at {self._path}")
