@@ -334,26 +334,11 @@ class Committer:
             except BaseException:
                 self._offsets.clear()  # offsets handed out for nothing: reload them
                 raise
-            by_topic: dict[str, list[tuple[int, int, int]]] = {}
-            index_puts = []
-            expiry_prefix = pack_u64(now + self._retention_ms)
-            delivered = outcome.delivered
-            for topic, msg_id, at, ikey, tx_id, offset, position, payload in zip(
-                    pending.topics, pending.msg_ids, pending.deliver_ats, pending.ikeys,
-                    pending.tx_ids, offsets, positions, payloads, strict=True):
-                entries = by_topic.get(topic)
-                if entries is None:
-                    entries = by_topic[topic] = []
-                entries.append((offset, position, len(payload)))
-                index_puts.append((ikey, index_value(_DELIVERED, at, now, offset, position,
-                                                     tx_id)))
-                delivered.append((topic, msg_id, offset, position))
-            for topic, entries in by_topic.items():
-                self._queues.put_many(batch, topic, entries)
-            batch.put_many(CF_INDEX, index_puts)
-            batch.put_many(CF_EXPIRY, [(expiry_prefix + k, b"") for k in pending.ikeys])
             self.needs_replay = True  # until the write below succeeds
         try:
+            if payloads:
+                self._add_delivered(batch, pending, offsets, positions, payloads, now,
+                                    outcome)
             self._write(batch)
         except BaseException:
             if atomic and positions and self._revoke(positions[0]):
@@ -361,6 +346,29 @@ class Committer:
                 self.needs_replay = self._log.end_position != self.applied_position
             raise
         return outcome
+
+    def _add_delivered(self, batch: Batch, pending: _Appends, offsets: list[int],
+                       positions: list[int], payloads: list[bytes], now: int,
+                       outcome: CommitOutcome) -> None:
+        """The consume-queue, index (DELIVERED) and expiry entries of appended records."""
+        by_topic: dict[str, list[tuple[int, int, int]]] = {}
+        index_puts = []
+        expiry_prefix = pack_u64(now + self._retention_ms)
+        delivered = outcome.delivered
+        for topic, msg_id, at, ikey, tx_id, offset, position, payload in zip(
+                pending.topics, pending.msg_ids, pending.deliver_ats, pending.ikeys,
+                pending.tx_ids, offsets, positions, payloads, strict=True):
+            entries = by_topic.get(topic)
+            if entries is None:
+                entries = by_topic[topic] = []
+            entries.append((offset, position, len(payload)))
+            index_puts.append((ikey, index_value(_DELIVERED, at, now, offset, position,
+                                                 tx_id)))
+            delivered.append((topic, msg_id, offset, position))
+        for topic, entries in by_topic.items():
+            self._queues.put_many(batch, topic, entries)
+        batch.put_many(CF_INDEX, index_puts)
+        batch.put_many(CF_EXPIRY, [(expiry_prefix + k, b"") for k in pending.ikeys])
 
     def _revoke(self, position: int) -> bool:
         """Take the records of a batch that never committed out of the log (from

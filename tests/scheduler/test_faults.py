@@ -9,6 +9,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.errors import StorageError, Unavailable
 from storage.records import MessageStatus
+from storage.timer_store import Batch
 
 from .conftest import Harness, advance_until, open_failing_after_append, read_topic
 
@@ -132,3 +133,32 @@ def test_unavailable_after_close(broker: Broker) -> None:
         broker.status("t", "m")
     assert not broker.ready
     broker.close()  # idempotent
+
+
+def test_a_failure_while_building_the_commit_still_marks_the_records_for_replay(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The append landed but adding its index/queue entries to the batch raised (a closed
+    or reopening store): the records must be replayed, never appended twice or skipped."""
+    broker = harness.open(flaky=True)
+    log = harness.log
+    assert log is not None
+    real_put_many = Batch.put_many
+
+    def failing_put_many(self: Batch, *args: object, **kwargs: object) -> None:
+        monkeypatch.setattr(Batch, "put_many", real_put_many)  # once
+        raise StorageError("injected: the store refused the batch")
+
+    def arm(_positions: list[int]) -> None:
+        monkeypatch.setattr(Batch, "put_many", failing_put_many)
+        log.after_append = None
+
+    log.after_append = arm
+    with pytest.raises(StorageError):
+        broker.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+    assert not broker.ready  # the record waits in the log for its replay
+    assert broker.send(SendRequest(topic="t", body=b"b", msg_id="b")).status is (
+        MessageStatus.DELIVERED)
+    got = read_topic(broker, "t")
+    assert [(m.msg_id, m.offset) for m in got] == [("a", 0), ("b", 1)]
+    assert log.records == 2
+    assert broker.status("t", "a").status is MessageStatus.DELIVERED
