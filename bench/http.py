@@ -59,6 +59,29 @@ class PhaseResult:
     latency_p50_ms: float
     latency_p99_ms: float
     statuses: dict[str, int] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)  # % of the machine's CPU time
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat: user nice system idle iowait irq softirq
+    steal), or [] where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
+def cpu_shares(before: list[int], after: list[int]) -> dict[str, float]:
+    """Busy, idle and steal time between two ``cpu_times()``, in % of the total. Steal is
+    time the hypervisor gave the machine's CPUs to someone else: a load average cannot show
+    it, and a phase measured during heavy steal is not comparable."""
+    if len(before) != 8 or len(after) != 8:
+        return {}
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(d) or 1
+    return {"busy": round(100 * (total - d[3] - d[4] - d[7]) / total, 1),
+            "idle": round(100 * (d[3] + d[4]) / total, 1), "steal": round(100 * d[7] / total, 1)}
 
 
 # --- the load generator -----------------------------------------------------------------------
@@ -99,6 +122,7 @@ async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_reques
     await asyncio.sleep(warmup_s)
     latencies.clear()
     statuses.clear()
+    cpu_before = cpu_times()
     started = time.perf_counter()
     ticks = max(1, int(duration_s))
     for tick in range(ticks):
@@ -108,6 +132,7 @@ async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_reques
               f"{len(latencies) * per_request / elapsed:,.0f} msgs/s", file=sys.stderr)
     stop[0] = True
     elapsed = time.perf_counter() - started
+    cpu = cpu_shares(cpu_before, cpu_times())
     done = len(latencies)
     ok = sum(n for status, n in statuses.items() if status < 300)
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -119,7 +144,7 @@ async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_reques
         name=name, seconds=round(elapsed, 2), requests=done, messages=ok * per_request,
         errors=done - ok, requests_per_s=round(done / elapsed), messages_per_s=round(
             ok * per_request / elapsed), latency_p50_ms=pct(0.5), latency_p99_ms=pct(0.99),
-        statuses={str(k): v for k, v in sorted(statuses.items())},
+        statuses={str(k): v for k, v in sorted(statuses.items())}, cpu=cpu,
     )
 
 
@@ -269,10 +294,12 @@ def main(argv: list[str]) -> int:
         "layers_msgs_per_s": layers,
         "load_average": os.getloadavg(),
     }
-    print(f"{'phase':<14} {'req/s':>9} {'msgs/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
+    print(f"{'phase':<14} {'req/s':>9} {'msgs/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
+          f" {'steal %':>8}")
     for r in results:
         print(f"{r.name:<14} {r.requests_per_s:>9,} {r.messages_per_s:>10,} "
-              f"{r.latency_p50_ms:>8} {r.latency_p99_ms:>8} {r.errors:>7}")
+              f"{r.latency_p50_ms:>8} {r.latency_p99_ms:>8} {r.errors:>7} "
+              f"{r.cpu.get('steal', float('nan')):>8}")
     for name, value in layers.items():
         print(f"in-process {name:<18} {value:>10,.0f} msgs/s")
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} "
