@@ -93,9 +93,10 @@ def request_bytes(method: str, path: str, token: str, body: bytes = b"",
     return head.encode("ascii") + body
 
 
-async def _connection(port: int, make: Callable[[], bytes], stop: list[bool],
-                      latencies: list[float], statuses: dict[int, int]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+async def _connection(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                      make: Callable[[], bytes], stop: list[bool],
+                      latencies: list[tuple[float, float]], statuses: dict[int, int]) -> None:
+    reader, writer = stream
     clock = time.perf_counter
     try:
         while not stop[0]:
@@ -106,7 +107,7 @@ async def _connection(port: int, make: Callable[[], bytes], stop: list[bool],
             at = head.lower().find(b"content-length:")
             length = int(head[at + 15:head.index(b"\r\n", at)]) if at >= 0 else 0
             await reader.readexactly(length)
-            latencies.append(clock() - started)
+            latencies.append((started, clock() - started))
             statuses[status] = statuses.get(status, 0) + 1
     finally:
         writer.close()
@@ -114,11 +115,18 @@ async def _connection(port: int, make: Callable[[], bytes], stop: list[bool],
 
 async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_request: int,
                      warmup_s: float, duration_s: float, connections: int) -> PhaseResult:
+    """Opens every connection before the first request (uvicorn accepts about one new
+    connection per event-loop turn under load, so connections opened during the load wait
+    seconds for their first answer: a ramp, not the steady state); counts the requests that
+    complete during the measured window, and takes latencies of those that also started in
+    it."""
     stop = [False]
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     statuses: dict[int, int] = {}
-    tasks = [asyncio.create_task(_connection(port, make, stop, latencies, statuses))
-             for _ in range(connections)]
+    streams = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
+                                     for _ in range(connections)))
+    tasks = [asyncio.create_task(_connection(stream, make, stop, latencies, statuses))
+             for stream in streams]
     await asyncio.sleep(warmup_s)
     latencies.clear()
     statuses.clear()
@@ -136,7 +144,7 @@ async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_reques
     done = len(latencies)
     ok = sum(n for status, n in statuses.items() if status < 300)
     await asyncio.gather(*tasks, return_exceptions=True)
-    ordered = sorted(latencies[:done])
+    ordered = sorted(took for began, took in latencies[:done] if began >= started)
     def pct(q: float) -> float:
         return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2) \
             if ordered else 0.0
