@@ -10,9 +10,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +29,7 @@ from scheduler.clock import SystemClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
 from storage.timer_store import TimerStore
+from tests.disk import tmpfs
 from tests.scheduler.conftest import FlakyLog, FlakyStore
 
 TOKEN = "faults-admin-token-0123456789"
@@ -107,31 +106,5 @@ def faulty_server(tmp_path: Path) -> Iterator[FaultyServer]:
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 48 MiB tmpfs: a disk that really fills up."""
-    mountpoint = tmp_path / "fs"
-    mountpoint.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0755", "tmpfs",
-                           str(mountpoint)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
-                    "the injected faults of test_fault_storm.py still run")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-
-
-def fill_disk(directory: Path, leave_bytes: int) -> Path:
-    """A ballast file taking all free space of ``directory``'s filesystem but
-    ``leave_bytes``; remove it to give the space back."""
-    ballast = directory / "ballast"
-    st = os.statvfs(directory)
-    size = max(0, st.f_bavail * st.f_frsize - leave_bytes)
-    chunk = bytes(1 << 20)
-    with open(ballast, "wb") as f:
-        written = 0
-        while written < size:
-            try:
-                written += f.write(chunk[: min(len(chunk), size - written)])
-            except OSError:  # already full
-                break
-    return ballast
+    with tmpfs(tmp_path, 48, "; the injected faults of test_fault_storm.py still run") as fs:
+        yield fs

@@ -24,7 +24,8 @@ import pytest
 
 from bench.crash.server import ServerProcess
 from bench.crash.verify import read_logs
-from tests.faults.conftest import TOKEN, fill_disk
+from tests.disk import fill_disk
+from tests.faults.conftest import TOKEN
 
 TOPIC = "disk.a"
 SETTINGS = {"segment_size": "2MiB", "flush_interval_ms": "50ms", "retry_max_backoff_ms": "500ms",

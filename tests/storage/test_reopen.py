@@ -4,8 +4,6 @@ passes alone."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from storage.gate import Gate
 from storage.records import MessageStatus
 from storage.timer_store import TimerStore
 from storage.write_guard import SPACE_CHECK_MS, is_sticky, wal_bytes
+from tests.disk import fill_disk, tmpfs
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -32,29 +31,8 @@ VALUE = b"v" * KIB
 @pytest.fixture
 def fs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs: a disk that really fills up."""
-    mountpoint = tmp_path / "fs"
-    mountpoint.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs",
-                           str(mountpoint)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
-    try:
+    with tmpfs(tmp_path, 16) as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-
-
-def fill(directory: Path, leave_bytes: int = 0) -> Path:
-    """A ballast file taking all free space but ``leave_bytes``; unlink it to free it."""
-    ballast = directory / "ballast"
-    st = os.statvfs(directory)
-    size = max(0, st.f_bavail * st.f_frsize - leave_bytes)
-    with open(ballast, "ab") as f:
-        try:
-            f.write(bytes(size))
-        except OSError:
-            pass  # already full
-    return ballast
 
 
 def open_store(fs: Path, clock: FakeClock, reserve: int = 0) -> TimerStore:
@@ -92,7 +70,7 @@ def test_acknowledged_writes_are_all_there_after_the_reopen(fs: Path) -> None:
     store = open_store(fs, clock)
     before = [f"early{i}".encode() for i in range(100)]
     put(store, before)
-    ballast = fill(fs, leave_bytes=256 * KIB)
+    ballast = fill_disk(fs, leave_bytes=256 * KIB)
     acked, error = write_until_refused(store, "k")
     assert "No space left on device" in str(error)
     assert is_sticky(error) and len(acked) > 8
@@ -117,12 +95,12 @@ def test_acknowledged_writes_are_all_there_after_the_reopen(fs: Path) -> None:
 def test_the_reopen_is_tried_at_most_once_per_interval(fs: Path) -> None:
     clock = FakeClock()
     store = open_store(fs, clock)
-    ballast = fill(fs, leave_bytes=128 * KIB)
+    ballast = fill_disk(fs, leave_bytes=128 * KIB)
     first, _ = write_until_refused(store, "a")
     ballast.unlink()
     put(store, [b"at-once"])  # the first write after the error may try at once
     assert store.reopens == 1
-    ballast = fill(fs, leave_bytes=128 * KIB)
+    ballast = fill_disk(fs, leave_bytes=128 * KIB)
     second, _ = write_until_refused(store, "b")
     assert "are free" in refused(store, b"x")  # tried at once: no room, next in 1 interval
     ballast.unlink()
@@ -143,7 +121,7 @@ def test_below_the_reserve_writes_are_refused_before_rocksdb_sees_enospc(fs: Pat
     clock = FakeClock()
     store = open_store(fs, clock, reserve=4 * MIB)
     put(store, [b"a"])
-    ballast = fill(fs, leave_bytes=2 * MIB)
+    ballast = fill_disk(fs, leave_bytes=2 * MIB)
     put(store, [b"b"])  # the free space is read at most every SPACE_CHECK_MS
     clock.advance(SPACE_CHECK_MS)
     assert "below the reserve" in refused(store, b"c")
@@ -162,13 +140,13 @@ def test_below_the_reserve_writes_are_refused_before_rocksdb_sees_enospc(fs: Pat
 def test_a_reopen_needs_room_for_the_wal_replay(fs: Path) -> None:
     clock = FakeClock()
     store = open_store(fs, clock)
-    ballast = fill(fs, leave_bytes=512 * KIB)
+    ballast = fill_disk(fs, leave_bytes=512 * KIB)
     write_until_refused(store, "w")
     ballast.unlink()
     wal = wal_bytes(fs / "db")
     assert wal > 0
     # room for less than the WAL's flush: no attempt, the store keeps its (readable) DB
-    fill(fs, leave_bytes=wal // 2)
+    fill_disk(fs, leave_bytes=wal // 2)
     clock.advance(INTERVAL_MS)
     assert "are free" in refused(store, b"x")
     assert store.reopens == 0 and store.get(CF_INDEX, b"w000000-0") == VALUE
@@ -181,7 +159,7 @@ def test_readiness_is_503_while_writes_are_refused_though_nothing_is_due(fs: Pat
                           disk_reserve_bytes=0, disk_retry_interval_ms=0)
     with Broker(config, clock) as broker:
         assert broker.ready
-        ballast = fill(fs, leave_bytes=64 * KIB)
+        ballast = fill_disk(fs, leave_bytes=64 * KIB)
         acked = []
         with pytest.raises(StorageError, match="No space left"):
             for i in range(10_000):
