@@ -14,7 +14,7 @@ from collections.abc import Sequence
 # subcommand -> "module:function"; each function takes (argv: list[str]) and returns an exit code
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("app.server:main", "run the HTTP server"),
-    "bench": ("bench.cli:main", "run benchmarks: storage, engine, http, analysis, all; soak, crash"),
+    "bench": ("bench.cli:main", "benchmarks: storage, engine, http, analysis, all; soak, crash"),
     "snapshot": ("app.snapshot_cli:main", "create, list or remove RocksDB snapshots"),
     "analyze": ("spark_jobs.analyze:main", "run the compaction-impact analysis on snapshots"),
     "verify": ("app.verify_cli:main", "check the CommitLog and the store for corruption"),

@@ -7,6 +7,7 @@ One worker only: the engine owns the RocksDB directory (an exclusive lock) and t
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import secrets
@@ -63,9 +64,20 @@ class Server(uvicorn.Server):
     """uvicorn's server, releasing long polls as soon as shutdown starts: uvicorn waits for
     in-flight requests before running the lifespan shutdown, and a long poll may wait 30 s."""
 
-    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None], *,
+                 freeze_gc: bool = False) -> None:
         super().__init__(config)
         self._on_shutdown = on_shutdown
+        self._freeze_gc = freeze_gc
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self._freeze_gc:
+            # Everything alive once the engine has started (modules, the app, the engine)
+            # lives as long as the process: out of the cyclic GC's reach, a full collection
+            # (set off by the allocations of pulls and batches) scans only what requests
+            # created since. In process: a full collection took 44 ms; pulls of 1000 +35 %.
+            gc.freeze()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._on_shutdown()
@@ -120,6 +132,7 @@ def main(argv: Sequence[str]) -> int:
     except InvalidArgument as exc:
         print(f"hourglass serve: error: {exc.detail}", file=sys.stderr)
         return 2
-    server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.notifier.close)
+    server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.notifier.close,
+                    freeze_gc=True)
     server.run()
     return 0 if server.started else 1

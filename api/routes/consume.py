@@ -27,7 +27,7 @@ def delivered(message: LogRecord) -> schemas.Delivered:
     body = message.body
     return schemas.Delivered(
         offset=message.queue_offset, msg_id=message.msg_id, topic=message.topic,
-        tags=message.tags, keys=list(message.keys), properties=dict(message.properties),
+        tags=message.tags, keys=message.keys, properties=message.properties,
         body_base64=body, body=schemas.utf8_text(body), born_at=message.born_at,
         deliver_at=message.deliver_at, stored_at=message.stored_at,
     )

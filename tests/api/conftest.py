@@ -73,7 +73,7 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 
 @contextmanager
-def serve(settings: Settings, clock: Clock) -> Iterator[Live]:
+def serve(settings: Settings, clock: Clock, *, freeze_gc: bool = False) -> Iterator[Live]:
     """Start app + uvicorn on a pre-bound loopback socket; stop and join on exit."""
     app = create_app(settings, clock=clock)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -82,7 +82,7 @@ def serve(settings: Settings, clock: Clock) -> Iterator[Live]:
     port = sock.getsockname()[1]
     config = uvicorn_config(app, replace(settings, host="127.0.0.1", port=port,
                                          log_level="warning"))
-    server = Server(config, on_shutdown=app.state.ctx.notifier.close)
+    server = Server(config, on_shutdown=app.state.ctx.notifier.close, freeze_gc=freeze_gc)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="uvicorn", daemon=True)
     thread.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -12,6 +13,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+from scheduler.clock import FakeClock
+from tests.api.conftest import T0, make_settings, serve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,3 +64,18 @@ def test_serve_generates_a_token_and_stops_cleanly(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_the_served_process_freezes_what_start_up_made(tmp_path: Path) -> None:
+    """``hourglass serve`` moves everything alive after start-up out of the cyclic GC's
+    reach (app.server.Server(freeze_gc=True)); the test servers do not."""
+    gc.unfreeze()
+    try:
+        with serve(make_settings(tmp_path / "a"), clock=FakeClock(T0)) as live:
+            assert httpx.get(f"{live.base_url}/healthz").status_code == 200
+            assert gc.get_freeze_count() == 0
+        with serve(make_settings(tmp_path / "b"), clock=FakeClock(T0), freeze_gc=True) as live:
+            assert gc.get_freeze_count() > 10_000  # modules, the app, the engine
+            assert httpx.get(f"{live.base_url}/healthz").status_code == 200
+    finally:
+        gc.unfreeze()  # give this test process its collector back
