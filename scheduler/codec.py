@@ -15,22 +15,20 @@ from collections.abc import Mapping
 
 import msgspec
 
-from storage.records import FORMAT_VERSION, decode_message
+from storage.records import FORMAT_VERSION, decode_message, mapping_hook
 
-_pack = msgspec.msgpack.Encoder().encode  # the bytes msgpack.packb(use_bin_type) gives
+#: The bytes msgpack.packb(use_bin_type=True) gives; other Mappings of properties (the API
+#: passes a read-only MappingProxyType) are encoded as dicts through the hook, not per call.
+_pack = msgspec.msgpack.Encoder(enc_hook=mapping_hook).encode
 _b64 = binascii.b2a_base64
 _V = FORMAT_VERSION
-
-
-def _props(properties: Mapping[str, str]) -> dict[str, str]:
-    return properties if type(properties) is dict else dict(properties)
 
 
 def message_value(body: bytes, tags: str | None, keys: tuple[str, ...],
                   properties: Mapping[str, str], born_at: int, deliver_at: int,
                   flags: int) -> bytes:
     """== encode_message(MessageRecord(...)) (value of a timer column family)."""
-    return _pack([_V, body, tags, keys, _props(properties), born_at, deliver_at, flags])
+    return _pack([_V, body, tags, keys, properties, born_at, deliver_at, flags])
 
 
 def index_value(status: str, deliver_at: int, updated_at: int, queue_offset: int | None = None,
@@ -43,7 +41,7 @@ def log_payload(topic: str, msg_id: str, queue_offset: int, body: bytes, tags: s
                 keys: tuple[str, ...], properties: Mapping[str, str], born_at: int,
                 deliver_at: int, stored_at: int, flags: int) -> bytes:
     """== encode_log_record(LogRecord(...))."""
-    return _pack([_V, topic, msg_id, queue_offset, body, tags, keys, _props(properties),
+    return _pack([_V, topic, msg_id, queue_offset, body, tags, keys, properties,
                    born_at, deliver_at, stored_at, flags])
 
 

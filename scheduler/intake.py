@@ -33,10 +33,15 @@ class MessageIdGenerator:
     def __init__(self) -> None:
         self._instance = secrets.token_hex(4).upper()
         self._counter = itertools.count()  # next() on a count is atomic under the GIL
+        self._prefix = (-1, "")  # (ms, its first 20 characters): one tuple, swapped atomically
 
     def next(self, now_ms: int) -> str:
         count = next(self._counter) & 0xFFFFFFFF
-        return f"{now_ms & 0xFFFFFFFFFFFF:012X}{self._instance}{count:08X}"
+        ms, prefix = self._prefix
+        if ms != now_ms:  # a batch shares one ms: format it once
+            prefix = f"{now_ms & 0xFFFFFFFFFFFF:012X}{self._instance}"
+            self._prefix = (now_ms, prefix)
+        return prefix + f"{count:08X}"
 
 
 class PreparedMessage(msgspec.Struct, kw_only=True, gc=False):

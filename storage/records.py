@@ -105,13 +105,14 @@ class IndexEntry(_Record, frozen=True, kw_only=True, array_like=True, gc=False):
 R = TypeVar("R", MessageRecord, LogRecord, IndexEntry)
 
 
-def _mapping(obj: Any) -> Any:
+def mapping_hook(obj: Any) -> Any:
+    """msgspec enc_hook: any other Mapping is encoded as the dict it holds."""
     if isinstance(obj, Mapping):  # e.g. a read-only MappingProxyType of properties
         return dict(obj)
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
-_encoder = msgspec.msgpack.Encoder(enc_hook=_mapping)
+_encoder = msgspec.msgpack.Encoder(enc_hook=mapping_hook)
 _decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {
     cls: msgspec.msgpack.Decoder(cls) for cls in (MessageRecord, LogRecord, IndexEntry)}
 _log_decoder = msgspec.msgpack.Decoder(LogRecord)

@@ -28,6 +28,8 @@ def test_generated_ids_are_unique_valid_and_time_ordered() -> None:
     assert len(set(ids)) == len(ids)
     assert all(MSG_ID_PATTERN.match(i) for i in ids)
     assert ids == sorted(ids)  # one generator: time, then counter
+    assert [i[:12] for i in ids[::10]] == [f"{NOW + k:012X}" for k in range(500)]
+    assert gen.next(NOW)[:12] == f"{NOW:012X}"  # the clock's ms, even going back
     other = MessageIdGenerator()
     assert other.next(NOW) != gen.next(NOW)  # a second generator has its own random part
 
