@@ -33,7 +33,10 @@ class SendRequest(_Record, frozen=True, kw_only=True, gc=False):
     delay_level: int | None = None
 
 
-class SendResult(_Record, frozen=True, kw_only=True, gc=False):
+class SendResult(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
+    """Encodes (msgspec, camelCase) exactly as the API's ``SendResult`` schema: the send
+    routes answer with it as it is, not with a copy per message."""
+
     msg_id: str
     topic: str
     deliver_at: int
