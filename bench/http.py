@@ -39,6 +39,7 @@ from pathlib import Path
 import msgpack
 import msgspec
 import orjson
+import psutil
 
 CONNECTIONS = 64
 BATCH = 1000
@@ -60,6 +61,9 @@ class PhaseResult:
     latency_p99_ms: float
     statuses: dict[str, int] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)  # % of the machine's CPU time
+    #: messages per CPU-second of the server process (all its threads): what one dedicated
+    #: core would serve; steal is not CPU time, so it moves this much less than msgs/s
+    messages_per_server_cpu_s: float = 0.0
 
 
 def cpu_times() -> list[int]:
@@ -70,6 +74,14 @@ def cpu_times() -> list[int]:
             return [int(x) for x in stat.readline().split()[1:9]]
     except (OSError, ValueError):
         return []
+
+
+def _process_cpu(process: psutil.Process | None) -> float:
+    """User + system CPU seconds of ``process`` (every thread), 0 without one."""
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def cpu_shares(before: list[int], after: list[int]) -> dict[str, float]:
@@ -114,7 +126,8 @@ async def _connection(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
 
 
 async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_request: int,
-                     warmup_s: float, duration_s: float, connections: int) -> PhaseResult:
+                     warmup_s: float, duration_s: float, connections: int,
+                     server: psutil.Process | None = None) -> PhaseResult:
     """Opens every connection before the first request (uvicorn accepts about one new
     connection per event-loop turn under load, so connections opened during the load wait
     seconds for their first answer: a ramp, not the steady state); counts the requests that
@@ -131,6 +144,7 @@ async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_reques
     latencies.clear()
     statuses.clear()
     cpu_before = cpu_times()
+    server_before = _process_cpu(server)
     started = time.perf_counter()
     ticks = max(1, int(duration_s))
     for tick in range(ticks):
@@ -141,6 +155,7 @@ async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_reques
     stop[0] = True
     elapsed = time.perf_counter() - started
     cpu = cpu_shares(cpu_before, cpu_times())
+    server_cpu = _process_cpu(server) - server_before
     done = len(latencies)
     ok = sum(n for status, n in statuses.items() if status < 300)
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -153,6 +168,7 @@ async def _run_phase(name: str, port: int, make: Callable[[], bytes], per_reques
         errors=done - ok, requests_per_s=round(done / elapsed), messages_per_s=round(
             ok * per_request / elapsed), latency_p50_ms=pct(0.5), latency_p99_ms=pct(0.99),
         statuses={str(k): v for k, v in sorted(statuses.items())}, cpu=cpu,
+        messages_per_server_cpu_s=round(ok * per_request / server_cpu) if server_cpu > 0 else 0,
     )
 
 
@@ -282,7 +298,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         proc = _start_server(data_dir, port, token, Path(tmp) / "server.log")
         try:
-            results = asyncio.run(_run(args, phases, port, token))
+            results = asyncio.run(_run(args, phases, port, token, psutil.Process(proc.pid)))
         finally:
             proc.terminate()
             try:
@@ -303,11 +319,11 @@ def main(argv: list[str]) -> int:
         "load_average": os.getloadavg(),
     }
     print(f"{'phase':<14} {'req/s':>9} {'msgs/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
-          f" {'steal %':>8}")
+          f" {'steal %':>8} {'msgs/server CPU-s':>18}")
     for r in results:
         print(f"{r.name:<14} {r.requests_per_s:>9,} {r.messages_per_s:>10,} "
               f"{r.latency_p50_ms:>8} {r.latency_p99_ms:>8} {r.errors:>7} "
-              f"{r.cpu.get('steal', float('nan')):>8}")
+              f"{r.cpu.get('steal', float('nan')):>8} {r.messages_per_server_cpu_s:>18,}")
     for name, value in layers.items():
         print(f"in-process {name:<18} {value:>10,.0f} msgs/s")
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} "
@@ -318,7 +334,7 @@ def main(argv: list[str]) -> int:
 
 
 async def _run(args: argparse.Namespace, phases: list[str], port: int,
-               token: str) -> list[PhaseResult]:
+               token: str, server: psutil.Process | None = None) -> list[PhaseResult]:
     results = []
     single = request_bytes("POST", "/v1/topics/bench.single/messages", token,
                            orjson.dumps({"body": "x" * 100, "delayMs": HOUR_MS}))
@@ -349,7 +365,7 @@ async def _run(args: argparse.Namespace, phases: list[str], port: int,
                 for _ in range(4096)]).__next__
             per_request = PULL_MAX
         results.append(await _run_phase(phase, port, make, per_request, args.warmup,
-                                        args.duration, args.connections))
+                                        args.duration, args.connections, server))
     return results
 
 

@@ -23,6 +23,8 @@ def test_bench_http_smoke(tmp_path: Path) -> None:
     for phase in phases.values():
         assert phase["errors"] == 0
         assert phase["requests"] > 0
+        assert phase["messages_per_server_cpu_s"] > 0  # the server's CPU time was read
+        assert set(phase["cpu"]) == {"busy", "idle", "steal"}
         assert set(phase["statuses"]) == ({"200"} if phase["name"] == "pull" else {"201"})
     assert phases["batch"]["messages"] == 1000 * phases["batch"]["requests"]
     assert set(report["layers_msgs_per_s"]) == {"engine_send_batch", "engine_pull",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
+import psutil
 import pytest
 
-from bench.http import cpu_shares, cpu_times
+from bench.http import _process_cpu, cpu_shares, cpu_times
 
 
 def test_shares_of_synthetic_counters() -> None:
@@ -26,3 +27,11 @@ def test_real_counters_move_forward() -> None:
     shares = cpu_shares(first, second)
     assert set(shares) == {"busy", "idle", "steal"}
     assert all(0 <= v <= 100 for v in shares.values())
+
+
+def test_a_process_cpu_time_counts_its_work() -> None:
+    me = psutil.Process()
+    before = _process_cpu(me)
+    sum(i * i for i in range(300_000))
+    assert _process_cpu(me) > before
+    assert _process_cpu(None) == 0.0
