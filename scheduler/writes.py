@@ -62,10 +62,11 @@ class WritePaths:
         store, committer = self._store, self._committer
         results: list[SendResult | None] = [None] * len(messages)
         shards = sorted({m.shard for m in messages})
-        # encode before taking the locks: they are held only for the decision and the write
+        # encode before taking the locks: they are held only for the decision and the write;
+        # not for messages already due by this reading (they are delivered at once)
         at = self._clock.now_ms()
         stored = [(m.value(), index_value(_SCHEDULED, m.deliver_at, at, None, None, m.tx_id))
-                  for m in messages]
+                  if m.deliver_at > at else None for m in messages]
         with self.locks(shards):
             self._check_running()
             if committer.needs_replay:
@@ -79,7 +80,8 @@ class WritePaths:
             for m, result, encoded in zip(messages, results, stored, strict=True):
                 if result is not None:
                     continue
-                if m.deliver_at <= now or self._shards[m.shard].below_frontier(m.timer_key):
+                if (encoded is None or m.deliver_at <= now
+                        or self._shards[m.shard].below_frontier(m.timer_key)):
                     due.append(m)
                 else:
                     later.append(m)

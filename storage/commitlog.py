@@ -44,7 +44,6 @@ from storage.log_format import (
     HEADER_SIZE,
     RECORD_MAGIC,
     Walk,
-    check,
     frame,
     seal,
 )
@@ -443,19 +442,7 @@ class CommitLog:
 
     def read(self, position: int) -> bytes:
         """The payload of the record at ``position``; CorruptionError if it fails its CRC."""
-        if self._closed:
-            raise StorageError("the CommitLog is closed")
-        seg = self._segment_at(position)
-        off = position - seg.base
-        if seg.size - off < HEADER_SIZE:
-            raise InvalidArgument(f"no record at position {position}")
-        magic, length, crc = HEADER.unpack_from(seg.mm, off)
-        if magic != RECORD_MAGIC:
-            raise InvalidArgument(f"no record at position {position}")
-        payload, reason = check(magic, length, crc, seg, off)
-        if reason is not None:
-            raise CorruptionError(f"CommitLog record at {position}: {reason}")
-        return payload
+        return self.read_many((position,))[0]
 
     def read_many(self, positions: Sequence[int]) -> list[bytes]:
         """``[read(p) for p in positions]`` with the same checks, in one tight loop (the pull

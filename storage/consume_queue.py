@@ -56,38 +56,35 @@ class ConsumeQueue:
 
     def read(self, topic: str, offset: int, n: int) -> list[CqEntry]:
         """Entries ``offset`` .. ``offset + n - 1`` of ``topic`` that exist, in order."""
-        pairs, cut = self._range(topic, offset, n)
-        out = []
-        for key, value in pairs:
-            if len(key) != cut + 8 or len(value) != VALUE.size:
-                raise CorruptionError(f"malformed consume-queue entry {key!r}")
-            position, size = VALUE.unpack(value)
-            out.append(CqEntry(queue_offset=_OFFSET.unpack_from(key, cut)[0],
-                               position=position, size=size))
-        return out
+        keys, packed, cut = self._entries(topic, offset, n)
+        return [CqEntry(queue_offset=_OFFSET.unpack_from(key, cut)[0], position=position,
+                        size=size)
+                for key, (position, size) in zip(keys, VALUE.iter_unpack(packed), strict=True)]
 
     def positions(self, topic: str, offset: int, n: int) -> list[int]:
         """The CommitLog positions of the entries ``read`` returns: the pull path, without a
         Python step per entry (the checks and the unpacking run in C)."""
-        pairs, cut = self._range(topic, offset, n)
+        return list(map(_first, VALUE.iter_unpack(self._entries(topic, offset, n)[1])))
+
+    def _entries(self, topic: str, offset: int, n: int) -> tuple[tuple[bytes, ...], bytes, int]:
+        """The keys of offsets [offset, offset + n) that exist, their values joined, and the
+        key prefix length; CorruptionError for an entry of the wrong shape."""
+        if offset < 0 or n < 0:
+            raise InvalidArgument("offset and n must be >= 0")
+        prefix = topic_prefix(topic)
+        cut = len(prefix)
+        if n == 0 or offset > MAX_U64:
+            return (), b"", cut
+        start = prefix + _OFFSET.pack(offset)
+        end = prefix + _OFFSET.pack(offset + n) if offset + n <= MAX_U64 else _after(prefix)
+        pairs = self._store.read_range(CF_CQ, start, end, n)
         if not pairs:
-            return []
+            return (), b"", cut
         keys, values = zip(*pairs, strict=True)
         if set(map(len, keys)) != {cut + 8} or set(map(len, values)) != {VALUE.size}:
             bad = next(k for k, v in pairs if len(k) != cut + 8 or len(v) != VALUE.size)
             raise CorruptionError(f"malformed consume-queue entry {bad!r}")
-        return list(map(_first, VALUE.iter_unpack(b"".join(values))))
-
-    def _range(self, topic: str, offset: int, n: int) -> tuple[list[tuple[bytes, bytes]], int]:
-        """The (key, value) pairs of offsets [offset, offset + n) and the key prefix length."""
-        if offset < 0 or n < 0:
-            raise InvalidArgument("offset and n must be >= 0")
-        prefix = topic_prefix(topic)
-        if n == 0 or offset > MAX_U64:
-            return [], len(prefix)
-        start = prefix + _OFFSET.pack(offset)
-        end = prefix + _OFFSET.pack(offset + n) if offset + n <= MAX_U64 else _after(prefix)
-        return self._store.read_range(CF_CQ, start, end, n), len(prefix)
+        return keys, b"".join(values), cut
 
     def end_offset(self, topic: str) -> int:
         """The next queue offset of ``topic`` (0 for a topic with no entries)."""
