@@ -103,7 +103,7 @@ def check_config(config: EngineConfig) -> DelayLevels:
     levels = DelayLevels.parse(config.message_delay_level)
     positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
                 "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
-                "compact_after_deletes", "flush_interval_ms")
+                "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms")
     for name in positive:
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
@@ -170,7 +170,7 @@ class Broker:
             replayed = self._committer.recover()
             if replayed:
                 log.info("recovery applied %d log records to RocksDB", len(replayed))
-            self._shards = [ShardState(s, store.watermark(s)) for s in range(cfg.timer_shards)]
+            self._shards = [ShardState(s, store.frontier(s)) for s in range(cfg.timer_shards)]
             self._writes = WritePaths(
                 store=store, committer=self._committer, shards=self._shards, clock=self.clock,
                 metrics=self.metrics, retention_ms=cfg.retention_ms,
@@ -190,7 +190,8 @@ class Broker:
                 for st in self._shards]
             self._maintenance = Maintenance(
                 store=store, clock=self.clock, metrics=self.metrics,
-                retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes)
+                retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes,
+                cleanup_interval_ms=cfg.cleanup_interval_ms)
             self.metrics.watermark_lag_ms.set_label_function(self._lags)
             self._delivery.start()
             for scanner in self._scanners:

@@ -6,10 +6,15 @@ path, synchronously) or found due by a scanner (the delivery stage):
 1. under the commit lock, drop what must not be delivered (the *skip set*, below);
 2. assign each message its topic's next queue offset (in memory) and append the batch to the
    CommitLog: each record carries topic, msgId, queue offset and deliverAt;
-3. commit ONE RocksDB batch: the scanned timer ranges deleted (``delete_range``: a scanned
-   range of a shard is contiguous and nothing new can land in it, see scanner.py), the
-   shards' watermarks, consume-queue entries, index -> DELIVERED with offset and position,
-   expiry entries for the retention clean-up, and the applied log position.
+3. commit ONE RocksDB batch: the shards' new watermarks, consume-queue entries, index ->
+   DELIVERED with offset and position, expiry entries for the retention clean-up, and the
+   applied log position. The delivered timer keys are NOT deleted here: every key of a
+   shard below its persisted watermark is delivered (or cancelled) by definition, every
+   reader of the timer CFs starts at the watermark, and scheduler/maintenance.py removes
+   the dead prefix now and then with one ``delete_range`` + compaction. One range tombstone
+   per commit (up to ~1000 a second at a steady rate) made every new RocksDB iterator pay
+   for all of them until the next flush (notes/libraries.md: 0.9 ms each with 5000);
+   point deletes would cost a tombstone and ~0.3 µs per message.
 
 A crash between 2 and 3 leaves records in the log that RocksDB does not know; ``replay``
 applies every record past the applied position (timer key re-derived from deliverAt, topic
@@ -272,7 +277,7 @@ class Committer:
                 pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
                 strict=True)]
             batch = self._store.batch()
-            self._add_ranges(batch, scans)
+            self._advance_watermarks(batch, scans)
             outcome = self._append_and_commit(batch, pending, offsets, payloads, now)
             skip.difference_update(skipped)
             outcome.skipped = len(skipped)
@@ -308,20 +313,15 @@ class Committer:
         self.replay_if_needed()
         self._write(batch)
 
-    def _add_ranges(self, batch: Batch, scans: Sequence[ScanBatch]) -> None:
-        """One delete_range per run of contiguous scans of a shard, and its new watermark."""
-        runs: dict[int, list[bytes]] = {}
+    @staticmethod
+    def _advance_watermarks(batch: Batch, scans: Sequence[ScanBatch]) -> None:
+        """Each shard's new watermark: the end of its last scan in ``scans`` (a shard's scans
+        are handed on, and so committed, in key order)."""
+        ends: dict[int, bytes] = {}
         for scan in scans:
-            run = runs.get(scan.shard)
-            if run is not None and run[1] == scan.start:
-                run[1] = scan.end
-                continue
-            if run is not None:
-                batch.delete_range(timer_cf(scan.shard), run[0], run[1])
-            runs[scan.shard] = [scan.start, scan.end]
-        for shard, (start, end) in runs.items():
-            batch.delete_range(timer_cf(shard), start, end)
-            TimerStore.put_watermark(batch, shard, unpack_u64(end))
+            ends[scan.shard] = scan.end
+        for shard, end in ends.items():
+            TimerStore.put_frontier(batch, shard, end)
 
     def _append_and_commit(self, batch: Batch, pending: _Appends, offsets: list[int],
                            payloads: list[bytes], now: int, *,

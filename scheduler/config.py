@@ -31,6 +31,8 @@ class EngineConfig:
     max_body_bytes: int = 4 << 20  #                    bytes; a larger body -> PAYLOAD_TOO_LARGE
     compact_after_deletes: int = 1_000_000  #           delivered keys of a shard between clean-ups
     #                                                   (delete_range + compaction) of its prefix
+    cleanup_interval_ms: int = 60_000  #                ms; a shard's delivered prefix is cleaned
+    #                                                   at least this often while it grows
     retry_max_backoff_ms: int = 60_000  #               ms; back-off = min(n * 100 ms, this)
     transaction_timeout_ms: int = 6_000  #              ms; minimum check immunity
     transaction_check_interval_ms: int = 30_000  #      ms between check-backs of one message

@@ -16,6 +16,7 @@ import heapq
 from collections.abc import Iterator
 
 from scheduler.model import MessageInfo
+from storage.constants import timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, decode_timer_key, time_bound
 from storage.records import MessageStatus
@@ -70,7 +71,10 @@ def list_scheduled(
     end = None if to_ms is None else time_bound(to_ms)
     if end is not None and end <= start:
         return [], None
-    merged = heapq.merge(*(_shard_keys(store, cf, start, end) for cf in store.timer_cf_names()))
+    # below a shard's persisted frontier every key is delivered (or cancelled), not yet
+    # cleaned away (scheduler/maintenance.py): each shard is read from its frontier on
+    merged = heapq.merge(*(_shard_keys(store, timer_cf(shard), max(start, store.frontier(shard)),
+                                       end) for shard in range(store.timer_shards)))
     wanted = topic.encode("utf-8") + b"\x00"
     page: list[MessageInfo] = []
     last = None

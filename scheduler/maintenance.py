@@ -7,11 +7,13 @@
   is no longer final (the key was re-used after an earlier clean-up) is left alone. An
   expiry value, when not empty, is a tx column-family key to delete as well (a finished
   transaction's entry; its expiry key has an index part starting with NUL, so no index key).
-- Delivered prefix: delivery deletes each scanned range with ``delete_range``; once a
-  shard has had ``compact_after_deletes`` keys delivered since its last clean-up, this
-  thread runs ``cleanup_prefix`` (delete_range + compact_range below the persisted
-  watermark) so range tombstones do not pile up at the head of the key space. Compaction
-  releases the GIL, so it costs the delivery thread little.
+- Delivered prefix: delivery only moves a shard's persisted frontier; the timer keys below
+  it are dead but still stored (every reader starts at the frontier). Once a shard has had
+  ``compact_after_deletes`` keys delivered since its last clean-up, or
+  ``cleanup_interval_ms`` after the first of them, this thread runs ``cleanup_prefix``
+  (ONE delete_range + compact_range below the persisted watermark), so neither dead keys
+  nor range tombstones pile up at the head of the key space. Compaction releases the GIL,
+  so it costs the delivery thread little.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ EXPIRY_BATCH = 1000
 class Maintenance(threading.Thread):
     def __init__(
         self, *, store: TimerStore, clock: Clock, metrics: EngineMetrics, retention_ms: int,
-        compact_after_deletes: int,
+        compact_after_deletes: int, cleanup_interval_ms: int,
     ) -> None:
         super().__init__(name="maintenance", daemon=True)
         self._store = store
@@ -42,10 +44,12 @@ class Maintenance(threading.Thread):
         self._metrics = metrics
         self._retention_ms = retention_ms
         self._compact_after = compact_after_deletes
+        self._cleanup_interval = cleanup_interval_ms
         self._halt = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._deleted: dict[int, int] = {}  # shard -> keys delivered since its last clean-up
+        self._first: dict[int, int] = {}  # shard -> when the first of those was noted (ms)
 
     def stop(self) -> None:
         self._halt.set()
@@ -58,7 +62,10 @@ class Maintenance(threading.Thread):
         with self._lock:
             total = self._deleted.get(shard, 0) + count
             self._deleted[shard] = total
-        if total >= self._compact_after:
+            first = shard not in self._first
+            if first:
+                self._first[shard] = self._clock.now_ms()
+        if total >= self._compact_after or first:  # first: plan the timed clean-up
             self._wake.set()
 
     def run(self) -> None:
@@ -68,8 +75,7 @@ class Maintenance(threading.Thread):
             if self._halt.is_set():
                 return
             try:
-                next_at = self.expire_due()
-                self.cleanup_prefixes()
+                next_at = min(self.expire_due(), self.cleanup_prefixes())
                 failures = 0
             except Exception:
                 failures += 1
@@ -110,12 +116,18 @@ class Maintenance(threading.Thread):
         store.write(batch)
         self._metrics.expired.inc(removed)
 
-    def cleanup_prefixes(self) -> None:
+    def cleanup_prefixes(self) -> int:
+        """Clean the prefixes that are due; returns when the next timed clean-up is due."""
+        now = self._clock.now_ms()
         with self._lock:
-            ready = [s for s, n in self._deleted.items() if n >= self._compact_after]
+            ready = [s for s, n in self._deleted.items()
+                     if n >= self._compact_after or now >= self._first[s] + self._cleanup_interval]
             for shard in ready:
-                self._deleted[shard] = 0
+                del self._deleted[shard], self._first[shard]
+            next_at = min((t + self._cleanup_interval for t in self._first.values()),
+                          default=MAX_U64)
         for shard in ready:
             watermark = self._store.watermark(shard)
             self._store.cleanup_prefix(timer_cf(shard), watermark)
-            log.info("cleaned the delivered prefix of shard %d below %d", shard, watermark)
+            log.debug("cleaned the delivered prefix of shard %d below %d", shard, watermark)
+        return next_at

@@ -6,12 +6,13 @@ Each shard's state is shared with the send and cancel paths and guarded by the s
   reads [frontier, time_bound(now + 1)) (at most ``scan_batch_size`` keys) and moves the
   frontier to its end, all under the lock.
 - The watermark race. A send whose key falls below the frontier would be stranded (the
-  scanner has passed it) or, worse, erased by the delivery's ``delete_range`` of the
-  scanned range. So the send path decides under the same lock: a key below the frontier is
-  already due (its deliverAt <= the time of that scan <= now) and goes straight to the log
-  through the commit path; any other key is written while the lock is held, so the next scan
-  sees it. Hence nothing new ever lands inside a scanned range, and the range delete of a
-  committed batch deletes exactly what was scanned.
+  scanner has passed it) or, worse, taken for delivered once the frontier is persisted
+  (every key below a persisted frontier counts as delivered, and the clean-up of
+  scheduler/maintenance.py deletes it). So the send path decides under the same lock: a
+  key below the frontier is already due (its deliverAt <= the time of that scan <= now)
+  and goes straight to the log through the commit path; any other key is written while the
+  lock is held, so the next scan sees it. Hence nothing new ever lands inside a scanned
+  range: what lies below a committed frontier is exactly what was delivered (or cancelled).
 - ``wake_at``: when the idle scanner will next look (the first pending key), or None. A send
   of an earlier key lowers it and sets ``wake``; the scanner clears ``wake`` under the lock
   before it looks, so a wake-up cannot be lost. Sleeping is ``clock.wait(wake, wake_at)``:
@@ -22,6 +23,7 @@ Each shard's state is shared with the send and cancel paths and guarded by the s
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections.abc import Callable
@@ -38,15 +40,20 @@ log = logging.getLogger(__name__)
 NOTHING_PENDING = MAX_U64  # covered_ms of a shard with no pending key at all
 
 
+def _key(item: tuple[bytes, bytes]) -> bytes:
+    return item[0]
+
+
 class ShardState:
-    def __init__(self, shard: int, watermark_ms: int) -> None:
+    def __init__(self, shard: int, frontier_key: bytes) -> None:
+        """``frontier_key``: the persisted frontier (TimerStore.frontier)."""
         self.shard = shard
         self.cf = timer_cf(shard)
         self.lock = threading.Lock()
         self.wake = threading.Event()
-        self.frontier_key = time_bound(watermark_ms)
+        self.frontier_key = frontier_key
         self.wake_at: int | None = None
-        self.covered_ms = watermark_ms - 1
+        self.covered_ms = unpack_u64(frontier_key) - 1
 
     def below_frontier(self, timer_key: bytes) -> bool:
         """True when the scanner has passed this key (lock held)."""
@@ -121,7 +128,10 @@ class Scanner(threading.Thread):
 
     def step(self) -> bool | None:
         """Scan once. True: handed a full batch on (scan again at once); False: everything
-        due is handed on (sleep until ``wake_at``); None: the hand-off was refused."""
+        due is handed on (sleep until ``wake_at``); None: the hand-off was refused.
+
+        One RocksDB iterator per step: it reads the due keys and, when they are all read,
+        the first key after them, which is when to look next."""
         st = self.state
         limit = self._batch_size
         batch = None
@@ -130,15 +140,26 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items = self._store.read_range(st.cf, start, end, limit) if start < end else []
-            complete = len(items) < limit
+            items = self._store.read_range(st.cf, start, None, limit + 1)
+            due = bisect.bisect_left(items, end, key=_key)
+            next_at: int | None = None
+            if due < len(items):  # reached a key not yet due: everything due is read
+                next_at = unpack_u64(items[due][0])
+                del items[due:]
+                complete = True
+            else:
+                complete = len(items) <= limit
+                if not complete:
+                    items.pop()
+            if complete:
+                st.frontier_key = max(start, end)
+                st.wake_at = next_at  # sends of an earlier key lower it (note_scheduled)
+            else:
+                st.frontier_key = items[-1][0] + b"\x00"
             if items:
-                st.frontier_key = end if complete else items[-1][0] + b"\x00"
                 batch = ScanBatch(shard=st.shard, start=start, end=st.frontier_key, items=items)
             else:
-                if start < end:
-                    st.frontier_key = end
-                self._plan_wake()
+                self._set_covered()
         if batch is None:
             self._progress.notify()
             return False
@@ -148,17 +169,15 @@ class Scanner(threading.Thread):
             return None
         if not complete:
             return True
-        with st.lock:  # everything due at ``now`` is handed on: plan the next look
-            self._plan_wake()
+        with st.lock:  # everything due at ``now`` is handed on
+            self._set_covered()
         self._progress.notify()
         return False
 
-    def _plan_wake(self) -> None:
-        """Set wake_at to the first pending key and covered_ms to just before it (lock held).
-        From the frontier KEY: keys handed on stay stored until their batch commits."""
+    def _set_covered(self) -> None:
+        """covered_ms: just before the first pending key (``wake_at``); lock held. Only once
+        the scanned keys are handed on (``Broker.drain`` reads it with the batch counts)."""
         st = self.state
-        first = self._store.read_range(st.cf, st.frontier_key, None, 1)
-        st.wake_at = unpack_u64(first[0][0]) if first else None
         st.covered_ms = NOTHING_PENDING if st.wake_at is None else st.wake_at - 1
 
     def lag_ms(self, now_ms: int) -> int:

@@ -28,7 +28,8 @@ def timer_cf(shard: int) -> str:
 
 # --- metadata keys (CF_META) --------------------------------------------------------------
 META_APPLIED_POSITION = b"applied_position"  # 8-byte BE: CommitLog position applied to RocksDB
-META_WATERMARK_PREFIX = b"wm/"  # + shard number as text -> 8-byte BE deliverAt watermark
+META_WATERMARK_PREFIX = b"wm/"  # + shard number as text -> scan frontier: a timer key (its
+#                                  first 8 bytes: the watermark ms); below it all is delivered
 META_GROUP_OFFSET_PREFIX = b"group/"  # + topic NUL group -> 8-byte BE committed offset
 META_FORMAT_VERSION = b"format_version"
 META_SHARDS = b"timer_shards"  # the shard count the data was written with

@@ -428,14 +428,27 @@ class TimerStore:
         return unpack_u64(first[0][0]) if first else None
 
     def watermark(self, shard: int) -> int:
-        """Persisted scan watermark of shard (0 if none)."""
+        """Persisted scan watermark of shard, in ms (0 if none): every key below
+        ``time_bound(watermark)`` is delivered or cancelled (see ``frontier``)."""
+        return unpack_u64(self.frontier(shard))
+
+    def frontier(self, shard: int) -> bytes:
+        """Persisted scan frontier of shard: every timer key below it is delivered or
+        cancelled, every key at or above it is pending. Either ``time_bound(ms)`` or, after a
+        scan that stopped inside a millisecond, the last key delivered + NUL."""
         raw = self.get(CF_META, META_WATERMARK_PREFIX + str(shard).encode())
-        return 0 if raw is None else unpack_u64(raw)
+        return time_bound(0) if raw is None else raw
 
     @staticmethod
     def put_watermark(batch: Batch, shard: int, ms: int) -> None:
-        """Add "watermark of shard = ms" to ``batch`` (the engine writes it with its deletes)."""
-        batch.put(CF_META, META_WATERMARK_PREFIX + str(shard).encode(), pack_u64(ms))
+        """Add "watermark of shard = ms" to ``batch``."""
+        TimerStore.put_frontier(batch, shard, pack_u64(ms))
+
+    @staticmethod
+    def put_frontier(batch: Batch, shard: int, key: bytes) -> None:
+        """Add "frontier of shard = key" to ``batch`` (the engine writes it with each
+        delivery commit)."""
+        batch.put(CF_META, META_WATERMARK_PREFIX + str(shard).encode(), key)
 
     def cleanup_prefix(self, cf: str, before_ms: int) -> None:
         """delete_range [0, before_ms) of a time-ordered CF, then compact that range."""

@@ -1,0 +1,95 @@
+"""Delivery moves the persisted frontier instead of deleting what it delivered.
+
+A commit writes each shard's frontier (a timer key) in its one RocksDB batch and no delete
+at all; everything below the frontier counts as delivered, and the maintenance thread
+removes that dead prefix now and then with ONE range delete. These tests prove the parts:
+no tombstone per commit, a frontier that stops inside a millisecond survives a restart
+without a duplicate, the listing skips the dead prefix, and the timed clean-up runs.
+"""
+
+from __future__ import annotations
+
+from scheduler.clock import FakeClock
+from scheduler.model import SendRequest
+from storage.constants import CF_META, META_WATERMARK_PREFIX
+from storage.keys import time_bound
+
+from .conftest import START_MS, Harness, advance_until, read_topic
+
+TIMER = "timer.0"
+
+
+def _memtable(harness: Harness, name: str) -> int:
+    assert harness.store is not None
+    value = harness.store.property_int(TIMER, f"rocksdb.{name}-active-mem-table")
+    assert value is not None
+    return value
+
+
+def test_a_delivery_commit_deletes_nothing_and_persists_the_frontier(
+        harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(flaky=True, timer_shards=1)
+    n = 300  # one due instant per message: one commit each
+    broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i}", delay_ms=1 + i)
+                       for i in range(n)])
+    for _ in range(n):
+        clock.advance(1)
+        broker.drain()
+    assert len(read_topic(broker, "t")) == n
+    # the memtable holds the n puts and nothing else: no point or range delete per commit
+    assert _memtable(harness, "num-entries") == n
+    assert _memtable(harness, "num-deletes") == 0
+    assert harness.store is not None
+    frontier = harness.store.frontier(0)
+    assert frontier == time_bound(clock.now_ms() + 1)
+    assert broker.stats()["watermarks"]["0"] == clock.now_ms() + 1
+    assert broker.list_scheduled("t", from_ms=None, to_ms=None, limit=1000,
+                                 cursor=None) == ([], None)
+
+
+def test_a_frontier_inside_a_millisecond_survives_a_restart(
+        harness: Harness, clock: FakeClock) -> None:
+    """250 messages due at one instant, delivered 100 per commit; the log fails after the
+    first commit, the server stops and starts again: every message exactly once."""
+    broker = harness.open(flaky=True, timer_shards=1, scan_batch_size=100,
+                          delivery_batch_max=100)
+    log = harness.log
+    assert log is not None
+    broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i:03d}", delay_ms=10)
+                       for i in range(250)])
+
+    def fail_from_now_on(_positions: list[int]) -> None:
+        log.fail_appends = 1 << 30
+
+    log.after_append = fail_from_now_on
+    clock.advance(10)
+    advance_until(clock, lambda: broker.stats()["retries"] > 0, step=1)
+    assert [m.msg_id for m in read_topic(broker, "t")] == [f"m{i:03d}" for i in range(100)]
+    store = harness.store
+    assert store is not None
+    frontier = store.get(CF_META, META_WATERMARK_PREFIX + b"0")
+    assert frontier is not None and frontier.endswith(b"m099\x00")  # inside the millisecond
+    page, _ = broker.list_scheduled("t", from_ms=None, to_ms=None, limit=1000, cursor=None)
+    assert [m.msg_id for m in page] == [f"m{i:03d}" for i in range(100, 250)]
+    broker.close()
+
+    again = harness.open(timer_shards=1)
+    again.drain()
+    delivered = [m.msg_id for m in read_topic(again, "t")]
+    assert delivered == [f"m{i:03d}" for i in range(250)]
+    assert again.stats()["pending"] == 0
+
+
+def test_the_dead_prefix_is_cleaned_on_a_timer(harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(flaky=True, timer_shards=1, cleanup_interval_ms=5_000)
+    store = harness.store
+    assert store is not None
+    broker.send_batch([SendRequest(topic="t", body=b"x", delay_ms=10) for _ in range(50)])
+    clock.advance(10)
+    broker.drain()
+    assert store.cleanups == []  # 50 is far below compact_after_deletes: only the timer
+    assert len(store.read_range(TIMER, b"", None, 100)) == 50  # dead, still stored
+    advance_until(clock, lambda: bool(store.cleanups), step=500)
+    assert clock.now_ms() >= START_MS + 10 + 5_000
+    assert store.cleanups == [(TIMER, START_MS + 11)]
+    assert store.read_range(TIMER, b"", None, 100) == []
