@@ -30,14 +30,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scheduler.broker import Broker, StoreFactory
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock, SystemClock
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
-from storage.timer_store import StoreTuning, TimerStore
 
 BODY = b"x" * 100
 TOPICS = tuple(f"bench{i}" for i in range(8))
@@ -128,8 +128,10 @@ def timed(out: dict[str, float]) -> Iterator[None]:
     out["load_avg_1m"] = os.getloadavg()[0]
 
 
-def engine_config(data_dir: Path, shards: int) -> EngineConfig:
-    return EngineConfig(data_dir=data_dir, timer_shards=shards, segment_size=256 << 20)
+def engine_config(data_dir: Path, shards: int, memory_mb: int | None = None) -> EngineConfig:
+    """The server's defaults but larger CommitLog segments; ``memory_mb``: RocksDB's budget."""
+    config = EngineConfig(data_dir=data_dir, timer_shards=shards, segment_size=256 << 20)
+    return config if memory_mb is None else replace(config, rocksdb_memory_bytes=memory_mb << 20)
 
 
 def requests(n: int, *, deliver_at: int, client_ids: bool, prefix: str = "") -> list[SendRequest]:
@@ -184,26 +186,10 @@ def rocksdb_memory_mb(broker: Broker) -> dict[str, float]:
     return {"rocksdb_memtables_mb": memtables / 2**20, "rocksdb_block_cache_mb": cache / 2**20}
 
 
-def small_store(memory_mb: int) -> StoreFactory:
-    """A TimerStore whose RocksDB memory budget is ``memory_mb``: 1/4 block cache, 3/4
-    memtables (budget across CFs; each CF's write buffer 1/8 of that)."""
-    cache = memory_mb * 2**20 // 4
-    memtables = memory_mb * 2**20 - cache
-    tuning = StoreTuning(block_cache_bytes=cache, db_write_buffer_bytes=memtables,
-                         timer_write_buffer_bytes=memtables // 8,
-                         other_write_buffer_bytes=memtables // 8)
-
-    def factory(directory: Path, config: EngineConfig) -> TimerStore:
-        return TimerStore(directory, timer_shards=config.timer_shards, tuning=tuning)
-
-    return factory
-
-
 def bench_drain(root: Path, n: int, shards: int, memory_mb: int | None) -> dict[str, Any]:
     data = Path(tempfile.mkdtemp(dir=root))
     clock = FakeClock(START_MS)
-    broker = Broker(engine_config(data, shards), clock,
-                    store_factory=None if memory_mb is None else small_store(memory_mb))
+    broker = Broker(engine_config(data, shards, memory_mb), clock)
     broker.start()
     try:
         due = START_MS + 1000

@@ -73,7 +73,7 @@ from storage.records import (
     decode_index,
     decode_log_records,
 )
-from storage.timer_store import Batch, TimerStore
+from storage.timer_store import Batch, StoreTuning, TimerStore
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ def open_commitlog(directory: Path, config: EngineConfig) -> Log:
 
 def open_store(directory: Path, config: EngineConfig) -> TimerStore:
     return TimerStore(directory, timer_shards=config.timer_shards, sync_writes=config.sync_writes,
+                      tuning=StoreTuning.for_budget(config.rocksdb_memory_bytes),
                       disk_reserve_bytes=config.disk_reserve_bytes,
                       disk_retry_interval_ms=config.disk_retry_interval_ms)
 

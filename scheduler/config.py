@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.commitlog import DEFAULT_SEGMENT_SIZE
 from storage.constants import DEFAULT_DELAY_LEVELS
 
 TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
@@ -21,7 +22,9 @@ class EngineConfig:
     scan_batch_size: int = 1000  #                      keys per due-range scan
     delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
     delivery_batch_max: int = 4096  #                   messages per log append + RocksDB commit
-    segment_size: int = 1 << 30  #                      bytes per CommitLog segment file
+    segment_size: int = DEFAULT_SEGMENT_SIZE  #         bytes per CommitLog segment file (a fresh
+    #                                                   server allocates one; larger for big logs)
+    rocksdb_memory_bytes: int = 256 << 20  #            RocksDB memory: memtables + block cache
     flush_policy: str = "async"  #                      "async" (every flush_interval_ms) | "sync"
     flush_interval_ms: int = 200  #                     ms between async CommitLog flushes
     sync_writes: bool = False  #                        fsync the RocksDB WAL on every write

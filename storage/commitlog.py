@@ -51,6 +51,7 @@ from storage.segment import NAME_PATTERN, Segment, fsync_dir
 
 FLUSH_POLICIES = ("async", "sync")
 MIN_SEGMENT_SIZE = 64
+DEFAULT_SEGMENT_SIZE = 32 << 20  # a fresh server allocates (and maps) one segment
 _CHECKPOINT = struct.Struct("<QI")  # flushed position, crc32c of those 8 bytes
 CHECKPOINT_NAME = "checkpoint"
 LOCK_NAME = "LOCK"
@@ -97,7 +98,7 @@ def _written_end(seg: Segment, off: int) -> int:
 
 class CommitLog:
     def __init__(
-        self, directory: str | Path, *, segment_size: int = 1 << 30,
+        self, directory: str | Path, *, segment_size: int = DEFAULT_SEGMENT_SIZE,
         flush_policy: str = "async", flush_interval_ms: int = 200,
         read_only: bool = False, repair: bool = False, full_check: bool = False,
     ) -> None:

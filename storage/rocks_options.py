@@ -51,6 +51,18 @@ class StoreTuning:
     max_total_wal_bytes: int = 1024 * MIB  #            WAL budget before forcing CF flushes
 
 
+    @classmethod
+    def for_budget(cls, memory_bytes: int) -> StoreTuning:
+        """Options that keep RocksDB's memory within ``memory_bytes``: 1/4 shared block
+        cache, 3/4 memtables (the DB-wide write-buffer budget; each CF's write buffer 1/8
+        of it, so a burst on one CF flushes early instead of growing past the budget)."""
+        cache = memory_bytes // 4
+        memtables = memory_bytes - cache
+        return cls(block_cache_bytes=cache, db_write_buffer_bytes=memtables,
+                   timer_write_buffer_bytes=memtables // 8,
+                   other_write_buffer_bytes=memtables // 8)
+
+
 def is_time_ordered(cf: str) -> bool:
     """Column families whose keys start with an 8-byte big-endian time."""
     return cf.startswith(CF_TIMER_PREFIX) or cf in (CF_HALF, CF_EXPIRY)
