@@ -110,8 +110,9 @@ def check_config(config: EngineConfig) -> DelayLevels:
         if not isinstance(value, int) or value < 1:
             raise InvalidArgument(f"engine setting {name} must be a positive integer, got "
                                   f"{value!r}")
-    if config.retention_ms < 0:
-        raise InvalidArgument("engine setting retention_ms must be >= 0")
+    for name in ("retention_ms", "scan_interval_ms"):
+        if getattr(config, name) < 0:
+            raise InvalidArgument(f"engine setting {name} must be >= 0")
     if levels.max_delay_ms > config.max_delay_ms:
         raise InvalidArgument(f"messageDelayLevel has a level of {levels.max_delay_ms} ms, "
                               f"beyond max_delay_ms={config.max_delay_ms}")
@@ -185,6 +186,7 @@ class Broker:
                 on_commit=self._on_commit)
             self._scanners = [
                 Scanner(state=st, store=store, clock=self.clock, batch_size=cfg.scan_batch_size,
+                        interval_ms=cfg.scan_interval_ms,
                         hand_off=self._delivery.put, progress=self._progress,
                         metrics=self.metrics, stopping=self._stopping,
                         max_backoff_ms=cfg.retry_max_backoff_ms)

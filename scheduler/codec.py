@@ -18,8 +18,11 @@ import msgspec
 from storage.records import FORMAT_VERSION, decode_message, mapping_hook
 
 #: The bytes msgpack.packb(use_bin_type=True) gives; other Mappings of properties (the API
-#: passes a read-only MappingProxyType) are encoded as dicts through the hook, not per call.
+#: passes a read-only MappingProxyType) are encoded as dicts through the hook. The common
+#: case, no properties at all, is swapped for one private empty dict (``properties or
+#: _EMPTY``): the hook costs ~1 µs a call (an ABC isinstance and a dict), 9 % of a batch.
 _pack = msgspec.msgpack.Encoder(enc_hook=mapping_hook).encode
+_EMPTY: dict[str, str] = {}  # never handed out, never mutated
 _b64 = binascii.b2a_base64
 _V = FORMAT_VERSION
 
@@ -28,7 +31,7 @@ def message_value(body: bytes, tags: str | None, keys: tuple[str, ...],
                   properties: Mapping[str, str], born_at: int, deliver_at: int,
                   flags: int) -> bytes:
     """== encode_message(MessageRecord(...)) (value of a timer column family)."""
-    return _pack([_V, body, tags, keys, properties, born_at, deliver_at, flags])
+    return _pack([_V, body, tags, keys, properties or _EMPTY, born_at, deliver_at, flags])
 
 
 def index_value(status: str, deliver_at: int, updated_at: int, queue_offset: int | None = None,
@@ -41,7 +44,7 @@ def log_payload(topic: str, msg_id: str, queue_offset: int, body: bytes, tags: s
                 keys: tuple[str, ...], properties: Mapping[str, str], born_at: int,
                 deliver_at: int, stored_at: int, flags: int) -> bytes:
     """== encode_log_record(LogRecord(...))."""
-    return _pack([_V, topic, msg_id, queue_offset, body, tags, keys, properties,
+    return _pack([_V, topic, msg_id, queue_offset, body, tags, keys, properties or _EMPTY,
                    born_at, deliver_at, stored_at, flags])
 
 

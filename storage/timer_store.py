@@ -352,6 +352,31 @@ class TimerStore:
             out = list(itertools.takewhile(lambda kv: kv[0] >= start, out))
         return out
 
+    def read_due(self, cf: str, start: bytes, end: bytes,
+                 limit: int) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+        """Up to ``limit`` pairs of [start, end), and the first key at or after ``end`` when
+        the iterator reached it (None: no such key, or ``limit`` pairs came first). One
+        iterator, one seek: what a scanner needs to deliver and then sleep until the next key."""
+        self._check_cf(cf)
+        after: list[bytes] = []
+
+        def before_end(item: tuple[bytes, bytes]) -> bool:
+            if item[0] < end:
+                return True
+            after.append(item[0])
+            return False
+
+        with self._gate:
+            handle = self._cf(cf)
+            try:
+                it: Iterator[tuple[bytes, bytes]] = handle.items(  # type: ignore[assignment]
+                    from_key=start)
+                out = list(itertools.islice(itertools.takewhile(before_end, it), limit))
+                del it
+            except Exception as exc:
+                raise _storage_error("scan", exc) from exc
+        return out, after[0] if after else None
+
     def scan(
         self, cf: str, start: bytes = b"", end: bytes | None = None, limit: int | None = None,
         reverse: bool = False,

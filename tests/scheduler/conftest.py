@@ -105,7 +105,7 @@ class FlakyStore(TimerStore):
 def make_config(data_dir: Path, **overrides: Any) -> EngineConfig:
     settings: dict[str, Any] = {
         "data_dir": data_dir, "timer_shards": 2, "segment_size": 1 << 20,
-        "flush_interval_ms": 50,
+        "flush_interval_ms": 50, "scan_interval_ms": 0,  # pacing: test_frontier.py
     }
     settings.update(overrides)
     return EngineConfig(**settings)

@@ -1,4 +1,5 @@
-"""Delivery moves the persisted frontier instead of deleting what it delivered.
+"""Delivery moves the persisted frontier instead of deleting what it delivered; scans are
+paced.
 
 A commit writes each shard's frontier (a timer key) in its one RocksDB batch and no delete
 at all; everything below the frontier counts as delivered, and the maintenance thread
@@ -9,8 +10,14 @@ without a duplicate, the listing skips the dead prefix, and the timed clean-up r
 
 from __future__ import annotations
 
+import itertools
+import time
+
+import pytest
+
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
+from scheduler.scanner import Scanner
 from storage.constants import CF_META, META_WATERMARK_PREFIX
 from storage.keys import time_bound
 
@@ -93,3 +100,26 @@ def test_the_dead_prefix_is_cleaned_on_a_timer(harness: Harness, clock: FakeCloc
     assert clock.now_ms() >= START_MS + 10 + 5_000
     assert store.cleanups == [(TIMER, START_MS + 11)]
     assert store.read_range(TIMER, b"", None, 100) == []
+
+
+def test_scans_are_paced_in_real_time(harness: Harness, clock: FakeClock,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a scan that found everything due, the next scan of that shard waits for
+    ``scan_interval_ms`` of real time: messages due on 6 distinct instants, each made due
+    by the fake clock right away, still take >= 5 intervals, and none is lost."""
+    starts: list[float] = []
+    step = Scanner.step
+
+    def timed(scanner: Scanner) -> bool | None:
+        starts.append(time.monotonic())
+        return step(scanner)
+
+    monkeypatch.setattr(Scanner, "step", timed)
+    broker = harness.open(timer_shards=1, scan_interval_ms=100)
+    broker.send_batch([SendRequest(topic="t", body=b"x", delay_ms=1 + i) for i in range(6)])
+    for _ in range(6):
+        clock.advance(1)
+        broker.drain()
+    assert len(read_topic(broker, "t")) == 6
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(gaps) >= 5 and min(gaps) >= 0.1 * 0.99, gaps
