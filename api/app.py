@@ -10,13 +10,12 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
 from api.context import ApiContext
-from api.hot import HotRoutes
+from api.hot import HourglassApp
 from api.longpoll import DeliveryNotifier
 from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
 from api.openapi import install_openapi
@@ -75,7 +74,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
             notifier.close()  # release long polls first, so shutdown does not wait on them
             await run_in_threadpool(engine.close)
 
-    app = FastAPI(
+    app = HourglassApp(
         title="hourglass", version=_version(), description=DESCRIPTION, lifespan=lifespan,
         openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
         # /metrics is the telemetry; FastAPI's OpenTelemetry hooks cost a check per request
@@ -90,9 +89,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     operations.add_routes(app.router, ctx, registry)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
-    hot = {"sendMessage", "sendBatch", "pullMessages"}
-    app.add_middleware(HotRoutes, routes=[r for r in app.routes
-                                          if isinstance(r, APIRoute) and r.operation_id in hot])
-    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # sees every request
+    app.serve_hot(http_metrics)  # api/hot.py: ahead of everything below
+    app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # sees every other request
     app.add_middleware(UnexpectedErrors)  # outermost
     return app

@@ -34,6 +34,9 @@ def delivered(message: LogRecord) -> schemas.Delivered:
 
 
 MAX_OFFSET = (1 << 63) - 1
+GROUP_PARAMETER = {"name": "group", "in": "path", "required": True,
+                   "description": "Consumer group.",
+                   "schema": {"type": "string", "pattern": schemas.GROUP_REGEX}}
 PULL_PARAMETERS = [
     TOPIC_PARAMETER,
     query_parameter("offset", "First offset to read; default: the group's committed offset "
@@ -113,12 +116,16 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     @router.put("/v1/topics/{topic}/groups/{group}/offset", **operation(
         "commitGroupOffset", tag="consuming", summary="Commit a group's offset",
         result="GroupOffset", body="GroupOffsetIn", errors=(503,),
+        parameters=[TOPIC_PARAMETER, GROUP_PARAMETER],
     ))
-    async def commit_group_offset(topic: Topic, group: Group, request: Request,
-                                  principal: Authenticated) -> Response:
+    async def commit_group_offset(request: Request) -> Response:
+        """A hot route (api/hot.py): a consumer commits after every pull."""
+        principal = ctx.caller(request)
+        params = request.path_params
+        topic = params["topic"]
         ctx.allow(principal, Permission.OFFSETS, topic)
+        group = check_group(params["group"])
         raw = await read_body(request, ctx.settings.max_request_bytes)
         body = decode(raw, request.headers.get("content-type"), schemas.GroupOffsetIn)
         return respond(schemas.GroupOffset(
             offset=broker.commit_group_offset(topic, group, body.offset)))
-

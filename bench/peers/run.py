@@ -67,6 +67,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "the server the harness starts)")
     ap.add_argument("--hourglass-cmd", default=None,
                     help="hourglass executable (default: .venv/bin/hourglass)")
+    ap.add_argument("--hourglass-encoding", choices=("msgpack", "json"), default="msgpack",
+                    help="hourglass request and response bodies: msgpack (the API's opt-in "
+                         "for batches and pulls) or JSON (its default)")
     ap.add_argument("--hourglass-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the hourglass server the harness starts, e.g. "
                          "HOURGLASS_FLUSH_POLICY=sync (repeatable)")
@@ -131,6 +134,7 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
     options = {"consumers": args.consumers, "bullmq_concurrency": args.bullmq_concurrency,
                "hourglass_url": args.hourglass_url, "token": args.token,
                "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env,
+               "hourglass_encoding": args.hourglass_encoding,
                "hourglass_src": args.hourglass_src, "hourglass_rev": args.hourglass_rev}
     entry: dict = {"workloads": {}, "errors": {}, "params": asdict(params)}
     results["systems"][name] = entry

@@ -208,6 +208,9 @@ def test_health_ready_stats_snapshot_metrics(live: Live) -> None:
         assert anonymous.get("/healthz").json() == {"status": "ok"}
         assert anonymous.get("/readyz").json() == {"status": "ready"}
         send(c, delayMs=1_000)
+        # hot routes (api/hot.py) count in the HTTP metrics too, errors with their status
+        assert c.put(f"/v1/topics/{TOPIC}/groups/g/offset", json={"offset": -1}
+                     ).status_code == 400
         stats = c.get("/v1/admin/stats").json()
         assert stats["pending"] == 1
         snap = c.post("/v1/admin/snapshots")
@@ -220,6 +223,9 @@ def test_health_ready_stats_snapshot_metrics(live: Live) -> None:
         assert "hourglass_pending 1.0" in body
         assert 'hourglass_http_requests_total{method="POST",route="/v1/topics/{topic}/messages"' \
                ',status="201"} 1.0' in body
+        assert 'hourglass_http_requests_total{method="PUT",route="/v1/topics/{topic}/groups/' \
+               '{group}/offset",status="400"} 1.0' in body
+        assert "hourglass_http_requests_in_flight 1.0" in body  # this very request only
         assert "hourglass_delivery_lateness_ms_bucket" in body
 
 

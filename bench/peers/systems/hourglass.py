@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import orjson
 import psutil
 
@@ -47,6 +48,8 @@ from .base import Sink, System, SystemUnavailable
 REPO = Path(__file__).resolve().parents[3]
 PULL_MAX = 1000
 WAIT_MS = 1000
+MSGPACK = "application/x-msgpack"
+MSGPACK_BODY = {"Content-Type": MSGPACK}
 
 
 def _find_hourglass() -> str | None:
@@ -94,6 +97,7 @@ class HourglassSystem(System):
         self.group = "bench"
         self.http: httpx.Client | None = None
         self.stats_doc: dict = {}
+        self.msgpack = options.get("hourglass_encoding", "msgpack") == "msgpack"
 
     def consumer_threads(self) -> int:
         return 1  # one ordered log per topic: one consumer per group and topic
@@ -142,6 +146,8 @@ class HourglassSystem(System):
             "send": "POST …/messages:batch, 1000 per request, msgId + body + deliverAt",
             "consumer": f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}, "
                         "then PUT offset",
+            "bodies": ("msgpack batches and pulls (Content-Type / Accept "
+                       "application/x-msgpack)" if self.msgpack else "JSON"),
         }
         shards = _find_number(self.stats_doc, ("timerShards",))
         if shards is not None:
@@ -219,8 +225,12 @@ class HourglassSystem(System):
             {"msgId": i, "body": b, "deliverAt": d}
             for i, d, b in zip(batch.ids, batch.due_ms, batch.bodies, strict=True)
         ]}
-        r = self.http.post(f"/v1/topics/{self.topic}/messages:batch",
-                           content=orjson.dumps(payload))
+        if self.msgpack:
+            r = self.http.post(f"/v1/topics/{self.topic}/messages:batch",
+                               content=msgpack.packb(payload), headers=MSGPACK_BODY)
+        else:
+            r = self.http.post(f"/v1/topics/{self.topic}/messages:batch",
+                               content=orjson.dumps(payload))
         if r.status_code != 201:
             raise RuntimeError(f"hourglass send: HTTP {r.status_code}: {r.text[:300]}")
 
@@ -230,12 +240,13 @@ class HourglassSystem(System):
         path = f"/v1/topics/{self.topic}/messages"
         commit = f"/v1/topics/{self.topic}/groups/{self.group}/offset"
         params = {"group": self.group, "max": PULL_MAX, "waitMs": WAIT_MS}
+        accept = {"Accept": MSGPACK} if self.msgpack else {}
         while not stop.is_set():
-            r = self.http.get(path, params=params)
+            r = self.http.get(path, params=params, headers=accept)
             if r.status_code != 200:
                 raise RuntimeError(f"hourglass pull: HTTP {r.status_code}: {r.text[:300]}")
             t = now_ms()
-            doc = orjson.loads(r.content)
+            doc = msgpack.unpackb(r.content) if self.msgpack else orjson.loads(r.content)
             msgs = doc.get("messages") or []
             if not msgs:
                 continue

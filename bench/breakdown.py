@@ -1,0 +1,234 @@
+"""``hourglass bench breakdown``: CPU microseconds per message, stage by stage, in process.
+
+Where a message's server CPU goes on the two hot paths, with the HTTP server's own work
+(parsing, the event loop, sockets) left out, which ``hourglass bench http`` and the peers
+comparison include. Each stage runs ``--rounds`` times on batches of 1000 messages (100-byte
+bodies, client msgIds, as the side-by-side sends them) and is timed in CPU time of the calling
+thread (``time.thread_time``): what that stage costs whatever the neighbours do, which
+wall-clock rates on a shared machine cannot show. RocksDB's background flushes and
+compactions run on their own threads and are not in these figures.
+
+ingest   decode the JSON (or msgpack) batch, turn it into engine requests, ``Intake.prepare``,
+         the send path's store (idempotency look-up, encoding, one RocksDB write), encode
+         the JSON (or msgpack) answer.
+drain    the scanner's read of 1000 due keys, the delivery commit (log payloads, CommitLog
+         append, one RocksDB write), a pull of 1000 (consume queue + log reads + decoding),
+         encode it as JSON (or msgpack).
+requests CPU µs per REQUEST through the whole ASGI application (middleware, routing, auth,
+         the route), called in process without a socket: the fixed cost every request pays
+         on top of its messages, which decides the CPU of a steady trickle (W3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import orjson
+
+BATCH = 1000
+BODY = "x" * 100
+START_MS = 1_700_000_000_000
+
+
+def _per_message_us(work: Callable[[int], object], rounds: int) -> float:
+    """Median CPU µs per message of ``work(round)`` over ``rounds`` calls (each one batch)."""
+    samples = []
+    for i in range(rounds):
+        started = time.thread_time()
+        work(i)
+        samples.append((time.thread_time() - started) * 1e6 / BATCH)
+    return round(statistics.median(samples), 3)
+
+
+def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
+    from api import schemas
+    from api.bodies import decode, to_send_request
+    from api.routes.consume import delivered
+    from scheduler.broker import Broker
+    from scheduler.clock import FakeClock
+    from scheduler.committer import ScanBatch
+    from scheduler.config import EngineConfig
+    from storage.keys import time_bound
+
+    json_out, msgpack_out = msgspec.json.Encoder(), msgspec.msgpack.Encoder()
+    due = START_MS + 3_600_000
+    bodies = [orjson.dumps({"messages": [
+        {"msgId": f"r{r}m{i}", "body": BODY, "deliverAt": due} for i in range(BATCH)]})
+        for r in range(rounds)]
+    packed = [msgspec.msgpack.encode(orjson.loads(b)) for b in bodies]
+    clock = FakeClock(START_MS)  # stands still: nothing falls due while the stages run
+    config = EngineConfig(data_dir=data_dir, timer_shards=1, segment_size=256 << 20)
+    out: dict[str, dict[str, float]] = {"ingest": {}, "drain": {}}
+    with Broker(config, clock) as broker:
+        intake, writes = broker._intake, broker._writes  # the benchmark looks inside
+        assert writes is not None
+        ingest = out["ingest"]
+        decoded: list[Any] = [None] * rounds
+        requests: list[Any] = [None] * rounds
+        prepared: list[Any] = [None] * rounds
+        results: list[Any] = [None] * rounds
+
+        def decode_json(r: int) -> None:
+            decoded[r] = decode(bodies[r], None, schemas.BatchIn)
+
+        def convert(r: int) -> None:
+            requests[r] = [to_send_request(m, "t", i) for i, m in enumerate(decoded[r].messages)]
+
+        def prepare(r: int) -> None:
+            prepared[r] = [intake.prepare(q, START_MS) for q in requests[r]]
+
+        def store(r: int) -> None:
+            results[r] = writes.submit(prepared[r])
+
+        ingest["decode JSON batch"] = _per_message_us(decode_json, rounds)
+        ingest["decode msgpack batch (opt-in)"] = _per_message_us(
+            lambda r: decode(packed[r], "application/x-msgpack", schemas.BatchIn), rounds)
+        ingest["to engine requests"] = _per_message_us(convert, rounds)
+        ingest["Intake.prepare"] = _per_message_us(prepare, rounds)
+        ingest["store: look-up + encode + RocksDB write + results"] = _per_message_us(
+            store, rounds)
+        ingest["encode JSON answer"] = _per_message_us(
+            lambda r: json_out.encode({"results": results[r]}), rounds)
+        ingest["encode msgpack answer (opt-in)"] = _per_message_us(
+            lambda r: msgpack_out.encode({"results": results[r]}), rounds)
+
+        drain = out["drain"]
+        store_ = broker._store
+        committer = broker._committer
+        assert store_ is not None
+        scans: list[Any] = [None] * rounds
+        cursor = [time_bound(0)]
+
+        def scan(r: int) -> None:
+            items, _ = store_.read_due("timer.0", cursor[0], time_bound(due + 1), BATCH)
+            end = items[-1][0] + b"\x00"
+            scans[r] = ScanBatch(shard=0, start=cursor[0], end=end, items=items)
+            cursor[0] = end
+
+        pages: list[Any] = [None] * rounds
+        drain["scan 1000 due keys"] = _per_message_us(scan, rounds)
+        drain["commit: payloads + CommitLog append + RocksDB write"] = _per_message_us(
+            lambda r: committer.commit_due([scans[r]]), rounds)
+
+        def pull(r: int) -> None:
+            pages[r] = broker.pull("t", r * BATCH, BATCH).messages
+
+        drain["pull 1000: consume queue + log read + decode"] = _per_message_us(pull, rounds)
+        drain["encode JSON pull"] = _per_message_us(
+            lambda r: json_out.encode(schemas.PullResult(
+                messages=[delivered(m) for m in pages[r]], next_offset=0)), rounds)
+        drain["encode msgpack pull (opt-in)"] = _per_message_us(
+            lambda r: msgpack_out.encode(schemas.PullResult(
+                messages=[delivered(m) for m in pages[r]], next_offset=0)), rounds)
+    for figures in out.values():
+        figures["total (JSON)"] = round(sum(v for k, v in figures.items()
+                                            if "opt-in" not in k), 3)
+    return out
+
+
+def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
+    """CPU µs per request of small requests through the ASGI app (no socket, no uvicorn)."""
+    import asyncio
+
+    from api.app import create_app
+    from app.settings import Role, TokenSpec, load_settings
+    from scheduler.clock import FakeClock
+
+    token = "bench-token-0123456789"
+    settings = load_settings(cli={"data_dir": str(data_dir)})
+    settings = replace(settings, tokens=(TokenSpec(token=token, role=Role.ADMIN, name="a"),))
+    clock = FakeClock(START_MS)
+    app = create_app(settings, clock=clock)
+    broker = app.state.ctx.broker
+    auth = (b"authorization", f"Bearer {token}".encode())
+    send_40 = orjson.dumps({"messages": [{"body": BODY, "delayMs": 1000}] * 40})
+
+    def scope(method: str, path: str, query: bytes = b"",
+              ctype: bytes = b"application/json") -> dict[str, Any]:
+        return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+                "query_string": query, "root_path": "", "client": ("127.0.0.1", 1),
+                "server": ("127.0.0.1", 7740),
+                "headers": [auth, (b"content-type", ctype), (b"host", b"127.0.0.1")]}
+
+    async def call(sc: dict[str, Any], body: bytes) -> int:
+        status = 0
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        await app(sc, receive, send)
+        return status
+
+    async def per_request(sc: dict[str, Any], body: bytes, expect: int) -> float:
+        samples = []
+        for _ in range(rounds):
+            started = time.thread_time()
+            status = await call(sc, body)
+            samples.append((time.thread_time() - started) * 1e6)
+            if status != expect:
+                raise RuntimeError(f"{sc['method']} {sc['path']} answered {status}")
+        return round(statistics.median(samples), 1)
+
+    async def run() -> dict[str, float]:
+        out = {}
+        out["POST batch of 40"] = await per_request(
+            scope("POST", "/v1/topics/t/messages:batch"), send_40, 201)
+        broker.send_batch([SendRequest(topic="t", body=b"x")])
+        out["GET pull of 1"] = await per_request(
+            scope("GET", "/v1/topics/t/messages", b"offset=0&max=1"), b"", 200)
+        out["PUT group offset"] = await per_request(
+            scope("PUT", "/v1/topics/t/groups/g/offset"), b'{"offset": 1}', 200)
+        out["GET /healthz"] = await per_request(scope("GET", "/healthz"), b"", 200)
+        return out
+
+    from scheduler.model import SendRequest
+
+    broker.start()
+    try:
+        return asyncio.run(run())
+    finally:
+        broker.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hourglass bench breakdown", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=50, help="batches of 1000 per stage")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    with tempfile.TemporaryDirectory(prefix="hourglass-breakdown-") as tmp:
+        figures = breakdown(Path(tmp) / "engine", args.rounds)
+        requests = request_costs(Path(tmp) / "app", args.rounds * 10)
+    for path, stages in figures.items():
+        print(f"{path}: CPU µs per message (median of {args.rounds} batches of {BATCH})")
+        for stage, us in stages.items():
+            print(f"  {stage:<55} {us:8.2f}")
+    print(f"requests: CPU µs per request through the ASGI app (median of {args.rounds * 10})")
+    for what, us in requests.items():
+        print(f"  {what:<55} {us:8.1f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rounds": args.rounds, "us_per_message": figures,
+                                         "us_per_request": requests}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
