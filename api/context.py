@@ -76,6 +76,16 @@ def query_int(request: Request, name: str, default: int | None, low: int,
     return value
 
 
+def query_bool(request: Request, name: str) -> bool:
+    """Boolean query parameter ``name`` ("true" / "false"; absent: false), or InvalidArgument."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "false":
+        return False
+    if raw == "true":
+        return True
+    raise InvalidArgument(f"query parameter {name} must be true or false, got {raw!r}")
+
+
 def respond(doc: Any, status: int = 200, request: Request | None = None) -> Response:
     """``doc`` (a Struct, dict or list) as JSON, or as msgpack when ``request`` accepts it."""
     if request is not None and is_msgpack(request.headers.get("accept")):

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from api import schemas
 from api.auth import Permission
 from api.bodies import decode, read_body
-from api.context import ApiContext, Authenticated, query_int, respond
+from api.context import ApiContext, Authenticated, query_bool, query_int, respond
 from api.openapi import operation, query_parameter
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
@@ -49,6 +49,10 @@ PULL_PARAMETERS = [
     query_parameter("waitMs", "Wait up to this long for a first message (long poll).",
                     {"type": "integer", "minimum": 0, "maximum": schemas.MAX_WAIT_MS,
                      "default": 0}),
+    query_parameter("commit", "With `group` and `offset`: first commit `offset` as the "
+                    "group's offset (everything before it is processed), then read from it: "
+                    "a consumer's pull and offset commit in one request (needs the right to "
+                    "commit offsets).", {"type": "boolean", "default": False}),
 ]
 
 
@@ -75,12 +79,14 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, schemas.MAX_PULL)
         wait_ms = query_int(request, "waitMs", 0, 0, schemas.MAX_WAIT_MS)
         assert max_messages is not None and wait_ms is not None
-        if offset is None:
-            group = request.query_params.get("group")
-            if group is None:
-                offset = 0
-            else:
-                offset = broker.get_group_offset(topic, check_group(group))
+        group = request.query_params.get("group")
+        if query_bool(request, "commit"):
+            if group is None or offset is None:
+                raise InvalidArgument("commit=true needs a group and an offset")
+            ctx.allow(principal, Permission.OFFSETS, topic)
+            broker.commit_group_offset(topic, check_group(group), offset)
+        elif offset is None:
+            offset = 0 if group is None else broker.get_group_offset(topic, check_group(group))
         result = broker.pull(topic, offset, max_messages)
         if not result.messages and wait_ms > 0:
             result = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)

@@ -144,8 +144,9 @@ class HourglassSystem(System):
             **self.durability_settings(),
             **self.extra_env,
             "send": "POST …/messages:batch, 1000 per request, msgId + body + deliverAt",
-            "consumer": f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}, "
-                        "then PUT offset",
+            "consumer": f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}"
+                        "&offset=<previous nextOffset>&commit=true (pull + offset commit in "
+                        "one request)",
             "bodies": ("msgpack batches and pulls (Content-Type / Accept "
                        "application/x-msgpack)" if self.msgpack else "JSON"),
         }
@@ -238,10 +239,12 @@ class HourglassSystem(System):
     def consume_loop(self, k: int, sink: Sink, stop: threading.Event) -> None:
         assert self.http is not None
         path = f"/v1/topics/{self.topic}/messages"
-        commit = f"/v1/topics/{self.topic}/groups/{self.group}/offset"
         params = {"group": self.group, "max": PULL_MAX, "waitMs": WAIT_MS}
         accept = {"Accept": MSGPACK} if self.msgpack else {}
+        offset: int | None = None  # where the previous batch ended: committed with the next pull
         while not stop.is_set():
+            if offset is not None:
+                params = {**params, "offset": offset, "commit": "true"}
             r = self.http.get(path, params=params, headers=accept)
             if r.status_code != 200:
                 raise RuntimeError(f"hourglass pull: HTTP {r.status_code}: {r.text[:300]}")
@@ -252,9 +255,7 @@ class HourglassSystem(System):
                 continue
             sink([m["msgId"] for m in msgs], t,
                  [m["storedAt"] - m["deliverAt"] for m in msgs])
-            c = self.http.put(commit, content=orjson.dumps({"offset": doc["nextOffset"]}))
-            if c.status_code != 200:
-                raise RuntimeError(f"hourglass commit: HTTP {c.status_code}: {c.text[:300]}")
+            offset = doc["nextOffset"]
 
     # --- inspection ------------------------------------------------------------------------
     def server_processes(self) -> list[psutil.Process]:
