@@ -13,7 +13,7 @@ import sys
 
 # name -> the module whose main(argv) runs it
 BENCHMARKS = {name: f"bench.{name}"
-              for name in ("storage", "engine", "http", "breakdown", "analysis")}
+              for name in ("storage", "engine", "http", "breakdown", "footprint", "analysis")}
 SEPARATE = {name: f"bench.{name}.__main__" for name in ("soak", "crash")}
 MODULES = {**BENCHMARKS, **SEPARATE}
 
