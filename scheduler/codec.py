@@ -11,11 +11,12 @@ gives the same records.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
-from storage.records import FORMAT_VERSION, decode_message, mapping_hook
+from storage.records import FORMAT_VERSION, MessageStatus, decode_message, mapping_hook
 
 #: The bytes msgpack.packb(use_bin_type=True) gives; other Mappings of properties (the API
 #: passes a read-only MappingProxyType) are encoded as dicts through the hook. The common
@@ -25,6 +26,7 @@ _pack = msgspec.msgpack.Encoder(enc_hook=mapping_hook).encode
 _EMPTY: dict[str, str] = {}  # never handed out, never mutated
 _b64 = binascii.b2a_base64
 _V = FORMAT_VERSION
+_SCHEDULED = MessageStatus.SCHEDULED.value
 
 
 def message_value(body: bytes, tags: str | None, keys: tuple[str, ...],
@@ -38,6 +40,17 @@ def index_value(status: str, deliver_at: int, updated_at: int, queue_offset: int
                 log_position: int | None = None, tx_id: str | None = None) -> bytes:
     """== encode_index(IndexEntry(...)); ``status`` is the MessageStatus value."""
     return _pack([_V, status, deliver_at, updated_at, queue_offset, log_position, tx_id])
+
+
+def scheduled_values(messages: Sequence[Any], at: int) -> list[tuple[bytes, bytes] | None]:
+    """For each prepared message (scheduler.intake.PreparedMessage) due after ``at``: its
+    timer value (== ``message_value``) and its index entry SCHEDULED at ``at`` (==
+    ``index_value``); None for the ones due by then. One loop for a whole send batch."""
+    pack, empty, v, scheduled = _pack, _EMPTY, _V, _SCHEDULED
+    return [(pack([v, m.body, m.tags, m.keys, m.properties or empty, m.born_at, m.deliver_at,
+                   m.flags]),
+             pack([v, scheduled, m.deliver_at, at, None, None, m.tx_id]))
+            if m.deliver_at > at else None for m in messages]
 
 
 def log_payload(topic: str, msg_id: str, queue_offset: int, body: bytes, tags: str | None,
@@ -55,6 +68,20 @@ def log_payload_from_value(value: bytes, topic: str, msg_id: str, queue_offset: 
     m = decode_message(value)
     return _pack([_V, topic, msg_id, queue_offset, m.body, m.tags, m.keys, m.properties,
                   m.born_at, deliver_at, stored_at, m.flags])
+
+
+_keys_decoder = msgspec.msgpack.Decoder(list[bytes])
+
+
+def encode_keys(keys: list[bytes]) -> bytes:
+    """A list of keys as one value (msgpack array of bin): the index keys a delivery
+    commit's one expiry entry names."""
+    return _pack(keys)
+
+
+def decode_keys(raw: bytes) -> list[bytes]:
+    """The keys ``encode_keys`` wrote; msgspec.DecodeError / ValidationError otherwise."""
+    return _keys_decoder.decode(raw)
 
 
 def cancel_handle(timer_key: bytes) -> str:

@@ -7,14 +7,14 @@ path, synchronously) or found due by a scanner (the delivery stage):
 2. assign each message its topic's next queue offset (in memory) and append the batch to the
    CommitLog: each record carries topic, msgId, queue offset and deliverAt;
 3. commit ONE RocksDB batch: the shards' new watermarks, consume-queue entries, index ->
-   DELIVERED with offset and position, expiry entries for the retention clean-up, and the
-   applied log position. The delivered timer keys are NOT deleted here: every key of a
-   shard below its persisted watermark is delivered (or cancelled) by definition, every
-   reader of the timer CFs starts at the watermark, and scheduler/maintenance.py removes
-   the dead prefix now and then with one ``delete_range`` + compaction. One range tombstone
-   per commit (up to ~1000 a second at a steady rate) made every new RocksDB iterator pay
-   for all of them until the next flush (notes/libraries.md: 0.9 ms each with 5000);
-   point deletes would cost a tombstone and ~0.3 µs per message.
+   DELIVERED with offset and position, one expiry entry naming them all for the retention
+   clean-up, and the applied log position. The delivered timer keys are NOT deleted here:
+   every key of a shard below its persisted watermark is delivered (or cancelled) by
+   definition, every reader of the timer CFs starts at the watermark, and
+   scheduler/maintenance.py removes the dead prefix now and then with one ``delete_range`` +
+   compaction. One range tombstone per commit (up to ~1000 a second at a steady rate) made
+   every new RocksDB iterator pay for all of them until the next flush (notes/libraries.md:
+   0.9 ms each with 5000); point deletes would cost a tombstone and ~0.3 µs per message.
 
 A crash between 2 and 3 leaves records in the log that RocksDB does not know; ``replay``
 applies every record past the applied position (timer key re-derived from deliverAt, topic
@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scheduler.clock import Clock
-from scheduler.codec import index_value, log_payload, log_payload_from_value
-from scheduler.intake import PreparedMessage, expiry_key, topic_shard
+from scheduler.codec import encode_keys, index_value, log_payload, log_payload_from_value
+from scheduler.intake import PreparedMessage, expiry_group_key, expiry_key, topic_shard
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
 from storage.errors import HourglassError
 from storage.keys import encode_timer_key, index_key, pack_u64, unpack_u64
@@ -353,7 +353,6 @@ class Committer:
         """The consume-queue, index (DELIVERED) and expiry entries of appended records."""
         by_topic: dict[str, list[tuple[int, int, int]]] = {}
         index_puts = []
-        expiry_prefix = pack_u64(now + self._retention_ms)
         delivered = outcome.delivered
         for topic, msg_id, at, ikey, tx_id, offset, position, payload in zip(
                 pending.topics, pending.msg_ids, pending.deliver_ats, pending.ikeys,
@@ -368,7 +367,10 @@ class Committer:
         for topic, entries in by_topic.items():
             self._queues.put_many(batch, topic, entries)
         batch.put_many(CF_INDEX, index_puts)
-        batch.put_many(CF_EXPIRY, [(expiry_prefix + k, b"") for k in pending.ikeys])
+        # ONE expiry entry for the whole commit (its messages share ``now``), not one each:
+        # a put per message now and a delete per message when it expires saved
+        batch.put(CF_EXPIRY, expiry_group_key(now + self._retention_ms, positions[0]),
+                  encode_keys(pending.ikeys))
 
     def _revoke(self, position: int) -> bool:
         """Take the records of a batch that never committed out of the log (from

@@ -177,5 +177,17 @@ def expiry_key(expires_at: int, index_key: bytes) -> bytes:
     return pack_u64(expires_at) + index_key
 
 
-__all__ = ["Intake", "MessageIdGenerator", "PreparedMessage", "check_msg_id",
-           "check_topic", "expiry_key", "topic_shard"]
+#: After the 8-byte expiresAt, what marks the expiry entry of one whole delivery commit (no
+#: index key starts with NUL; transaction entries have NUL "t/" there)
+EXPIRY_GROUP_MARK = SEP + b"\x01"
+
+
+def expiry_group_key(expires_at: int, position: int) -> bytes:
+    """Key of the ONE expiry entry of a delivery commit: 8-byte expiresAt, NUL 0x01, the
+    8-byte log position of its first record (unique); its value lists the index keys of
+    every message the commit delivered (scheduler/codec.py ``encode_keys``)."""
+    return pack_u64(expires_at) + EXPIRY_GROUP_MARK + pack_u64(position)
+
+
+__all__ = ["EXPIRY_GROUP_MARK", "Intake", "MessageIdGenerator", "PreparedMessage",
+           "check_msg_id", "check_topic", "expiry_group_key", "expiry_key", "topic_shard"]

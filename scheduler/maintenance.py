@@ -2,11 +2,13 @@
 
 - Retention: a final state (DELIVERED, CANCELLED, ...) stays readable for ``retention_ms``.
   Whoever writes a final state also writes ``expiry`` key = 8-byte expiresAt + topic NUL
-  msgId; this thread deletes the index entries whose expiry is due, oldest first, in
-  bounded batches, sleeping until the next expiry (never a fixed poll). An index entry that
-  is no longer final (the key was re-used after an earlier clean-up) is left alone. An
-  expiry value, when not empty, is a tx column-family key to delete as well (a finished
-  transaction's entry; its expiry key has an index part starting with NUL, so no index key).
+  msgId (a delivery commit writes ONE entry for all its messages: expiresAt, NUL 0x01, its
+  log position, with their index keys in the value); this thread deletes the index entries
+  whose expiry is due, oldest first, in bounded batches, sleeping until the next expiry
+  (never a fixed poll). An index entry that is no longer final (the key was re-used after an
+  earlier clean-up) is left alone. An expiry value, when not empty, is a tx column-family
+  key to delete as well (a finished transaction's entry; its expiry key has an index part
+  starting with NUL, so no index key).
 - Delivered prefix: delivery only moves a shard's persisted frontier; the timer keys below
   it are dead but still stored (every reader starts at the frontier). Once a shard has had
   ``compact_after_deletes`` keys delivered since its last clean-up, or
@@ -22,6 +24,8 @@ import logging
 import threading
 
 from scheduler.clock import Clock
+from scheduler.codec import decode_keys
+from scheduler.intake import EXPIRY_GROUP_MARK
 from scheduler.metrics import EngineMetrics
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
 from storage.keys import MAX_U64, time_bound, unpack_u64
@@ -101,20 +105,37 @@ class Maintenance(threading.Thread):
         return min(now + max(self._retention_ms, 1), MAX_U64)
 
     def _expire(self, due: list[tuple[bytes, bytes]]) -> None:
+        """Remove the due expiry entries and what they name, in RocksDB writes of about
+        EXPIRY_BATCH index keys (a delivery commit's one entry names all its messages)."""
+        keys: list[bytes] = []
+        ikeys: list[bytes] = []
+        tx_keys: list[bytes] = []
+        for key, value in due:
+            keys.append(key)
+            if key[8:10] == EXPIRY_GROUP_MARK:
+                ikeys.extend(decode_keys(value))
+            else:
+                ikeys.append(key[8:])
+                if value:  # a transaction entry (tx CF key) that expires too
+                    tx_keys.append(value)
+            if len(ikeys) >= EXPIRY_BATCH:
+                self._remove(keys, ikeys, tx_keys)
+                keys, ikeys, tx_keys = [], [], []
+        if keys:
+            self._remove(keys, ikeys, tx_keys)
+
+    def _remove(self, keys: list[bytes], ikeys: list[bytes], tx_keys: list[bytes]) -> None:
+        """Delete expiry ``keys``, the tx entries, and the index entries still final."""
         store = self._store
-        ikeys = [key[8:] for key, _ in due]
         entries = store.multi_get(CF_INDEX, ikeys)
         batch = store.batch()
-        removed = 0
-        for (key, value), ikey, raw in zip(due, ikeys, entries, strict=True):
-            batch.delete(CF_EXPIRY, key)
-            if value:  # a transaction entry (tx CF key) that expires too: scheduler/transactions
-                batch.delete(CF_TX, value)
-            if raw is not None and decode_index(raw).status in FINAL_STATUSES:
-                batch.delete(CF_INDEX, ikey)
-                removed += 1
+        batch.delete_many(CF_EXPIRY, keys)
+        batch.delete_many(CF_TX, tx_keys)
+        final = [ikey for ikey, raw in zip(ikeys, entries, strict=True)
+                 if raw is not None and decode_index(raw).status in FINAL_STATUSES]
+        batch.delete_many(CF_INDEX, final)
         store.write(batch)
-        self._metrics.expired.inc(removed)
+        self._metrics.expired.inc(len(final))
 
     def cleanup_prefixes(self) -> int:
         """Clean the prefixes that are due; returns when the next timed clean-up is due."""

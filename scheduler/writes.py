@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from msgspec.structs import replace
 
 from scheduler.clock import Clock
-from scheduler.codec import cancel_handle, index_value
+from scheduler.codec import cancel_handle, scheduled_values
 from scheduler.committer import CommitOutcome, Committer
 from scheduler.intake import PreparedMessage, expiry_key, topic_shard
 from scheduler.metrics import EngineMetrics
@@ -65,8 +65,7 @@ class WritePaths:
         # encode before taking the locks: they are held only for the decision and the write;
         # not for messages already due by this reading (they are delivered at once)
         at = self._clock.now_ms()
-        stored = [(m.value(), index_value(_SCHEDULED, m.deliver_at, at, None, None, m.tx_id))
-                  if m.deliver_at > at else None for m in messages]
+        stored = scheduled_values(messages, at)
         with self.locks(shards):
             self._check_running()
             if committer.needs_replay:
@@ -77,18 +76,18 @@ class WritePaths:
             due: list[PreparedMessage] = []
             later: list[PreparedMessage] = []
             later_stored: list[tuple[bytes, bytes]] = []
+            frontiers = {s: self._shards[s].frontier_key for s in shards}  # (locks held)
             for m, result, encoded in zip(messages, results, stored, strict=True):
                 if result is not None:
                     continue
-                if (encoded is None or m.deliver_at <= now
-                        or self._shards[m.shard].below_frontier(m.timer_key)):
+                if encoded is None or m.deliver_at <= now or m.timer_key < frontiers[m.shard]:
                     due.append(m)
                 else:
                     later.append(m)
                     later_stored.append(encoded)
             batch = store.batch()
             if later:
-                self._add_scheduled(batch, later, later_stored)
+                self._add_scheduled(batch, later, later_stored, len(shards) == 1)
             outcome = None
             try:
                 if due or extra is not None:
@@ -102,10 +101,15 @@ class WritePaths:
                 else:
                     store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
+                first_due: dict[int, int] = {}
                 for m in later:
-                    self._shards[m.shard].note_scheduled(m.deliver_at)
+                    at_ = first_due.get(m.shard)
+                    if at_ is None or m.deliver_at < at_:
+                        first_due[m.shard] = m.deliver_at
+                for shard, deliver_at in first_due.items():
+                    self._shards[shard].note_scheduled(deliver_at)
         self.count_sent(later, due, duplicates, outcome)
-        return self._results(messages, results, {m.index_key for m in due})
+        return self._results(messages, results, {m.index_key for m in due}, duplicates)
 
     def _find_duplicates(
         self, store: TimerStore, messages: Sequence[PreparedMessage],
@@ -136,22 +140,32 @@ class WritePaths:
         return count
 
     def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
-                       stored: list[tuple[bytes, bytes]]) -> None:
+                       stored: list[tuple[bytes, bytes]], one_shard: bool) -> None:
         """Timer keys and index entries (SCHEDULED) of ``later``, pre-encoded in ``stored``."""
-        by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
-        for m, (value, _) in zip(later, stored, strict=True):
-            cf = self._shards[m.shard].cf
-            items = by_shard.get(cf)
-            if items is None:
-                items = by_shard[cf] = []
-            items.append((m.timer_key, value))
-        for cf, items in by_shard.items():
-            batch.put_many(cf, items)
+        if one_shard:  # the common case: a batch for one topic
+            values = [(m.timer_key, value) for m, (value, _) in zip(later, stored, strict=True)]
+            batch.put_many(self._shards[later[0].shard].cf, values)
+        else:
+            by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
+            for m, (value, _) in zip(later, stored, strict=True):
+                cf = self._shards[m.shard].cf
+                items = by_shard.get(cf)
+                if items is None:
+                    items = by_shard[cf] = []
+                items.append((m.timer_key, value))
+            for cf, items in by_shard.items():
+                batch.put_many(cf, items)
         batch.put_many(CF_INDEX, [(m.index_key, entry)
                                   for m, (_, entry) in zip(later, stored, strict=True)])
 
     def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
-                 delivered: set[bytes]) -> list[SendResult]:
+                 delivered: set[bytes], duplicates: int) -> list[SendResult]:
+        if not duplicates:  # the common case: one new result per message, in order
+            scheduled, now = MessageStatus.SCHEDULED, MessageStatus.DELIVERED
+            return [SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
+                               status=now if delivered and m.index_key in delivered
+                               else scheduled, cancel_handle=cancel_handle(m.timer_key))
+                    for m in messages]
         out: list[SendResult] = []
         first: dict[bytes, SendResult] = {}
         for m, result in zip(messages, results, strict=True):
@@ -224,7 +238,6 @@ class WritePaths:
         return result
 
 
-_SCHEDULED = MessageStatus.SCHEDULED.value
 _PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
                                 status=MessageStatus.SCHEDULED, cancel_handle="")
 

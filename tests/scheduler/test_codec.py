@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +13,7 @@ from scheduler.codec import (
     log_payload,
     log_payload_from_value,
     message_value,
+    scheduled_values,
 )
 from storage.keys import encode_handle, encode_timer_key
 from storage.records import (
@@ -38,6 +41,20 @@ records = st.builds(
 def test_message_value(record: MessageRecord) -> None:
     assert message_value(record.body, record.tags, record.keys, record.properties,
                          record.born_at, record.deliver_at, record.flags) == encode_message(record)
+
+
+@settings(max_examples=200)
+@given(record=records, at=ints, tx_id=st.none() | st.text(max_size=20))
+def test_scheduled_values(record: MessageRecord, at: int, tx_id: str | None) -> None:
+    """One message of a send batch: its timer value and SCHEDULED index entry, or None when
+    it is due by ``at`` (the PreparedMessage fields it reads are the record's, plus tx_id)."""
+    message = SimpleNamespace(**{f: getattr(record, f) for f in record.__struct_fields__},
+                              tx_id=tx_id)
+    expected = None if record.deliver_at <= at else (
+        encode_message(record),
+        encode_index(IndexEntry(status=MessageStatus.SCHEDULED, deliver_at=record.deliver_at,
+                                updated_at=at, tx_id=tx_id)))
+    assert scheduled_values([message], at) == [expected]
 
 
 @settings(max_examples=300)

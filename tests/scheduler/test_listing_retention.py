@@ -9,8 +9,10 @@ import pytest
 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
+from scheduler.codec import decode_keys
 from scheduler.listing import list_scheduled
 from scheduler.model import SendRequest
+from storage.constants import CF_EXPIRY
 from storage.errors import InvalidArgument, NotFound
 from storage.records import MessageStatus
 
@@ -135,3 +137,33 @@ def test_snapshot(broker: Broker) -> None:
     assert info["createdAt"] == START_MS
     from pathlib import Path
     assert Path(info["path"]).exists()
+
+
+def test_a_delivery_commit_writes_one_expiry_entry_for_all_its_messages(
+        harness: Harness, clock: FakeClock) -> None:
+    """2500 messages delivered by one commit: one expiry entry names them all, and at the
+    end of the retention every one of them goes (in RocksDB writes of ~1000 index keys)."""
+    broker = harness.open(flaky=True, retention_ms=60_000, timer_shards=1,
+                          scan_batch_size=4096, delivery_batch_max=4096)
+    store = harness.store
+    assert store is not None
+    for b in range(3):
+        broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{b}-{i}", delay_ms=10)
+                           for i in range(1000 if b < 2 else 500)])
+    clock.advance(10)
+    broker.drain()
+    entries = list(store.scan(CF_EXPIRY))
+    assert len(entries) == 1
+    assert len(decode_keys(entries[0][1])) == 2500
+    assert broker.status("t", "m2-499").status is MessageStatus.DELIVERED
+    clock.advance(60_000)
+    pause = threading.Event()  # never set: a bounded wait for the clean-up thread to react
+    for _ in range(2000):
+        if broker.metrics.expired.value >= 2500:
+            break
+        pause.wait(0.005)
+    assert broker.metrics.expired.value == 2500
+    assert list(store.scan(CF_EXPIRY)) == []
+    for gone in ("m0-0", "m1-999", "m2-499"):
+        with pytest.raises(NotFound):
+            broker.status("t", gone)
