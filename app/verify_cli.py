@@ -22,6 +22,7 @@ from pathlib import Path
 from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR
 from storage.commitlog import CommitLog
 from storage.constants import CF_CQ, CF_META, META_APPLIED_POSITION
+from storage.consume_queue import run_entries
 from storage.errors import HourglassError
 from storage.keys import decode_cq_key, unpack_u64
 from storage.records import decode_log_record
@@ -72,23 +73,34 @@ def verify(data_dir: Path) -> Report:
 
 def _check_consume_queues(store: TimerStore, log: CommitLog, report: Report) -> None:
     for key, value in store.scan(CF_CQ):
-        topic, offset = decode_cq_key(key)
-        expected = report.topics.get(topic, 0)
-        if offset != expected:
-            report.problem(f"consume queue {topic}: offset {offset} where {expected} was "
-                           "expected (a gap)")
-        report.topics[topic] = offset + 1
-        position, size = unpack_u64(value), int.from_bytes(value[8:12], "big")
+        topic, first = decode_cq_key(key)
         try:
-            payload = log.read(position)
-            record = decode_log_record(payload)
+            entries = run_entries(key, value, len(key) - 8)
         except HourglassError as exc:
-            report.problem(f"consume queue {topic}@{offset}: log position {position}: {exc}")
+            report.problem(f"consume queue {topic}@{first}: {exc}")
             continue
-        if (record.topic, record.queue_offset, len(payload)) != (topic, offset, size):
-            report.problem(
-                f"consume queue {topic}@{offset}: points at {record.topic}@"
-                f"{record.queue_offset} ({len(payload)} bytes, expected {size})")
+        for offset, position, size in entries:
+            _check_entry(log, report, topic, offset, position, size)
+
+
+def _check_entry(log: CommitLog, report: Report, topic: str, offset: int, position: int,
+                 size: int) -> None:
+    """One consume-queue entry: no gap before it, and the record it points at is its own."""
+    expected = report.topics.get(topic, 0)
+    if offset != expected:
+        report.problem(f"consume queue {topic}: offset {offset} where {expected} was "
+                       "expected (a gap)")
+    report.topics[topic] = offset + 1
+    try:
+        payload = log.read(position)
+        record = decode_log_record(payload)
+    except HourglassError as exc:
+        report.problem(f"consume queue {topic}@{offset}: log position {position}: {exc}")
+        return
+    if (record.topic, record.queue_offset, len(payload)) != (topic, offset, size):
+        report.problem(
+            f"consume queue {topic}@{offset}: points at {record.topic}@"
+            f"{record.queue_offset} ({len(payload)} bytes, expected {size})")
 
 
 def main(argv: list[str]) -> int:

@@ -13,6 +13,7 @@ from scheduler.clock import FakeClock
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
 from storage.constants import CF_CQ
+from storage.consume_queue import ConsumeQueue, run_entries
 from storage.keys import cq_key
 from storage.timer_store import TimerStore
 
@@ -58,8 +59,14 @@ def test_a_flipped_bit_in_the_log_is_reported(data_dir: Path) -> None:
 
 def test_a_gap_in_a_consume_queue_is_reported(data_dir: Path) -> None:
     with TimerStore(data_dir / ROCKSDB_DIR, timer_shards=None) as store:
+        prefix = cq_key("t0", 0)[:-8]
+        runs = [(k, v) for k, v in store.scan(CF_CQ) if k.startswith(prefix)]
+        entries = [e for k, v in runs for e in run_entries(k, v, len(prefix))]
+        assert [e[0] for e in entries] == list(range(15))
         batch = store.batch()
-        batch.delete(CF_CQ, cq_key("t0", 3))
+        for key, _ in runs:
+            batch.delete(CF_CQ, key)
+        ConsumeQueue.put_many(batch, "t0", [e for e in entries if e[0] != 3])  # 3 left out
         store.write(batch)
     report = verify(data_dir)
     assert any("t0: offset 4 where 3 was expected" in p for p in report.problems)

@@ -57,22 +57,54 @@ def test_a_malformed_entry_is_corruption(store: TimerStore) -> None:
     _fill(store, "t", 10)
     cq = ConsumeQueue(store)
     b = store.batch()
-    b.put(CF_CQ, cq_key("t", 4), b"\x00" * 11)  # one byte short of position + size
+    b.put(CF_CQ, cq_key("t", 10), b"\x00" * 11)  # one byte short of position + size
     store.write(b)
     for read in (cq.read, cq.positions):
         with pytest.raises(CorruptionError, match="malformed"):
-            read("t", 0, 10)
-    assert cq.positions("t", 5, 5) == [i * 100 for i in range(5, 10)]
+            read("t", 0, 20)
+    with pytest.raises(CorruptionError, match="malformed"):
+        cq.end_offset("t")
+    assert cq.positions("t", 5, 5) == [i * 100 for i in range(5, 10)]  # not reaching it
 
 
-def test_read_costs_one_seek_and_n_steps(store: TimerStore) -> None:
-    _fill(store, "t", 20_000)
+def test_a_commit_writes_one_run_and_reads_cut_it_anywhere(store: TimerStore) -> None:
+    """Consecutive offsets are ONE stored entry (a run); runs of one (replay, older stores)
+    and runs of many read alike, from any offset, across run boundaries."""
+    b = store.batch()
+    ConsumeQueue.put_many(b, "t", [(i, 1000 + i, 10 + i) for i in range(100)])
+    ConsumeQueue.put(b, "t", 100, 2000, 5)  # a replayed record: a run of one
+    ConsumeQueue.put_many(b, "t", [(i, 3000 + i, 7) for i in (101, 102, 104, 105)])
+    store.write(b)
+    assert len(list(store.scan(CF_CQ))) == 4  # [0..99], [100], [101, 102], [104, 105]
     cq = ConsumeQueue(store)
-    before = store.statistics()
-    assert len(cq.read("t", 10_000, 100)) == 100
-    after = store.statistics()
-    assert after["rocksdb.number.db.seek"] - before["rocksdb.number.db.seek"] == 1
-    assert after["rocksdb.number.db.next"] - before["rocksdb.number.db.next"] <= 100
+    assert cq.end_offset("t") == 106
+    expected = ([CqEntry(queue_offset=i, position=1000 + i, size=10 + i) for i in range(100)]
+                + [CqEntry(queue_offset=100, position=2000, size=5)]
+                + [CqEntry(queue_offset=i, position=3000 + i, size=7)
+                   for i in (101, 102, 104, 105)])
+    for offset in (0, 1, 37, 99, 100, 101, 103, 104, 105, 106):
+        for n in (1, 2, 5, 64, 200):
+            want = [e for e in expected if offset <= e.queue_offset < offset + n]
+            assert cq.read("t", offset, n) == want, (offset, n)
+            assert cq.positions("t", offset, n) == [e.position for e in want]
+
+
+def test_read_costs_two_seeks_and_a_step_per_run(store: TimerStore) -> None:
+    _fill(store, "t", 20_000)  # one run
+    b = store.batch()
+    for i in range(1000):  # runs of one, as replays and stores before runs wrote them
+        ConsumeQueue.put(b, "u", i, i * 100, 10)
+    store.write(b)
+    cq = ConsumeQueue(store)
+    for topic, offset, steps in (("t", 10_000, 2), ("u", 500, 101)):
+        before = store.statistics()
+        assert len(cq.read(topic, offset, 100)) == 100
+        after = store.statistics()
+        seeks = after["rocksdb.number.db.seek"] - before["rocksdb.number.db.seek"]
+        assert seeks <= 2, seeks  # the run holding the offset (backwards), then forwards
+        nexts = (after["rocksdb.number.db.next"] - before["rocksdb.number.db.next"]
+                 + after["rocksdb.number.db.prev"] - before["rocksdb.number.db.prev"])
+        assert nexts <= steps, nexts
 
 
 def test_bad_input_changes_nothing(store: TimerStore) -> None:
