@@ -55,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "topic)")
     ap.add_argument("--bullmq-concurrency", type=int, default=50,
                     help="jobs in flight per BullMQ Worker")
-    ap.add_argument("--w3-rate", type=float, default=5000.0, help="W3 messages per second")
+    ap.add_argument("--w3-rate", type=float, default=2000.0, help="W3 messages per second")
     ap.add_argument("--w3-duration", type=float, default=30.0, help="W3 seconds of sending")
     ap.add_argument("--w3-delay-ms", default="1000-3000", help="W3 delay range, ms (MIN-MAX)")
     ap.add_argument("--drain-timeout", type=float, default=1800.0,
