@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -24,9 +25,21 @@ def test_cancel_before_at_and_after_the_due_time(broker: Broker, clock: FakeCloc
     c = broker.send(SendRequest(topic="t", body=b"c", msg_id="c", delay_ms=100))
     # before: by handle
     assert broker.cancel_by_handle(a.cancel_handle).status is MessageStatus.CANCELLED
-    # at the due time, before the scanner ran (the clock is at deliverAt, nothing drained)
+    # at the due time, before the scanner ran (the clock is at deliverAt, nothing drained):
+    # the scanners wait at a gate until the cancel is answered (else they may win the race,
+    # which is a legitimate ALREADY_DELIVERED, not the case this line is about)
+    gate = threading.Event()
+    for scanner in broker._scanners:
+        scan = scanner.step
+
+        def gated(scan: Callable[[], bool | None] = scan) -> bool | None:
+            gate.wait(30)
+            return scan()
+
+        scanner.step = gated  # type: ignore[method-assign]
     clock.advance(100)
     assert broker.cancel("t", "b").status is MessageStatus.CANCELLED
+    gate.set()
     broker.drain()
     # after delivery
     with pytest.raises(AlreadyDelivered):
