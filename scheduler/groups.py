@@ -1,0 +1,675 @@
+"""Consumer groups with competing members: leases, acknowledgements, retries, dead letters.
+
+A group of a topic reads two logs, each a *stream* with its own committed offset: the
+topic's log, and the group's retry topic (RocketMQ's ``%RETRY%group``), where the scheduler
+delivers the group's nacked messages when their retry delay has passed. A third topic, the
+dead-letter topic (``%DLQ%group``), holds what failed ``max_reconsume_times`` times.
+
+- ``receive`` leases offsets the group has not acknowledged and that nobody holds: first
+  the retry stream, then the topic; in each, first offsets whose lease expired (oldest
+  first), then offsets never handed out. Leases live in memory only.
+- ``ack`` is one RocksDB write per request: the committed offset of a stream moves up as
+  acks fill the gaps; an ack above it is a ``gack/`` key until the gap below it fills.
+- ``nack`` is ONE write too, through ``Broker.submit(extra=..., atomic=True)``: the same
+  RocksDB batch acknowledges the message in its stream and schedules its retry (or appends
+  its dead letter). ``atomic``: a retry or dead letter that is due at once is appended to the
+  log with FLAG_BATCH, so it counts only with that batch's write, never by replay (see
+  scheduler/committer.py): a nack is applied whole or not at all, also across kill -9, and
+  one answered 200 yields exactly one retry.
+- Bounded memory: a stream hands out offsets only below ``committed + group_lease_window``,
+  so its leases, its expired-lease queue and its acks above the committed offset each hold
+  at most ``group_lease_window`` offsets, however far members run ahead; past it, ``receive``
+  hands out fewer (none) until the oldest outstanding message is acknowledged.
+
+Lock order: a group's lock, then the Broker's (shard locks, commit lock, in ``submit``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import heapq
+import secrets
+import struct
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from scheduler.clock import Clock
+from scheduler.intake import Intake, PreparedMessage, check_topic
+from scheduler.model import SendRequest, SendResult
+from storage.constants import (
+    CF_META,
+    GROUP_PATTERN,
+    META_GROUP_ACK_PREFIX,
+    META_GROUP_OFFSET_PREFIX,
+    META_GROUP_STATE_PREFIX,
+    PROP_ORIGIN_BORN_AT,
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_ORIGIN_OFFSET,
+    PROP_RECONSUME_TIME,
+    TOPIC_DLQ_PREFIX,
+    TOPIC_RETRY_PREFIX,
+)
+from storage.errors import InvalidArgument, NotFound
+from storage.keys import SEP, pack_u64, unpack_u64
+from storage.records import LogRecord, decode_log_records
+from storage.timer_store import Batch, TimerStore
+
+RECEIVE_MAX = 1000
+RECEIPTS_MAX = 1000
+LEASE_MS_MIN = 1_000
+LEASE_MS_MAX = 43_200_000
+DEFAULT_RETRY_LEVEL = 3  # RocketMQ: a retry waits level 3 + reconsumeTimes
+MAIN, RETRY = 0, 1  # the streams of a group
+INTERNAL_PROPERTIES = frozenset({PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME,
+                                 PROP_ORIGIN_OFFSET, PROP_ORIGIN_BORN_AT})
+
+_RECEIPT = struct.Struct(">BBQQ")  # version, stream, offset, lease id
+_RECEIPT_VERSION = 1
+_TAG = 8  # bytes of the hash binding a receipt to its (topic, group)
+
+
+def group_offset_key(topic: str, group: str) -> bytes:
+    """CF_META key of ``group``'s committed offset in ``topic``'s log (checks both names)."""
+    check_topic(topic, allow_system=True)
+    check_group(group)
+    return META_GROUP_OFFSET_PREFIX + topic.encode() + SEP + group.encode()
+
+
+def check_group(group: object) -> str:
+    if not isinstance(group, str) or not GROUP_PATTERN.match(group):
+        raise InvalidArgument(f"group {group!r} does not match {GROUP_PATTERN.pattern}")
+    return group
+
+
+def _digest(topic: str, group: str) -> str:
+    return hashlib.blake2b(f"{topic}\0{group}".encode(), digest_size=16).hexdigest()
+
+
+def retry_topic(topic: str, group: str) -> str:
+    """The group's retry topic (a system topic: nobody can send to it)."""
+    return TOPIC_RETRY_PREFIX + _digest(topic, group)
+
+
+def dlq_topic(topic: str, group: str) -> str:
+    """The group's dead-letter topic."""
+    return TOPIC_DLQ_PREFIX + _digest(topic, group)
+
+
+class Received(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A leased message as its topic knows it (msgId, offset, properties of the original)."""
+
+    record: LogRecord
+    receipt: str
+    delivery_count: int
+    reconsume_times: int
+
+
+class ReceiveResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    messages: list[Received]
+    lease_until: int
+
+
+class AckResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    acked: int
+    stale: list[str]
+
+
+class NackResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    retrying: int
+    dead_lettered: int
+    stale: list[str]
+
+
+class GroupState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    committed_offset: int
+    end_offset: int
+    leased: int
+    retrying: int
+    dead_lettered: int
+
+
+class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    messages: list[tuple[LogRecord, int]]  # (the message as its topic knows it, reconsumeTimes)
+    next_offset: int
+
+
+@dataclass(slots=True)
+class _Lease:
+    lease_id: int
+    until: int
+    count: int  # deliveryCount
+
+
+class _Stream:
+    """One log a group consumes. Offsets below ``committed`` are acknowledged, and so are
+    those in ``acked``; ``handed``: every offset below it was handed out (or acked) since
+    the group was loaded; ``returned``: a heap of offsets whose lease expired, to hand out
+    again (with their delivery count in ``counts``)."""
+
+    __slots__ = ("acked", "committed", "counts", "handed", "leases", "log_topic", "returned")
+
+    def __init__(self, log_topic: str, committed: int, acked: set[int]) -> None:
+        self.log_topic = log_topic
+        self.committed = committed
+        self.acked = acked
+        self.handed = committed
+        self.leases: dict[int, _Lease] = {}
+        self.returned: list[int] = []
+        self.counts: dict[int, int] = {}
+
+    def take(self, n: int, end: int, window: int) -> list[tuple[int, int]]:
+        """Up to ``n`` (offset, delivery count) to lease: expired ones first, then new ones
+        below ``end`` and below ``committed + window``."""
+        out: list[tuple[int, int]] = []
+        returned, counts = self.returned, self.counts
+        while returned and len(out) < n:
+            offset = heapq.heappop(returned)
+            count = counts.pop(offset, 0)
+            if offset >= self.committed and offset not in self.acked \
+                    and offset not in self.leases:
+                out.append((offset, count + 1))
+        limit = min(end, self.committed + window)
+        while self.handed < limit and len(out) < n:
+            offset = self.handed
+            self.handed += 1
+            if offset not in self.acked and offset not in self.leases:
+                out.append((offset, 1))
+        return out
+
+    def drop_leases(self) -> None:
+        """Every lease ends now (an offset commit): the messages are handed out again."""
+        for offset, lease in self.leases.items():
+            self.counts[offset] = lease.count
+            heapq.heappush(self.returned, offset)
+        self.leases.clear()
+
+
+@dataclass(slots=True, kw_only=True)
+class _Group:
+    topic: str
+    group: str
+    streams: tuple[_Stream, _Stream]
+    dlq_topic: str
+    dlq_cursor: int
+    retrying: int
+    registered: bool
+    tag_key: bytes
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    expiry: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # (until, lease id, stream, offset), one per lease given (dropped lazily)
+    redelivered: int = 0  # leases that expired (their messages are handed out again)
+
+    @property
+    def leased(self) -> int:
+        return sum(len(s.leases) for s in self.streams)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What an ack (or the ack half of a nack) changes: built first, applied in memory
+    only once its RocksDB write succeeded."""
+
+    accepted: list[tuple[int, int]] = field(default_factory=list)  # (stream, offset)
+    stale: list[str] = field(default_factory=list)
+    committed: dict[int, int] = field(default_factory=dict)  # stream -> new committed offset
+
+
+class GroupManager:
+    def __init__(
+        self, *, store: TimerStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
+        end_offset: Callable[[str], int], intake: Intake,
+        submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
+        window: int, check_running: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._read = read
+        self._end_offset = end_offset
+        self._intake = intake
+        self._submit = submit
+        self._clock = clock
+        self._max_reconsume = max_reconsume_times
+        self._window = window
+        self._check_running = check_running
+        self._groups: dict[tuple[str, str], _Group] = {}
+        self._groups_lock = threading.Lock()
+        self._next_lease = secrets.randbits(62)  # unique across restarts (compared by equality)
+        for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
+                                 META_GROUP_STATE_PREFIX + b"\xff"):
+            topic, group = key[len(META_GROUP_STATE_PREFIX):].decode().split("\0", 1)
+            self._group(topic, group)
+
+    # --- the groups ----------------------------------------------------------------------
+    def _group(self, topic: str, group: str) -> _Group:
+        found = self._groups.get((topic, group))
+        if found is not None:
+            return found
+        check_topic(topic, allow_system=True)
+        check_group(group)
+        with self._groups_lock:
+            found = self._groups.get((topic, group))
+            if found is None:
+                found = self._groups[(topic, group)] = self._load(topic, group)
+        return found
+
+    def _load(self, topic: str, group: str) -> _Group:
+        store = self._store
+        retry = retry_topic(topic, group)
+        dlq = dlq_topic(topic, group)
+        state = store.get(CF_META, _state_key(topic, group))
+        return _Group(
+            topic=topic, group=group,
+            streams=(self._load_stream(topic, group), self._load_stream(retry, group)),
+            dlq_topic=dlq, dlq_cursor=self._offset(dlq, group),
+            retrying=0 if state is None else unpack_u64(state), registered=state is not None,
+            tag_key=f"{topic}\0{group}".encode())
+
+    def _offset(self, log_topic: str, group: str) -> int:
+        raw = self._store.get(CF_META, group_offset_key(log_topic, group))
+        return 0 if raw is None else unpack_u64(raw)
+
+    def _load_stream(self, log_topic: str, group: str) -> _Stream:
+        prefix = _ack_prefix(log_topic, group)
+        acked = {unpack_u64(key, len(prefix))
+                 for key, _ in self._store.scan(CF_META, prefix, prefix + b"\xff")}
+        return _Stream(log_topic, self._offset(log_topic, group), acked)
+
+    def topics(self, topic: str, group: str) -> tuple[str, str]:
+        """The logs a receive of the group reads (what a long poll waits on)."""
+        g = self._group(topic, group)
+        return g.streams[MAIN].log_topic, g.streams[RETRY].log_topic
+
+    # --- receive ---------------------------------------------------------------------------
+    def receive(self, topic: str, group: str, max_messages: int,
+                lease_ms: int) -> ReceiveResult:
+        if not 1 <= max_messages <= RECEIVE_MAX:
+            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        if not LEASE_MS_MIN <= lease_ms <= LEASE_MS_MAX:
+            raise InvalidArgument(f"leaseMs must be in {LEASE_MS_MIN}..{LEASE_MS_MAX}")
+        self._check_running()
+        g = self._group(topic, group)
+        out: list[Received] = []
+        with g.lock:
+            now = self._clock.now_ms()
+            until = now + lease_ms
+            self._expire(g, now)
+            if not g.registered:  # the group shows in stats from now on, also after a restart
+                self._write_state(g, g.retrying)
+            for kind in (RETRY, MAIN):
+                stream = g.streams[kind]
+                room = max_messages - len(out)
+                if room <= 0:
+                    break
+                taken = stream.take(room, self._end_offset(stream.log_topic), self._window)
+                if not taken:
+                    continue
+                counts = dict(taken)
+                records: list[LogRecord] = []
+                try:
+                    records = self._read(stream.log_topic, list(counts))
+                finally:  # what could not be read is handed out again later
+                    for offset in set(counts).difference(r.queue_offset for r in records):
+                        stream.counts[offset] = counts[offset] - 1
+                        heapq.heappush(stream.returned, offset)
+                for record in records:
+                    offset = record.queue_offset
+                    lease = _Lease(self._next_lease, until, counts[offset])
+                    self._next_lease += 1
+                    stream.leases[offset] = lease
+                    heapq.heappush(g.expiry, (until, lease.lease_id, kind, offset))
+                    shown, reconsumed = self._as_topic_message(g, kind, record)
+                    out.append(Received(record=shown, receipt=self._receipt(
+                        g, kind, offset, lease.lease_id), delivery_count=lease.count,
+                        reconsume_times=reconsumed))
+            if len(g.expiry) > 2 * g.leased + 64:  # acked leases' entries: drop them
+                g.expiry = [e for e in g.expiry
+                            if (lease_ := g.streams[e[2]].leases.get(e[3])) is not None
+                            and lease_.lease_id == e[1]]
+                heapq.heapify(g.expiry)
+        return ReceiveResult(messages=out, lease_until=until)
+
+    def next_expiry(self, topic: str, group: str) -> int | None:
+        """When the group's earliest lease ends (a long poll waits at most until then)."""
+        g = self._group(topic, group)
+        with g.lock:
+            return g.expiry[0][0] if g.expiry else None
+
+    def _expire(self, g: _Group, now: int) -> None:
+        expiry = g.expiry
+        while expiry and expiry[0][0] <= now:
+            _, lease_id, kind, offset = heapq.heappop(expiry)
+            stream = g.streams[kind]
+            lease = stream.leases.get(offset)
+            if lease is not None and lease.lease_id == lease_id:
+                del stream.leases[offset]
+                stream.counts[offset] = lease.count
+                heapq.heappush(stream.returned, offset)
+                g.redelivered += 1
+
+    # --- receipts ----------------------------------------------------------------------------
+    def _receipt(self, g: _Group, kind: int, offset: int, lease_id: int) -> str:
+        fields = _RECEIPT.pack(_RECEIPT_VERSION, kind, offset, lease_id)
+        return base64.urlsafe_b64encode(fields + _tag(g, fields)).decode().rstrip("=")
+
+    def _decode(self, g: _Group, receipts: Sequence[str]) -> list[tuple[int, int, int]]:
+        """(stream, offset, lease id) of each receipt; InvalidArgument for one that is not a
+        receipt, NotFound for one of another group or topic. Nothing changes on either."""
+        if not receipts:
+            raise InvalidArgument("receipts must not be empty")
+        if len(receipts) > RECEIPTS_MAX:
+            raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
+        out = []
+        size = _RECEIPT.size + _TAG
+        for receipt in receipts:
+            try:
+                raw = base64.urlsafe_b64decode(receipt + "=" * (-len(receipt) % 4))
+            except (binascii.Error, ValueError, TypeError):
+                raw = b""
+            if len(raw) != size or raw[0] != _RECEIPT_VERSION or raw[1] not in (MAIN, RETRY):
+                raise InvalidArgument(f"{receipt!r} is not a receipt")
+            fields = raw[:_RECEIPT.size]
+            if not secrets.compare_digest(_tag(g, fields), raw[_RECEIPT.size:]):
+                raise NotFound(f"receipt {receipt!r} is not one of group {g.group!r} of topic "
+                               f"{g.topic!r}")
+            _, kind, offset, lease_id = _RECEIPT.unpack(fields)
+            out.append((kind, offset, lease_id))
+        return out
+
+    def _plan(self, g: _Group, receipts: Sequence[str],
+              decoded: list[tuple[int, int, int]]) -> _Plan:
+        """Accepted: the receipt's lease still holds, or nobody holds the message and it is
+        not acknowledged (a lease that expired, or one from before a restart). Stale: the
+        message was leased again, or is acknowledged already."""
+        plan = _Plan()
+        seen: set[tuple[int, int]] = set()
+        for receipt, (kind, offset, lease_id) in zip(receipts, decoded, strict=True):
+            stream = g.streams[kind]
+            lease = stream.leases.get(offset)
+            if (offset < stream.committed or offset in stream.acked or (kind, offset) in seen
+                    or (lease is not None and lease.lease_id != lease_id)):
+                plan.stale.append(receipt)
+                continue
+            seen.add((kind, offset))
+            plan.accepted.append((kind, offset))
+        for kind, stream in enumerate(g.streams):
+            committed = stream.committed
+            while committed in stream.acked or (kind, committed) in seen:
+                committed += 1
+            if committed != stream.committed:
+                plan.committed[kind] = committed
+        return plan
+
+    def _add_acks(self, g: _Group, plan: _Plan, batch: Batch, retrying: int) -> None:
+        """The plan's RocksDB operations (and the group's retry count) into ``batch``."""
+        for kind, committed in plan.committed.items():
+            stream = g.streams[kind]
+            batch.put(CF_META, group_offset_key(stream.log_topic, g.group), pack_u64(committed))
+            prefix = _ack_prefix(stream.log_topic, g.group)
+            batch.delete_many(CF_META, [prefix + pack_u64(o) for o in stream.acked
+                                        if o < committed])
+        puts = []
+        for kind, offset in plan.accepted:
+            stream = g.streams[kind]
+            if offset >= plan.committed.get(kind, stream.committed):
+                puts.append((_ack_prefix(stream.log_topic, g.group) + pack_u64(offset), b""))
+        batch.put_many(CF_META, puts)
+        batch.put(CF_META, _state_key(g.topic, g.group), pack_u64(retrying))
+
+    @staticmethod
+    def _apply(g: _Group, plan: _Plan, retrying: int) -> None:
+        for kind, offset in plan.accepted:
+            stream = g.streams[kind]
+            stream.acked.add(offset)
+            stream.leases.pop(offset, None)
+            stream.counts.pop(offset, None)
+        for kind, committed in plan.committed.items():
+            stream = g.streams[kind]
+            stream.acked.difference_update(range(stream.committed, committed))
+            stream.committed = committed
+            stream.handed = max(stream.handed, committed)
+        g.retrying = retrying
+        g.registered = True
+
+    # --- ack / nack --------------------------------------------------------------------------
+    def ack(self, topic: str, group: str, receipts: Sequence[str]) -> AckResult:
+        self._check_running()
+        g = self._group(topic, group)
+        decoded = self._decode(g, receipts)
+        with g.lock:
+            self._expire(g, self._clock.now_ms())
+            plan = self._plan(g, receipts, decoded)
+            retrying = g.retrying - sum(1 for kind, _ in plan.accepted if kind == RETRY)
+            if plan.accepted:
+                batch = self._store.batch()
+                self._add_acks(g, plan, batch, retrying)
+                self._store.write(batch)
+                self._apply(g, plan, retrying)
+        return AckResult(acked=len(plan.accepted), stale=plan.stale)
+
+    def nack(self, topic: str, group: str, receipts: Sequence[str], *,
+             delay_level: int | None = None, delay_ms: int | None = None) -> NackResult:
+        """Retry later (at ``delay_ms``, at ``delay_level``, or RocketMQ's level 3 +
+        reconsumeTimes); a message nacked ``max_reconsume_times`` times already becomes a
+        dead letter instead."""
+        if delay_level is not None and delay_ms is not None:
+            raise InvalidArgument("give at most one of delayLevel and delayMs")
+        if delay_level is not None and (type(delay_level) is not int or delay_level < 1):
+            raise InvalidArgument(f"delayLevel must be an integer >= 1, got {delay_level!r}")
+        self._check_running()
+        g = self._group(topic, group)
+        decoded = self._decode(g, receipts)
+        with g.lock:
+            now = self._clock.now_ms()
+            self._expire(g, now)
+            plan = self._plan(g, receipts, decoded)
+            if not plan.accepted:
+                return NackResult(retrying=0, dead_lettered=0, stale=plan.stale)
+            messages: list[PreparedMessage] = []
+            dead = 0
+            for kind, stream in enumerate(g.streams):
+                offsets = [o for k, o in plan.accepted if k == kind]
+                records = self._read(stream.log_topic, offsets) if offsets else []
+                if len(records) != len(offsets):
+                    raise NotFound(f"messages of {stream.log_topic!r} at offsets {offsets} are "
+                                   f"not all in the log")
+                for record in records:
+                    shown, reconsumed = self._as_topic_message(g, kind, record)
+                    if reconsumed >= self._max_reconsume:
+                        dead += 1
+                        messages.append(self._prepare(g.dlq_topic, shown, reconsumed, now,
+                                                      delay_ms=0))
+                    elif delay_ms is not None:
+                        messages.append(self._prepare(g.streams[RETRY].log_topic, shown,
+                                                      reconsumed + 1, now, delay_ms=delay_ms))
+                    else:
+                        level = delay_level or DEFAULT_RETRY_LEVEL + reconsumed
+                        messages.append(self._prepare(g.streams[RETRY].log_topic, shown,
+                                                      reconsumed + 1, now, delay_level=level))
+            retried = len(messages) - dead
+            retrying = (g.retrying + retried
+                        - sum(1 for kind, _ in plan.accepted if kind == RETRY))
+            self._submit(messages, extra=lambda batch: self._add_acks(g, plan, batch, retrying),
+                         atomic=True)
+            self._apply(g, plan, retrying)
+        return NackResult(retrying=retried, dead_lettered=dead, stale=plan.stale)
+
+    def _prepare(self, log_topic: str, shown: LogRecord, reconsume_times: int, now: int, *,
+                 delay_ms: int | None = None, delay_level: int | None = None
+                 ) -> PreparedMessage:
+        """A retry (or dead letter) of ``shown``: its body, tags, keys and properties, and
+        where it came from."""
+        properties = dict(shown.properties)
+        properties[PROP_ORIGIN_MESSAGE_ID] = shown.msg_id
+        properties[PROP_ORIGIN_OFFSET] = str(shown.queue_offset)
+        properties[PROP_ORIGIN_BORN_AT] = str(shown.born_at)
+        properties[PROP_RECONSUME_TIME] = str(reconsume_times)
+        request = SendRequest(topic=log_topic, body=shown.body, tags=shown.tags,
+                              keys=shown.keys, properties=properties, delay_ms=delay_ms,
+                              delay_level=delay_level)
+        return self._intake.prepare(request, now, allow_system=True)
+
+    @staticmethod
+    def _as_topic_message(g: _Group, kind: int, record: LogRecord) -> tuple[LogRecord, int]:
+        """The message as its topic knows it, and its reconsumeTimes: a retry (or dead
+        letter) shows the original's msgId, topic, offset, bornAt and properties."""
+        if kind == MAIN:
+            return record, 0
+        return _original(g.topic, record)
+
+    # --- state, offsets, dead letters ----------------------------------------------------------
+    def state(self, topic: str, group: str) -> GroupState:
+        self._check_running()
+        g = self._group(topic, group)
+        with g.lock:
+            self._expire(g, self._clock.now_ms())
+            return GroupState(
+                committed_offset=g.streams[MAIN].committed,
+                end_offset=self._end_offset(topic), leased=g.leased, retrying=g.retrying,
+                dead_lettered=self._end_offset(g.dlq_topic) - g.dlq_cursor)
+
+    def set_offset(self, topic: str, group: str, offset: int) -> int:
+        """Move the committed offset (skip or replay): acks above it are forgotten and every
+        lease of the group ends."""
+        if type(offset) is not int or offset < 0:
+            raise InvalidArgument("offset must be an integer >= 0")
+        self._check_running()
+        g = self._group(topic, group)
+        end = self._end_offset(topic)
+        if offset > end:
+            raise InvalidArgument(f"offset {offset} is beyond the end of {topic!r} ({end})")
+        with g.lock:
+            main = g.streams[MAIN]
+            batch = self._store.batch()
+            batch.put(CF_META, group_offset_key(topic, group), pack_u64(offset))
+            prefix = _ack_prefix(topic, group)
+            batch.delete_many(CF_META, [prefix + pack_u64(o) for o in main.acked])
+            self._store.write(batch)
+            main.committed = main.handed = offset
+            main.acked.clear()
+            main.leases.clear()
+            main.returned.clear()
+            main.counts.clear()
+            g.streams[RETRY].drop_leases()
+        return offset
+
+    def dead_letters(self, topic: str, group: str, offset: int | None,
+                     max_messages: int) -> DeadLetters:
+        """Dead letters from ``offset`` of the dead-letter log (default: the first one not
+        redriven)."""
+        if not 1 <= max_messages <= RECEIVE_MAX:
+            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        if offset is not None and offset < 0:
+            raise InvalidArgument("offset must be >= 0")
+        self._check_running()
+        g = self._group(topic, group)
+        start = g.dlq_cursor if offset is None else offset
+        end = min(self._end_offset(g.dlq_topic), start + max_messages)
+        records = self._read(g.dlq_topic, range(start, end))
+        return DeadLetters(messages=[_original(topic, r) for r in records],
+                           next_offset=records[-1].queue_offset + 1 if records else start)
+
+    def redrive(self, topic: str, group: str, max_messages: int) -> int:
+        """Hand up to ``max_messages`` dead letters back to the group (as retries due now,
+        reconsumeTimes 0), oldest first; one write."""
+        if not 1 <= max_messages <= RECEIVE_MAX:
+            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        self._check_running()
+        g = self._group(topic, group)
+        with g.lock:
+            now = self._clock.now_ms()
+            end = min(self._end_offset(g.dlq_topic), g.dlq_cursor + max_messages)
+            records = self._read(g.dlq_topic, range(g.dlq_cursor, end))
+            if not records:
+                return 0
+            cursor = records[-1].queue_offset + 1
+            messages = [self._prepare(g.streams[RETRY].log_topic, _original(topic, r)[0], 0,
+                                      now, delay_ms=0) for r in records]
+            retrying = g.retrying + len(messages)
+
+            def extra(batch: Batch) -> None:
+                batch.put(CF_META, group_offset_key(g.dlq_topic, group), pack_u64(cursor))
+                batch.put(CF_META, _state_key(topic, group), pack_u64(retrying))
+
+            self._submit(messages, extra=extra, atomic=True)
+            g.dlq_cursor, g.retrying, g.registered = cursor, retrying, True
+        return len(messages)
+
+    # --- stats and metrics ---------------------------------------------------------------------
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per group ("topic/group"): backlog (end - committed offset), leased, retrying,
+        dead-lettered, and redeliveries after a lease expired."""
+        out = {}
+        for (topic, group), g in sorted(self._groups.items()):
+            state = self.state(topic, group)
+            out[f"{topic}/{group}"] = {
+                "backlog": state.end_offset - state.committed_offset,
+                "committedOffset": state.committed_offset, "endOffset": state.end_offset,
+                "leased": state.leased, "retrying": state.retrying,
+                "deadLettered": state.dead_lettered, "redelivered": g.redelivered}
+        return out
+
+    def _write_state(self, g: _Group, retrying: int) -> None:
+        batch = self._store.batch()
+        batch.put(CF_META, _state_key(g.topic, g.group), pack_u64(retrying))
+        self._store.write(batch)
+        g.registered = True
+
+
+def _tag(g: _Group, fields: bytes) -> bytes:
+    """Binds a receipt to its (topic, group): one of another group is not taken for ours."""
+    return hashlib.blake2b(g.tag_key + fields, digest_size=_TAG).digest()
+
+
+def _original(topic: str, record: LogRecord) -> tuple[LogRecord, int]:
+    """A retry or dead letter as its topic knows it, and its reconsumeTimes."""
+    props = record.properties
+    try:
+        reconsumed = int(props[PROP_RECONSUME_TIME])
+        shown = msgspec.structs.replace(
+            record, topic=topic, msg_id=props[PROP_ORIGIN_MESSAGE_ID],
+            queue_offset=int(props[PROP_ORIGIN_OFFSET]),
+            born_at=int(props[PROP_ORIGIN_BORN_AT]),
+            properties=_user_properties(props))
+    except (KeyError, ValueError):  # not written by this module: shown as it is
+        return record, 0
+    return shown, reconsumed
+
+
+def _user_properties(props: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in props.items() if k not in INTERNAL_PROPERTIES}
+
+
+def _ack_prefix(log_topic: str, group: str) -> bytes:
+    return META_GROUP_ACK_PREFIX + log_topic.encode() + SEP + group.encode() + SEP
+
+
+def _state_key(topic: str, group: str) -> bytes:
+    return META_GROUP_STATE_PREFIX + topic.encode() + SEP + group.encode()
+
+
+def read_records(read_many: Callable[[list[int]], list[bytes]],
+                 positions: Callable[[str, int, int], list[int]]
+                 ) -> Callable[[str, Sequence[int]], list[LogRecord]]:
+    """``read(log_topic, offsets)``: the records at those queue offsets, in offset order,
+    one consume-queue range read per run of consecutive offsets."""
+    def read(log_topic: str, offsets: Sequence[int]) -> list[LogRecord]:
+        wanted = sorted(offsets)
+        found: list[int] = []
+        i = 0
+        while i < len(wanted):
+            j = i + 1
+            while j < len(wanted) and wanted[j] == wanted[j - 1] + 1:
+                j += 1
+            found.extend(positions(log_topic, wanted[i], j - i))
+            i = j
+        return decode_log_records(read_many(found))
+    return read
+
+
+__all__ = ["AckResult", "DeadLetters", "GroupManager", "GroupState", "NackResult",
+           "ReceiveResult", "Received", "check_group", "dlq_topic", "group_offset_key",
+           "read_records", "retry_topic"]
