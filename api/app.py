@@ -21,7 +21,7 @@ from api.longpoll import DeliveryNotifier
 from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
 from api.openapi import install_openapi
 from api.problems import UnexpectedErrors, install_problem_handlers
-from api.routes import check_callbacks, consume, messages, operations, transactions
+from api.routes import check_callbacks, consume, groups, messages, operations, transactions
 from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.clock import Clock, SystemClock
@@ -86,11 +86,12 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     # one flat router, hot routes first: every included router costs a level of matching
     messages.add_routes(app.router, ctx)
     consume.add_routes(app.router, ctx)
+    groups.add_routes(app.router, ctx)
     transactions.add_routes(app.router, ctx)
     operations.add_routes(app.router, ctx, registry)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
-    hot = {"sendMessage", "sendBatch", "pullMessages"}
+    hot = {"sendMessage", "sendBatch", "pullMessages", *groups.HOT}
     app.add_middleware(HotRoutes, routes=[r for r in app.routes
                                           if isinstance(r, APIRoute) and r.operation_id in hot])
     app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # sees every request

@@ -201,7 +201,8 @@ class Broker:
                 store=store, read=read_records(self._log.read_many, self._queues.positions),
                 end_offset=self._queues.end_offset, intake=self._intake, submit=self.submit,
                 clock=self.clock, max_reconsume_times=cfg.max_reconsume_times,
-                window=cfg.group_lease_window, check_running=self._check_running)
+                window=cfg.group_lease_window, check_running=self._check_running,
+                metrics=self.metrics)
             self._maintenance.start()
             self._transactions.start()
         except BaseException:

@@ -40,6 +40,7 @@ import msgspec
 
 from scheduler.clock import Clock
 from scheduler.intake import Intake, PreparedMessage, check_topic
+from scheduler.metrics import EngineMetrics
 from scheduler.model import SendRequest, SendResult
 from storage.constants import (
     CF_META,
@@ -205,6 +206,11 @@ class _Group:
     redelivered: int = 0  # leases that expired (their messages are handed out again)
 
     @property
+    def name(self) -> str:
+        """The group's label in metrics and stats."""
+        return f"{self.topic}/{self.group}"
+
+    @property
     def leased(self) -> int:
         return sum(len(s.leases) for s in self.streams)
 
@@ -224,7 +230,7 @@ class GroupManager:
         self, *, store: TimerStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
         end_offset: Callable[[str], int], intake: Intake,
         submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
-        window: int, check_running: Callable[[], None],
+        window: int, check_running: Callable[[], None], metrics: EngineMetrics,
     ) -> None:
         self._store = store
         self._read = read
@@ -235,6 +241,11 @@ class GroupManager:
         self._max_reconsume = max_reconsume_times
         self._window = window
         self._check_running = check_running
+        self._metrics = metrics
+        for gauge, name in ((metrics.group_backlog, "backlog"), (metrics.group_leased, "leased"),
+                            (metrics.group_retrying, "retrying"),
+                            (metrics.group_dead_letters, "deadLettered")):
+            gauge.set_label_function(self._gauge(name))
         self._groups: dict[tuple[str, str], _Group] = {}
         self._groups_lock = threading.Lock()
         self._next_lease = secrets.randbits(62)  # unique across restarts (compared by equality)
@@ -339,6 +350,7 @@ class GroupManager:
             return g.expiry[0][0] if g.expiry else None
 
     def _expire(self, g: _Group, now: int) -> None:
+        """End the leases due by ``now``: their messages are handed out again."""
         expiry = g.expiry
         while expiry and expiry[0][0] <= now:
             _, lease_id, kind, offset = heapq.heappop(expiry)
@@ -349,6 +361,7 @@ class GroupManager:
                 stream.counts[offset] = lease.count
                 heapq.heappush(stream.returned, offset)
                 g.redelivered += 1
+                self._metrics.group_redelivered.labels(g.name).inc()
 
     # --- receipts ----------------------------------------------------------------------------
     def _receipt(self, g: _Group, kind: int, offset: int, lease_id: int) -> str:
@@ -448,6 +461,7 @@ class GroupManager:
                 self._add_acks(g, plan, batch, retrying)
                 self._store.write(batch)
                 self._apply(g, plan, retrying)
+                self._metrics.group_acked.labels(g.name).inc(len(plan.accepted))
         return AckResult(acked=len(plan.accepted), stale=plan.stale)
 
     def nack(self, topic: str, group: str, receipts: Sequence[str], *,
@@ -495,6 +509,9 @@ class GroupManager:
             self._submit(messages, extra=lambda batch: self._add_acks(g, plan, batch, retrying),
                          atomic=True)
             self._apply(g, plan, retrying)
+        self._metrics.group_nacked.labels(g.name).inc(len(plan.accepted))
+        if dead:
+            self._metrics.group_dead_lettered.labels(g.name).inc(dead)
         return NackResult(retrying=retried, dead_lettered=dead, stale=plan.stale)
 
     def _prepare(self, log_topic: str, shown: LogRecord, reconsume_times: int, now: int, *,
@@ -523,7 +540,10 @@ class GroupManager:
     # --- state, offsets, dead letters ----------------------------------------------------------
     def state(self, topic: str, group: str) -> GroupState:
         self._check_running()
-        g = self._group(topic, group)
+        return self._state(self._group(topic, group))
+
+    def _state(self, g: _Group) -> GroupState:
+        topic = g.topic
         with g.lock:
             self._expire(g, self._clock.now_ms())
             return GroupState(
@@ -603,14 +623,17 @@ class GroupManager:
         """Per group ("topic/group"): backlog (end - committed offset), leased, retrying,
         dead-lettered, and redeliveries after a lease expired."""
         out = {}
-        for (topic, group), g in sorted(self._groups.items()):
-            state = self.state(topic, group)
-            out[f"{topic}/{group}"] = {
+        for _, g in sorted(self._groups.items()):
+            state = self._state(g)
+            out[g.name] = {
                 "backlog": state.end_offset - state.committed_offset,
                 "committedOffset": state.committed_offset, "endOffset": state.end_offset,
                 "leased": state.leased, "retrying": state.retrying,
                 "deadLettered": state.dead_lettered, "redelivered": g.redelivered}
         return out
+
+    def _gauge(self, name: str) -> Callable[[], dict[str, float]]:
+        return lambda: {group: float(values[name]) for group, values in self.stats().items()}
 
     def _write_state(self, g: _Group, retrying: int) -> None:
         batch = self._store.batch()
