@@ -12,7 +12,8 @@ import importlib
 import sys
 
 # name -> the module whose main(argv) runs it
-BENCHMARKS = {name: f"bench.{name}" for name in ("storage", "engine", "http", "analysis")}
+BENCHMARKS = {name: f"bench.{name}" for name in ("storage", "engine", "http", "analysis",
+                                                     "groups")}
 SEPARATE = {name: f"bench.{name}.__main__" for name in ("soak", "crash")}
 MODULES = {**BENCHMARKS, **SEPARATE}
 

@@ -26,12 +26,10 @@ Lock order: a group's lock, then the Broker's (shard locks, commit lock, in ``su
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import heapq
+import itertools
 import secrets
-import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,9 +67,13 @@ MAIN, RETRY = 0, 1  # the streams of a group
 INTERNAL_PROPERTIES = frozenset({PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME,
                                  PROP_ORIGIN_OFFSET, PROP_ORIGIN_BORN_AT})
 
-_RECEIPT = struct.Struct(">BBQQ")  # version, stream, offset, lease id
-_RECEIPT_VERSION = 1
-_TAG = 8  # bytes of the hash binding a receipt to its (topic, group)
+# A receipt is text: "1" (version), the stream (0/1), the lease id in hex, ".", a tag, ".",
+# the offset in hex. One receive leases its messages under one lease id, so the tag (a hash
+# binding the lease id to the group's topic and name) is computed once per receive and
+# checked once per lease id in an ack, not once per message.
+_RECEIPT_VERSION = "1"
+_TAG = 6  # bytes of that hash
+_HEX = frozenset("0123456789abcdef")
 
 
 def group_offset_key(topic: str, group: str) -> bytes:
@@ -139,11 +141,18 @@ class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     next_offset: int
 
 
-@dataclass(slots=True)
 class _Lease:
-    lease_id: int
-    until: int
-    count: int  # deliveryCount
+    """The messages one receive leased in one stream, until ``until``: a stream maps each
+    offset it holds to (its lease, its delivery count). ``held``: offsets still held."""
+
+    __slots__ = ("held", "kind", "lease_id", "offsets", "until")
+
+    def __init__(self, lease_id: int, until: int, kind: int, offsets: list[int]) -> None:
+        self.lease_id = lease_id
+        self.until = until
+        self.kind = kind
+        self.offsets = offsets
+        self.held = len(offsets)
 
 
 class _Stream:
@@ -159,7 +168,7 @@ class _Stream:
         self.committed = committed
         self.acked = acked
         self.handed = committed
-        self.leases: dict[int, _Lease] = {}
+        self.leases: dict[int, tuple[_Lease, int]] = {}  # offset -> (lease, delivery count)
         self.returned: list[int] = []
         self.counts: dict[int, int] = {}
 
@@ -174,18 +183,29 @@ class _Stream:
             if offset >= self.committed and offset not in self.acked \
                     and offset not in self.leases:
                 out.append((offset, count + 1))
-        limit = min(end, self.committed + window)
-        while self.handed < limit and len(out) < n:
-            offset = self.handed
-            self.handed += 1
-            if offset not in self.acked and offset not in self.leases:
-                out.append((offset, 1))
+        cap = min(end, self.committed + window)
+        while self.handed < cap and len(out) < n:
+            limit = min(cap, self.handed + n - len(out))
+            fresh = range(self.handed, limit)
+            self.handed = limit
+            if self.acked or self.leases:  # acks from before a restart, leases after a replay
+                out.extend((o, 1) for o in fresh if o not in self.acked and o not in self.leases)
+            else:
+                out.extend(zip(fresh, itertools.repeat(1)))
         return out
+
+    def release(self, offset: int) -> tuple[_Lease, int] | None:
+        """The offset is no longer held (acknowledged, nacked or handed back)."""
+        held = self.leases.pop(offset, None)
+        if held is not None:
+            held[0].held -= 1
+        return held
 
     def drop_leases(self) -> None:
         """Every lease ends now (an offset commit): the messages are handed out again."""
-        for offset, lease in self.leases.items():
-            self.counts[offset] = lease.count
+        for offset, (lease, count) in self.leases.items():
+            lease.held -= 1
+            self.counts[offset] = count
             heapq.heappush(self.returned, offset)
         self.leases.clear()
 
@@ -201,8 +221,8 @@ class _Group:
     registered: bool
     tag_key: bytes
     lock: threading.Lock = field(default_factory=threading.Lock)
-    expiry: list[tuple[int, int, int, int]] = field(default_factory=list)
-    # (until, lease id, stream, offset), one per lease given (dropped lazily)
+    expiry: list[tuple[int, int, _Lease]] = field(default_factory=list)
+    # (until, lease id, lease), one per receive (dropped lazily once it holds nothing)
     redelivered: int = 0  # leases that expired (their messages are handed out again)
 
     @property
@@ -323,23 +343,27 @@ class GroupManager:
                 try:
                     records = self._read(stream.log_topic, list(counts))
                 finally:  # what could not be read is handed out again later
-                    for offset in set(counts).difference(r.queue_offset for r in records):
-                        stream.counts[offset] = counts[offset] - 1
-                        heapq.heappush(stream.returned, offset)
+                    if len(records) != len(counts):
+                        for offset in set(counts).difference(r.queue_offset for r in records):
+                            stream.counts[offset] = counts[offset] - 1
+                            heapq.heappush(stream.returned, offset)
+                if not records:
+                    continue
+                lease = _Lease(self._next_lease, until, kind,
+                               [r.queue_offset for r in records])
+                self._next_lease += 1
+                heapq.heappush(g.expiry, (until, lease.lease_id, lease))
+                prefix = self._receipt_prefix(g, kind, lease.lease_id)
+                leases = stream.leases
                 for record in records:
                     offset = record.queue_offset
-                    lease = _Lease(self._next_lease, until, counts[offset])
-                    self._next_lease += 1
-                    stream.leases[offset] = lease
-                    heapq.heappush(g.expiry, (until, lease.lease_id, kind, offset))
-                    shown, reconsumed = self._as_topic_message(g, kind, record)
-                    out.append(Received(record=shown, receipt=self._receipt(
-                        g, kind, offset, lease.lease_id), delivery_count=lease.count,
-                        reconsume_times=reconsumed))
-            if len(g.expiry) > 2 * g.leased + 64:  # acked leases' entries: drop them
-                g.expiry = [e for e in g.expiry
-                            if (lease_ := g.streams[e[2]].leases.get(e[3])) is not None
-                            and lease_.lease_id == e[1]]
+                    count = counts[offset]
+                    leases[offset] = (lease, count)
+                    shown, reconsumed = (record, 0) if kind == MAIN else _original(topic, record)
+                    out.append(Received(record=shown, receipt=f"{prefix}{offset:x}",
+                                        delivery_count=count, reconsume_times=reconsumed))
+            if len(g.expiry) > 64 and len(g.expiry) > 2 * sum(e[2].held > 0 for e in g.expiry):
+                g.expiry = [e for e in g.expiry if e[2].held > 0]  # leases that hold nothing
                 heapq.heapify(g.expiry)
         return ReceiveResult(messages=out, lease_until=until)
 
@@ -352,21 +376,29 @@ class GroupManager:
     def _expire(self, g: _Group, now: int) -> None:
         """End the leases due by ``now``: their messages are handed out again."""
         expiry = g.expiry
+        expired = 0
         while expiry and expiry[0][0] <= now:
-            _, lease_id, kind, offset = heapq.heappop(expiry)
-            stream = g.streams[kind]
-            lease = stream.leases.get(offset)
-            if lease is not None and lease.lease_id == lease_id:
-                del stream.leases[offset]
-                stream.counts[offset] = lease.count
-                heapq.heappush(stream.returned, offset)
-                g.redelivered += 1
-                self._metrics.group_redelivered.labels(g.name).inc()
+            lease = heapq.heappop(expiry)[2]
+            if not lease.held:
+                continue
+            stream = g.streams[lease.kind]
+            for offset in lease.offsets:
+                held = stream.leases.get(offset)
+                if held is not None and held[0] is lease:
+                    stream.release(offset)
+                    stream.counts[offset] = held[1]
+                    heapq.heappush(stream.returned, offset)
+                    expired += 1
+        if expired:
+            g.redelivered += expired
+            self._metrics.group_redelivered.labels(g.name).inc(expired)
 
     # --- receipts ----------------------------------------------------------------------------
-    def _receipt(self, g: _Group, kind: int, offset: int, lease_id: int) -> str:
-        fields = _RECEIPT.pack(_RECEIPT_VERSION, kind, offset, lease_id)
-        return base64.urlsafe_b64encode(fields + _tag(g, fields)).decode().rstrip("=")
+    @staticmethod
+    def _receipt_prefix(g: _Group, kind: int, lease_id: int) -> str:
+        """A receipt of lease ``lease_id`` without its offset."""
+        head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"
+        return f"{head}.{_tag(g, head)}."
 
     def _decode(self, g: _Group, receipts: Sequence[str]) -> list[tuple[int, int, int]]:
         """(stream, offset, lease id) of each receipt; InvalidArgument for one that is not a
@@ -376,20 +408,24 @@ class GroupManager:
         if len(receipts) > RECEIPTS_MAX:
             raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
         out = []
-        size = _RECEIPT.size + _TAG
+        checked: dict[str, tuple[int, int]] = {}  # "head.tag" -> (stream, lease id)
         for receipt in receipts:
-            try:
-                raw = base64.urlsafe_b64decode(receipt + "=" * (-len(receipt) % 4))
-            except (binascii.Error, ValueError, TypeError):
-                raw = b""
-            if len(raw) != size or raw[0] != _RECEIPT_VERSION or raw[1] not in (MAIN, RETRY):
+            head_tag, _, hex_offset = receipt.rpartition(".")
+            lease = checked.get(head_tag)
+            if lease is None:
+                head, _, tag = head_tag.partition(".")
+                if (len(head) < 3 or head[0] != _RECEIPT_VERSION or head[1] not in "01"
+                        or not _HEX.issuperset(head[2:]) or len(tag) != 2 * _TAG
+                        or not _HEX.issuperset(tag)):
+                    raise InvalidArgument(f"{receipt!r} is not a receipt")
+                if not secrets.compare_digest(_tag(g, head), tag):
+                    raise NotFound(f"receipt {receipt!r} is not one of group {g.group!r} of "
+                                   f"topic {g.topic!r}")
+                lease = checked[head_tag] = (int(head[1]), int(head[2:], 16))
+            if not hex_offset or len(hex_offset) > 16 or not _HEX.issuperset(hex_offset) \
+                    or (hex_offset[0] == "0" and len(hex_offset) > 1):
                 raise InvalidArgument(f"{receipt!r} is not a receipt")
-            fields = raw[:_RECEIPT.size]
-            if not secrets.compare_digest(_tag(g, fields), raw[_RECEIPT.size:]):
-                raise NotFound(f"receipt {receipt!r} is not one of group {g.group!r} of topic "
-                               f"{g.topic!r}")
-            _, kind, offset, lease_id = _RECEIPT.unpack(fields)
-            out.append((kind, offset, lease_id))
+            out.append((lease[0], int(hex_offset, 16), lease[1]))
         return out
 
     def _plan(self, g: _Group, receipts: Sequence[str],
@@ -401,9 +437,9 @@ class GroupManager:
         seen: set[tuple[int, int]] = set()
         for receipt, (kind, offset, lease_id) in zip(receipts, decoded, strict=True):
             stream = g.streams[kind]
-            lease = stream.leases.get(offset)
+            held = stream.leases.get(offset)
             if (offset < stream.committed or offset in stream.acked or (kind, offset) in seen
-                    or (lease is not None and lease.lease_id != lease_id)):
+                    or (held is not None and held[0].lease_id != lease_id)):
                 plan.stale.append(receipt)
                 continue
             seen.add((kind, offset))
@@ -436,12 +472,15 @@ class GroupManager:
     def _apply(g: _Group, plan: _Plan, retrying: int) -> None:
         for kind, offset in plan.accepted:
             stream = g.streams[kind]
-            stream.acked.add(offset)
-            stream.leases.pop(offset, None)
-            stream.counts.pop(offset, None)
+            if offset >= plan.committed.get(kind, stream.committed):
+                stream.acked.add(offset)  # a gap below it remains
+            stream.release(offset)
+            if stream.counts:
+                stream.counts.pop(offset, None)
         for kind, committed in plan.committed.items():
             stream = g.streams[kind]
-            stream.acked.difference_update(range(stream.committed, committed))
+            if stream.acked:
+                stream.acked.difference_update(range(stream.committed, committed))
             stream.committed = committed
             stream.handed = max(stream.handed, committed)
         g.retrying = retrying
@@ -568,9 +607,9 @@ class GroupManager:
             prefix = _ack_prefix(topic, group)
             batch.delete_many(CF_META, [prefix + pack_u64(o) for o in main.acked])
             self._store.write(batch)
+            main.drop_leases()
             main.committed = main.handed = offset
             main.acked.clear()
-            main.leases.clear()
             main.returned.clear()
             main.counts.clear()
             g.streams[RETRY].drop_leases()
@@ -642,9 +681,9 @@ class GroupManager:
         g.registered = True
 
 
-def _tag(g: _Group, fields: bytes) -> bytes:
-    """Binds a receipt to its (topic, group): one of another group is not taken for ours."""
-    return hashlib.blake2b(g.tag_key + fields, digest_size=_TAG).digest()
+def _tag(g: _Group, head: str) -> str:
+    """Binds a lease's receipts to its (topic, group): one of another group is not ours."""
+    return hashlib.blake2b(g.tag_key + head.encode(), digest_size=_TAG).hexdigest()
 
 
 def _original(topic: str, record: LogRecord) -> tuple[LogRecord, int]:

@@ -44,8 +44,14 @@ def _fields(record: LogRecord) -> dict[str, Any]:
 
 
 def received(m: Received) -> schemas.Received:
-    return schemas.Received(**_fields(m.record), receipt=m.receipt,
-                            delivery_count=m.delivery_count, reconsume_times=m.reconsume_times)
+    record = m.record
+    body = record.body
+    return schemas.Received(
+        offset=record.queue_offset, msg_id=record.msg_id, topic=record.topic,
+        tags=record.tags, keys=record.keys, properties=record.properties, body_base64=body,
+        body=schemas.utf8_text(body), born_at=record.born_at, deliver_at=record.deliver_at,
+        stored_at=record.stored_at, receipt=m.receipt, delivery_count=m.delivery_count,
+        reconsume_times=m.reconsume_times)
 
 
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,12 @@ def send(c: httpx.Client, n: int, topic: str = "orders.g") -> None:
     r = c.post(f"/v1/topics/{topic}/messages:batch", json={"messages": [
         {"body": f"m{i}", "msgId": f"m{i}", "properties": {"n": str(i)}} for i in range(n)]})
     assert r.status_code == 201, r.text
+
+
+def forged(receipt: str) -> str:
+    """The receipt with one character of its tag (the hash binding it to the group) changed."""
+    head, tag, offset = receipt.split(".")
+    return f"{head}.{'1' if tag[0] == '0' else '0'}{tag[1:]}.{offset}"
 
 
 def state(c: httpx.Client, path: str = G) -> dict[str, Any]:
@@ -125,8 +132,7 @@ def test_bad_input_is_a_problem_and_changes_nothing(live: Live) -> None:
             (":ack", {"receipts": []}, 400),
             (":ack", {"receipts": [receipt] * 1001}, 400),
             (":ack", {"receipts": [receipt, "garbage"]}, 400),
-            (":ack", {"receipts": [receipt, receipt[:-1] + "A" if receipt[-1] != "A"
-                                   else receipt[:-1] + "B"]}, 404),
+            (":ack", {"receipts": [receipt, forged(receipt)]}, 404),
             (":ack", {"receipts": [receipt, other["receipt"]]}, 404),
             (":ack", {}, 400),
             (":nack", {"receipts": [receipt], "delayMs": 1, "delayLevel": 1}, 400),
@@ -177,14 +183,18 @@ def test_receive_long_polls_until_a_delivery(live: Live) -> None:
 
 MEMBER = textwrap.dedent("""
     import json, sys, httpx
+    import os, time
     base, token, out = sys.argv[1], sys.argv[2], sys.argv[3]
     G = "/v1/topics/orders.g/groups/workers"
     seen = []
+    open(out + ".ready", "w").close()
+    while not os.path.exists(os.path.join(os.path.dirname(out), "go")):
+        time.sleep(0.01)  # start together (a barrier across processes)
     with httpx.Client(base_url=base, headers={"Authorization": "Bearer " + token},
                       timeout=30) as c:
         idle = 0
         while idle < 20:
-            got = c.post(G + ":receive", json={"max": 25, "waitMs": 100}).json()["messages"]
+            got = c.post(G + ":receive", json={"max": 10, "waitMs": 100}).json()["messages"]
             if not got:
                 idle += 1
                 continue
@@ -210,6 +220,11 @@ def test_members_in_separate_processes_share_the_work(live: Live, tmp_path: Path
     outs = [tmp_path / f"member{i}.json" for i in range(3)]
     procs = [subprocess.Popen([sys.executable, "-c", MEMBER, live.base_url, ADMIN, str(out)],
                               cwd=REPO) for out in outs]
+    deadline = time.monotonic() + 60
+    while not all(Path(f"{out}.ready").exists() for out in outs):
+        assert time.monotonic() < deadline, "the members did not start"
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
     for p in procs:
         assert p.wait(timeout=120) == 0
     seen = [tuple(x) for out in outs for x in json.loads(out.read_text())]
