@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import itertools
+import re
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import msgspec
 
@@ -72,8 +73,12 @@ INTERNAL_PROPERTIES = frozenset({PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME,
 # binding the lease id to the group's topic and name) is computed once per receive and
 # checked once per lease id in an ack, not once per message.
 _RECEIPT_VERSION = "1"
-_TAG = 6  # bytes of that hash
-_HEX = frozenset("0123456789abcdef")
+_TAG = 6  # bytes of that hash (12 hex digits in _RECEIPT)
+_RECEIPT = r"(1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.)(0|[1-9a-f][0-9a-f]{0,15})\n"
+_RECEIPTS = re.compile(_RECEIPT)  # one receipt, then "\n": (prefix, offset in hex)
+_ALL_RECEIPTS = re.compile(f"(?:{_RECEIPT})+")
+_PREFIX = re.compile(r"1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.")
+_OFFSETS = re.compile(r"(?:(?:0|[1-9a-f][0-9a-f]{0,15})\n)+")
 
 
 def group_offset_key(topic: str, group: str) -> bytes:
@@ -143,16 +148,23 @@ class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class _Lease:
     """The messages one receive leased in one stream, until ``until``: a stream maps each
-    offset it holds to (its lease, its delivery count). ``held``: offsets still held."""
+    offset it holds to its lease. ``held``: how many it still holds; ``counts``: delivery
+    counts above 1 (messages handed out again after a lease expired)."""
 
-    __slots__ = ("held", "kind", "lease_id", "offsets", "until")
+    __slots__ = ("counts", "held", "kind", "lease_id", "offsets", "until")
 
-    def __init__(self, lease_id: int, until: int, kind: int, offsets: list[int]) -> None:
+    def __init__(self, lease_id: int, until: int, kind: int, offsets: list[int],
+                 counts: dict[int, int]) -> None:
         self.lease_id = lease_id
         self.until = until
         self.kind = kind
         self.offsets = offsets
+        self.counts = counts
         self.held = len(offsets)
+
+    def count(self, offset: int) -> int:
+        """The delivery count of ``offset`` under this lease."""
+        return self.counts.get(offset, 1) if self.counts else 1
 
 
 class _Stream:
@@ -168,46 +180,45 @@ class _Stream:
         self.committed = committed
         self.acked = acked
         self.handed = committed
-        self.leases: dict[int, tuple[_Lease, int]] = {}  # offset -> (lease, delivery count)
+        self.leases: dict[int, _Lease] = {}  # offset -> the lease holding it
         self.returned: list[int] = []
         self.counts: dict[int, int] = {}
 
-    def take(self, n: int, end: int, window: int) -> list[tuple[int, int]]:
-        """Up to ``n`` (offset, delivery count) to lease: expired ones first, then new ones
-        below ``end`` and below ``committed + window``."""
-        out: list[tuple[int, int]] = []
+    def take(self, n: int, end: int, window: int) -> tuple[list[int], dict[int, int]]:
+        """Up to ``n`` offsets to lease, and the delivery counts above 1 among them: expired
+        ones first, then new ones below ``end`` and below ``committed + window``."""
+        out: list[int] = []
+        again: dict[int, int] = {}
         returned, counts = self.returned, self.counts
         while returned and len(out) < n:
             offset = heapq.heappop(returned)
             count = counts.pop(offset, 0)
             if offset >= self.committed and offset not in self.acked \
                     and offset not in self.leases:
-                out.append((offset, count + 1))
+                out.append(offset)
+                again[offset] = count + 1
         cap = min(end, self.committed + window)
         while self.handed < cap and len(out) < n:
             limit = min(cap, self.handed + n - len(out))
             fresh = range(self.handed, limit)
             self.handed = limit
             if self.acked or self.leases:  # acks from before a restart, leases after a replay
-                out.extend((o, 1) for o in fresh if o not in self.acked and o not in self.leases)
+                out.extend(o for o in fresh if o not in self.acked and o not in self.leases)
             else:
-                out.extend(zip(fresh, itertools.repeat(1)))
-        return out
+                out.extend(fresh)
+        return out, again
 
-    def release(self, offset: int) -> tuple[_Lease, int] | None:
-        """The offset is no longer held (acknowledged, nacked or handed back)."""
-        held = self.leases.pop(offset, None)
-        if held is not None:
-            held[0].held -= 1
-        return held
+    def hand_back(self, offset: int, lease: _Lease) -> None:
+        """``lease`` no longer holds ``offset``, which is handed out again later."""
+        del self.leases[offset]
+        lease.held -= 1
+        self.counts[offset] = lease.count(offset)
+        heapq.heappush(self.returned, offset)
 
     def drop_leases(self) -> None:
         """Every lease ends now (an offset commit): the messages are handed out again."""
-        for offset, (lease, count) in self.leases.items():
-            lease.held -= 1
-            self.counts[offset] = count
-            heapq.heappush(self.returned, offset)
-        self.leases.clear()
+        for offset, lease in list(self.leases.items()):
+            self.hand_back(offset, lease)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -240,9 +251,14 @@ class _Plan:
     """What an ack (or the ack half of a nack) changes: built first, applied in memory
     only once its RocksDB write succeeded."""
 
-    accepted: list[tuple[int, int]] = field(default_factory=list)  # (stream, offset)
+    accepted: tuple[set[int], set[int]] = field(default_factory=lambda: (set(), set()))
+    # offsets taken, per stream (MAIN, RETRY)
     stale: list[str] = field(default_factory=list)
     committed: dict[int, int] = field(default_factory=dict)  # stream -> new committed offset
+
+    @property
+    def taken(self) -> int:
+        return len(self.accepted[MAIN]) + len(self.accepted[RETRY])
 
 
 class GroupManager:
@@ -335,33 +351,37 @@ class GroupManager:
                 room = max_messages - len(out)
                 if room <= 0:
                     break
-                taken = stream.take(room, self._end_offset(stream.log_topic), self._window)
+                taken, again = stream.take(room, self._end_offset(stream.log_topic),
+                                           self._window)
                 if not taken:
                     continue
-                counts = dict(taken)
                 records: list[LogRecord] = []
                 try:
-                    records = self._read(stream.log_topic, list(counts))
+                    records = self._read(stream.log_topic, taken)
                 finally:  # what could not be read is handed out again later
-                    if len(records) != len(counts):
-                        for offset in set(counts).difference(r.queue_offset for r in records):
-                            stream.counts[offset] = counts[offset] - 1
+                    if len(records) != len(taken):
+                        for offset in set(taken).difference(r.queue_offset for r in records):
+                            stream.counts[offset] = again.get(offset, 1) - 1
                             heapq.heappush(stream.returned, offset)
                 if not records:
                     continue
-                lease = _Lease(self._next_lease, until, kind,
-                               [r.queue_offset for r in records])
+                offsets = [r.queue_offset for r in records]
+                lease = _Lease(self._next_lease, until, kind, offsets, again)
                 self._next_lease += 1
                 heapq.heappush(g.expiry, (until, lease.lease_id, lease))
+                stream.leases.update(dict.fromkeys(offsets, lease))
                 prefix = self._receipt_prefix(g, kind, lease.lease_id)
-                leases = stream.leases
-                for record in records:
-                    offset = record.queue_offset
-                    count = counts[offset]
-                    leases[offset] = (lease, count)
-                    shown, reconsumed = (record, 0) if kind == MAIN else _original(topic, record)
+                count = lease.count
+                if kind == MAIN:
+                    out.extend(Received(record=record, receipt=f"{prefix}{offset:x}",
+                                        delivery_count=count(offset), reconsume_times=0)
+                               for record, offset in zip(records, offsets, strict=True))
+                    continue
+                for record, offset in zip(records, offsets, strict=True):
+                    shown, reconsumed = _original(topic, record)
                     out.append(Received(record=shown, receipt=f"{prefix}{offset:x}",
-                                        delivery_count=count, reconsume_times=reconsumed))
+                                        delivery_count=count(offset),
+                                        reconsume_times=reconsumed))
             if len(g.expiry) > 64 and len(g.expiry) > 2 * sum(e[2].held > 0 for e in g.expiry):
                 g.expiry = [e for e in g.expiry if e[2].held > 0]  # leases that hold nothing
                 heapq.heapify(g.expiry)
@@ -383,11 +403,8 @@ class GroupManager:
                 continue
             stream = g.streams[lease.kind]
             for offset in lease.offsets:
-                held = stream.leases.get(offset)
-                if held is not None and held[0] is lease:
-                    stream.release(offset)
-                    stream.counts[offset] = held[1]
-                    heapq.heappush(stream.returned, offset)
+                if stream.leases.get(offset) is lease:
+                    stream.hand_back(offset, lease)
                     expired += 1
         if expired:
             g.redelivered += expired
@@ -407,46 +424,57 @@ class GroupManager:
             raise InvalidArgument("receipts must not be empty")
         if len(receipts) > RECEIPTS_MAX:
             raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
-        out = []
-        checked: dict[str, tuple[int, int]] = {}  # "head.tag" -> (stream, lease id)
-        for receipt in receipts:
-            head_tag, _, hex_offset = receipt.rpartition(".")
-            lease = checked.get(head_tag)
-            if lease is None:
-                head, _, tag = head_tag.partition(".")
-                if (len(head) < 3 or head[0] != _RECEIPT_VERSION or head[1] not in "01"
-                        or not _HEX.issuperset(head[2:]) or len(tag) != 2 * _TAG
-                        or not _HEX.issuperset(tag)):
-                    raise InvalidArgument(f"{receipt!r} is not a receipt")
-                if not secrets.compare_digest(_tag(g, head), tag):
-                    raise NotFound(f"receipt {receipt!r} is not one of group {g.group!r} of "
-                                   f"topic {g.topic!r}")
-                lease = checked[head_tag] = (int(head[1]), int(head[2:], 16))
-            if not hex_offset or len(hex_offset) > 16 or not _HEX.issuperset(hex_offset) \
-                    or (hex_offset[0] == "0" and len(hex_offset) > 1):
-                raise InvalidArgument(f"{receipt!r} is not a receipt")
-            out.append((lease[0], int(hex_offset, 16), lease[1]))
-        return out
+        first = receipts[0]
+        prefix = first[:first.rfind(".") + 1] if isinstance(first, str) else ""
+        if _PREFIX.fullmatch(prefix) and sum(map(str.startswith, receipts, repeat(prefix))) \
+                == len(receipts):  # one lease (the usual ack): checked in passes of C
+            hexes = [r[len(prefix):] for r in receipts]
+            if _OFFSETS.fullmatch("\n".join(hexes) + "\n"):
+                kind, lease_id = self._check_prefix(g, prefix)
+                return [(kind, offset, lease_id) for offset in map(int, hexes, repeat(16))]
+        joined = "\n".join(receipts) + "\n"
+        found = _RECEIPTS.findall(joined) if _ALL_RECEIPTS.fullmatch(joined) else []
+        if len(found) != len(receipts):
+            bad = next((r for r in receipts if not _RECEIPTS.fullmatch(r + "\n")), receipts[0])
+            raise InvalidArgument(f"{bad!r} is not a receipt")
+        leases = {p: self._check_prefix(g, p) for p in {p for p, _ in found}}
+        return [(leases[p][0], int(h, 16), leases[p][1]) for p, h in found]
+
+    @staticmethod
+    def _check_prefix(g: _Group, prefix: str) -> tuple[int, int]:
+        """(stream, lease id) of a well-formed receipt prefix "head.tag."; NotFound when
+        its tag is not the group's."""
+        head, tag, _ = prefix.split(".")
+        if not secrets.compare_digest(_tag(g, head), tag):
+            raise NotFound(f"receipt {prefix}... is not one of group {g.group!r} of topic "
+                           f"{g.topic!r}")
+        return int(head[1]), int(head[2:], 16)
 
     def _plan(self, g: _Group, receipts: Sequence[str],
               decoded: list[tuple[int, int, int]]) -> _Plan:
         """Accepted: the receipt's lease still holds, or nobody holds the message and it is
         not acknowledged (a lease that expired, or one from before a restart). Stale: the
-        message was leased again, or is acknowledged already."""
+        message was leased again, or is acknowledged already (also by an earlier receipt of
+        the same request)."""
         plan = _Plan()
-        seen: set[tuple[int, int]] = set()
+        streams = g.streams
+        seen = plan.accepted
         for receipt, (kind, offset, lease_id) in zip(receipts, decoded, strict=True):
-            stream = g.streams[kind]
+            stream = streams[kind]
             held = stream.leases.get(offset)
-            if (offset < stream.committed or offset in stream.acked or (kind, offset) in seen
-                    or (held is not None and held[0].lease_id != lease_id)):
+            if held is None:  # not leased: taken unless acknowledged already
+                if offset < stream.committed or offset in stream.acked \
+                        or offset in seen[kind]:
+                    plan.stale.append(receipt)
+                    continue
+            elif held.lease_id != lease_id or offset in seen[kind]:
                 plan.stale.append(receipt)
                 continue
-            seen.add((kind, offset))
-            plan.accepted.append((kind, offset))
-        for kind, stream in enumerate(g.streams):
+            seen[kind].add(offset)
+        for kind, stream in enumerate(streams):
+            taken, acked = seen[kind], stream.acked
             committed = stream.committed
-            while committed in stream.acked or (kind, committed) in seen:
+            while committed in taken or committed in acked:
                 committed += 1
             if committed != stream.committed:
                 plan.committed[kind] = committed
@@ -454,35 +482,43 @@ class GroupManager:
 
     def _add_acks(self, g: _Group, plan: _Plan, batch: Batch, retrying: int) -> None:
         """The plan's RocksDB operations (and the group's retry count) into ``batch``."""
-        for kind, committed in plan.committed.items():
-            stream = g.streams[kind]
-            batch.put(CF_META, group_offset_key(stream.log_topic, g.group), pack_u64(committed))
+        for kind, stream in enumerate(g.streams):
             prefix = _ack_prefix(stream.log_topic, g.group)
-            batch.delete_many(CF_META, [prefix + pack_u64(o) for o in stream.acked
-                                        if o < committed])
-        puts = []
-        for kind, offset in plan.accepted:
-            stream = g.streams[kind]
-            if offset >= plan.committed.get(kind, stream.committed):
-                puts.append((_ack_prefix(stream.log_topic, g.group) + pack_u64(offset), b""))
-        batch.put_many(CF_META, puts)
+            committed = plan.committed.get(kind)
+            if committed is not None:
+                batch.put(CF_META, group_offset_key(stream.log_topic, g.group),
+                          pack_u64(committed))
+                if stream.acked:
+                    batch.delete_many(CF_META, [prefix + pack_u64(o) for o in stream.acked
+                                                if o < committed])
+            else:
+                committed = stream.committed
+            above = [o for o in plan.accepted[kind] if o >= committed]
+            if above:  # gaps below them remain: kept until they fill
+                batch.put_many(CF_META, [(prefix + pack_u64(o), b"") for o in above])
         batch.put(CF_META, _state_key(g.topic, g.group), pack_u64(retrying))
 
     @staticmethod
     def _apply(g: _Group, plan: _Plan, retrying: int) -> None:
-        for kind, offset in plan.accepted:
-            stream = g.streams[kind]
-            if offset >= plan.committed.get(kind, stream.committed):
-                stream.acked.add(offset)  # a gap below it remains
-            stream.release(offset)
+        for kind, stream in enumerate(g.streams):
+            taken = plan.accepted[kind]
+            if not taken:
+                continue
+            pop = stream.leases.pop
+            for offset in taken:
+                held = pop(offset, None)
+                if held is not None:
+                    held.held -= 1
             if stream.counts:
-                stream.counts.pop(offset, None)
-        for kind, committed in plan.committed.items():
-            stream = g.streams[kind]
-            if stream.acked:
-                stream.acked.difference_update(range(stream.committed, committed))
-            stream.committed = committed
-            stream.handed = max(stream.handed, committed)
+                for offset in taken:
+                    stream.counts.pop(offset, None)
+            committed = plan.committed.get(kind, stream.committed)
+            stream.acked.update(o for o in taken if o >= committed)
+            if committed != stream.committed:
+                if stream.acked:
+                    stream.acked.difference_update(range(stream.committed, committed))
+                stream.committed = committed
+                stream.handed = max(stream.handed, committed)
         g.retrying = retrying
         g.registered = True
 
@@ -494,14 +530,14 @@ class GroupManager:
         with g.lock:
             self._expire(g, self._clock.now_ms())
             plan = self._plan(g, receipts, decoded)
-            retrying = g.retrying - sum(1 for kind, _ in plan.accepted if kind == RETRY)
-            if plan.accepted:
+            retrying = g.retrying - len(plan.accepted[RETRY])
+            if plan.taken:
                 batch = self._store.batch()
                 self._add_acks(g, plan, batch, retrying)
                 self._store.write(batch)
                 self._apply(g, plan, retrying)
-                self._metrics.group_acked.labels(g.name).inc(len(plan.accepted))
-        return AckResult(acked=len(plan.accepted), stale=plan.stale)
+                self._metrics.group_acked.labels(g.name).inc(plan.taken)
+        return AckResult(acked=plan.taken, stale=plan.stale)
 
     def nack(self, topic: str, group: str, receipts: Sequence[str], *,
              delay_level: int | None = None, delay_ms: int | None = None) -> NackResult:
@@ -519,12 +555,12 @@ class GroupManager:
             now = self._clock.now_ms()
             self._expire(g, now)
             plan = self._plan(g, receipts, decoded)
-            if not plan.accepted:
+            if not plan.taken:
                 return NackResult(retrying=0, dead_lettered=0, stale=plan.stale)
             messages: list[PreparedMessage] = []
             dead = 0
             for kind, stream in enumerate(g.streams):
-                offsets = [o for k, o in plan.accepted if k == kind]
+                offsets = sorted(plan.accepted[kind])
                 records = self._read(stream.log_topic, offsets) if offsets else []
                 if len(records) != len(offsets):
                     raise NotFound(f"messages of {stream.log_topic!r} at offsets {offsets} are "
@@ -544,11 +580,11 @@ class GroupManager:
                                                       reconsumed + 1, now, delay_level=level))
             retried = len(messages) - dead
             retrying = (g.retrying + retried
-                        - sum(1 for kind, _ in plan.accepted if kind == RETRY))
+                        - len(plan.accepted[RETRY]))
             self._submit(messages, extra=lambda batch: self._add_acks(g, plan, batch, retrying),
                          atomic=True)
             self._apply(g, plan, retrying)
-        self._metrics.group_nacked.labels(g.name).inc(len(plan.accepted))
+        self._metrics.group_nacked.labels(g.name).inc(plan.taken)
         if dead:
             self._metrics.group_dead_lettered.labels(g.name).inc(dead)
         return NackResult(retrying=retried, dead_lettered=dead, stale=plan.stale)
