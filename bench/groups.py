@@ -83,9 +83,7 @@ async def _member(port: int, token: str, group: str, stop: list[bool], counted: 
             if status != 200:
                 errors[0] += 1
             if not messages:
-                if until is not None:
-                    return  # drained
-                continue
+                return  # drained (a phase that runs dry ends early: see its seconds)
             status, _ = await call(request_bytes("POST", f"{path}:ack", token, orjson.dumps(
                 {"receipts": [m["receipt"] for m in messages]})))
             if status == 200:

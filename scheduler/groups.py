@@ -31,9 +31,10 @@ import heapq
 import re
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import filterfalse, repeat
 
 import msgspec
 
@@ -108,8 +109,9 @@ def dlq_topic(topic: str, group: str) -> str:
     return TOPIC_DLQ_PREFIX + _digest(topic, group)
 
 
-class Received(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """A leased message as its topic knows it (msgId, offset, properties of the original)."""
+class Received(msgspec.Struct, frozen=True, gc=False):
+    """A leased message as its topic knows it (msgId, offset, properties of the original).
+    (Positional: a receive builds 1000 with one ``map``.)"""
 
     record: LogRecord
     receipt: str
@@ -202,10 +204,8 @@ class _Stream:
             limit = min(cap, self.handed + n - len(out))
             fresh = range(self.handed, limit)
             self.handed = limit
-            if self.acked or self.leases:  # acks from before a restart, leases after a replay
-                out.extend(o for o in fresh if o not in self.acked and o not in self.leases)
-            else:
-                out.extend(fresh)
+            # (leases are all below ``handed``; acks may be above it after a restart)
+            out.extend(filterfalse(self.acked.__contains__, fresh) if self.acked else fresh)
         return out, again
 
     def hand_back(self, offset: int, lease: _Lease) -> None:
@@ -371,17 +371,14 @@ class GroupManager:
                 heapq.heappush(g.expiry, (until, lease.lease_id, lease))
                 stream.leases.update(dict.fromkeys(offsets, lease))
                 prefix = self._receipt_prefix(g, kind, lease.lease_id)
-                count = lease.count
+                receipts = list(map(f"{prefix}{{:x}}".format, offsets))
+                counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
-                    out.extend(Received(record=record, receipt=f"{prefix}{offset:x}",
-                                        delivery_count=count(offset), reconsume_times=0)
-                               for record, offset in zip(records, offsets, strict=True))
+                    out.extend(map(Received, records, receipts, counts, repeat(0)))
                     continue
-                for record, offset in zip(records, offsets, strict=True):
+                for record, receipt, count in zip(records, receipts, counts, strict=True):
                     shown, reconsumed = _original(topic, record)
-                    out.append(Received(record=shown, receipt=f"{prefix}{offset:x}",
-                                        delivery_count=count(offset),
-                                        reconsume_times=reconsumed))
+                    out.append(Received(shown, receipt, count, reconsumed))
             if len(g.expiry) > 64 and len(g.expiry) > 2 * sum(e[2].held > 0 for e in g.expiry):
                 g.expiry = [e for e in g.expiry if e[2].held > 0]  # leases that hold nothing
                 heapq.heapify(g.expiry)
@@ -417,9 +414,11 @@ class GroupManager:
         head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"
         return f"{head}.{_tag(g, head)}."
 
-    def _decode(self, g: _Group, receipts: Sequence[str]) -> list[tuple[int, int, int]]:
-        """(stream, offset, lease id) of each receipt; InvalidArgument for one that is not a
-        receipt, NotFound for one of another group or topic. Nothing changes on either."""
+    def _decode(self, g: _Group, receipts: Sequence[str]
+                ) -> tuple[list[int], list[int], list[int]]:
+        """The stream, offset and lease id of each receipt, as three columns; InvalidArgument
+        for one that is not a receipt, NotFound for one of another group or topic. Nothing
+        changes on either."""
         if not receipts:
             raise InvalidArgument("receipts must not be empty")
         if len(receipts) > RECEIPTS_MAX:
@@ -431,14 +430,16 @@ class GroupManager:
             hexes = [r[len(prefix):] for r in receipts]
             if _OFFSETS.fullmatch("\n".join(hexes) + "\n"):
                 kind, lease_id = self._check_prefix(g, prefix)
-                return [(kind, offset, lease_id) for offset in map(int, hexes, repeat(16))]
+                n = len(hexes)
+                return [kind] * n, list(map(int, hexes, repeat(16))), [lease_id] * n
         joined = "\n".join(receipts) + "\n"
         found = _RECEIPTS.findall(joined) if _ALL_RECEIPTS.fullmatch(joined) else []
         if len(found) != len(receipts):
             bad = next((r for r in receipts if not _RECEIPTS.fullmatch(r + "\n")), receipts[0])
             raise InvalidArgument(f"{bad!r} is not a receipt")
         leases = {p: self._check_prefix(g, p) for p in {p for p, _ in found}}
-        return [(leases[p][0], int(h, 16), leases[p][1]) for p, h in found]
+        return ([leases[p][0] for p, _ in found], [int(h, 16) for _, h in found],
+                [leases[p][1] for p, _ in found])
 
     @staticmethod
     def _check_prefix(g: _Group, prefix: str) -> tuple[int, int]:
@@ -451,7 +452,7 @@ class GroupManager:
         return int(head[1]), int(head[2:], 16)
 
     def _plan(self, g: _Group, receipts: Sequence[str],
-              decoded: list[tuple[int, int, int]]) -> _Plan:
+              decoded: tuple[list[int], list[int], list[int]]) -> _Plan:
         """Accepted: the receipt's lease still holds, or nobody holds the message and it is
         not acknowledged (a lease that expired, or one from before a restart). Stale: the
         message was leased again, or is acknowledged already (also by an earlier receipt of
@@ -459,7 +460,21 @@ class GroupManager:
         plan = _Plan()
         streams = g.streams
         seen = plan.accepted
-        for receipt, (kind, offset, lease_id) in zip(receipts, decoded, strict=True):
+        kinds, offsets, lease_ids = decoded
+        n = len(offsets)
+        if kinds.count(kinds[0]) == n and lease_ids.count(lease_ids[0]) == n:
+            # the usual ack: receipts of one lease that still holds all of them (C passes)
+            stream = streams[kinds[0]]
+            lease = stream.leases.get(offsets[0])
+            if lease is not None and lease.lease_id == lease_ids[0] and list(
+                    map(stream.leases.get, offsets)).count(lease) == n:
+                taken = set(offsets)
+                if len(taken) == n:
+                    seen[kinds[0]].update(taken)
+                    self._advance(g, plan)
+                    return plan
+        for receipt, kind, offset, lease_id in zip(receipts, kinds, offsets, lease_ids,
+                                                   strict=True):
             stream = streams[kind]
             held = stream.leases.get(offset)
             if held is None:  # not leased: taken unless acknowledged already
@@ -471,14 +486,21 @@ class GroupManager:
                 plan.stale.append(receipt)
                 continue
             seen[kind].add(offset)
-        for kind, stream in enumerate(streams):
-            taken, acked = seen[kind], stream.acked
+        self._advance(g, plan)
+        return plan
+
+    @staticmethod
+    def _advance(g: _Group, plan: _Plan) -> None:
+        """Where each stream's committed offset moves once the plan's offsets are acked."""
+        for kind, stream in enumerate(g.streams):
+            taken, acked = plan.accepted[kind], stream.acked
             committed = stream.committed
+            if taken and min(taken) == committed and max(taken) - committed + 1 == len(taken):
+                committed += len(taken)  # a run from the committed offset (the usual ack)
             while committed in taken or committed in acked:
                 committed += 1
             if committed != stream.committed:
                 plan.committed[kind] = committed
-        return plan
 
     def _add_acks(self, g: _Group, plan: _Plan, batch: Batch, retrying: int) -> None:
         """The plan's RocksDB operations (and the group's retry count) into ``batch``."""
@@ -504,16 +526,15 @@ class GroupManager:
             taken = plan.accepted[kind]
             if not taken:
                 continue
-            pop = stream.leases.pop
-            for offset in taken:
-                held = pop(offset, None)
-                if held is not None:
-                    held.held -= 1
+            for lease, n in Counter(map(stream.leases.pop, taken, repeat(None))).items():
+                if lease is not None:
+                    lease.held -= n
             if stream.counts:
                 for offset in taken:
                     stream.counts.pop(offset, None)
             committed = plan.committed.get(kind, stream.committed)
-            stream.acked.update(o for o in taken if o >= committed)
+            if max(taken) >= committed:
+                stream.acked.update(o for o in taken if o >= committed)
             if committed != stream.committed:
                 if stream.acked:
                     stream.acked.difference_update(range(stream.committed, committed))
@@ -756,6 +777,8 @@ def read_records(read_many: Callable[[list[int]], list[bytes]],
     one consume-queue range read per run of consecutive offsets."""
     def read(log_topic: str, offsets: Sequence[int]) -> list[LogRecord]:
         wanted = sorted(offsets)
+        if wanted and wanted[-1] - wanted[0] + 1 == len(wanted):  # one run (offsets unique)
+            return decode_log_records(read_many(positions(log_topic, wanted[0], len(wanted))))
         found: list[int] = []
         i = 0
         while i < len(wanted):
