@@ -234,6 +234,7 @@ class _Group:
     lock: threading.Lock = field(default_factory=threading.Lock)
     expiry: list[tuple[int, int, _Lease]] = field(default_factory=list)
     # (until, lease id, lease), one per receive (dropped lazily once it holds nothing)
+    expiry_limit: int = 64  # compact ``expiry`` when it grows past this
     redelivered: int = 0  # leases that expired (their messages are handed out again)
 
     @property
@@ -379,9 +380,10 @@ class GroupManager:
                 for record, receipt, count in zip(records, receipts, counts, strict=True):
                     shown, reconsumed = _original(topic, record)
                     out.append(Received(shown, receipt, count, reconsumed))
-            if len(g.expiry) > 64 and len(g.expiry) > 2 * sum(e[2].held > 0 for e in g.expiry):
-                g.expiry = [e for e in g.expiry if e[2].held > 0]  # leases that hold nothing
+            if len(g.expiry) > g.expiry_limit:  # drop the leases that hold nothing any more
+                g.expiry = [e for e in g.expiry if e[2].held > 0]
                 heapq.heapify(g.expiry)
+                g.expiry_limit = max(64, 2 * len(g.expiry))  # amortised: O(1) per receive
         return ReceiveResult(messages=out, lease_until=until)
 
     def next_expiry(self, topic: str, group: str) -> int | None:

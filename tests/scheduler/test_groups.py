@@ -293,3 +293,26 @@ def test_competing_members_in_threads_each_message_acknowledged_once(
     assert nacked == {f"m{i}" for i in range(0, total, 7)}
     state = g.state("t", "g")
     assert (state.committed_offset, state.leased, state.retrying) == (total, 0, 0)
+
+
+def test_the_lease_bookkeeping_stays_bounded_however_long_members_run(
+        harness: Harness) -> None:
+    broker = harness.open(group_lease_window=8)
+    send(broker, 1_000)
+    g = groups(broker)
+    state = g._group("t", "g")
+    for _ in range(900):  # one lease per receive: acked leases leave the expiry list
+        (got,) = g.receive("t", "g", 1, LEASE).messages
+        assert g.ack("t", "g", [got.receipt]).acked == 1
+        assert len(state.expiry) <= 65
+    stuck = g.receive("t", "g", 1, LEASE).messages  # offset 900 is not acknowledged for now
+    for _ in range(200):
+        got = g.receive("t", "g", 1, LEASE).messages
+        if got:
+            g.ack("t", "g", [got[0].receipt])
+        assert sum(len(s.leases) + len(s.acked) + len(s.returned) for s in state.streams) <= 8
+    assert g.state("t", "g").committed_offset == 900
+    assert len(state.streams[0].acked) == 7  # the window: 901..907 wait for 900
+    g.ack("t", "g", [stuck[0].receipt])
+    assert g.state("t", "g").committed_offset == 908
+    assert not state.streams[0].acked
