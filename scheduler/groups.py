@@ -21,92 +21,56 @@ dead-letter topic (``%DLQ%group``), holds what failed ``max_reconsume_times`` ti
   at most ``group_lease_window`` offsets, however far members run ahead; past it, ``receive``
   hands out fewer (none) until the oldest outstanding message is acknowledged.
 
+The in-memory state (streams, leases, receipts, ack plans) is scheduler/group_state.py.
 Lock order: a group's lock, then the Broker's (shard locks, commit lock, in ``submit``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import re
 import secrets
 import threading
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import filterfalse, repeat
+from collections.abc import Callable, Sequence
+from itertools import repeat
 
 import msgspec
 
 from scheduler.clock import Clock
+from scheduler.group_state import (
+    MAIN,
+    RETRY,
+    AckPlan,
+    Group,
+    Lease,
+    Stream,
+    ack_prefix,
+    as_original,
+    check_group,
+    dlq_topic,
+    group_offset_key,
+    retry_topic,
+    state_key,
+)
 from scheduler.intake import Intake, PreparedMessage, check_topic
 from scheduler.metrics import EngineMetrics
 from scheduler.model import SendRequest, SendResult
 from storage.constants import (
     CF_META,
-    GROUP_PATTERN,
-    META_GROUP_ACK_PREFIX,
-    META_GROUP_OFFSET_PREFIX,
     META_GROUP_STATE_PREFIX,
     PROP_ORIGIN_BORN_AT,
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_OFFSET,
     PROP_RECONSUME_TIME,
-    TOPIC_DLQ_PREFIX,
-    TOPIC_RETRY_PREFIX,
 )
 from storage.errors import InvalidArgument, NotFound
-from storage.keys import SEP, pack_u64, unpack_u64
+from storage.keys import pack_u64, unpack_u64
 from storage.records import LogRecord, decode_log_records
 from storage.timer_store import Batch, TimerStore
 
 RECEIVE_MAX = 1000
-RECEIPTS_MAX = 1000
 LEASE_MS_MIN = 1_000
 LEASE_MS_MAX = 43_200_000
 DEFAULT_RETRY_LEVEL = 3  # RocketMQ: a retry waits level 3 + reconsumeTimes
-MAIN, RETRY = 0, 1  # the streams of a group
-INTERNAL_PROPERTIES = frozenset({PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME,
-                                 PROP_ORIGIN_OFFSET, PROP_ORIGIN_BORN_AT})
-
-# A receipt is text: "1" (version), the stream (0/1), the lease id in hex, ".", a tag, ".",
-# the offset in hex. One receive leases its messages under one lease id, so the tag (a hash
-# binding the lease id to the group's topic and name) is computed once per receive and
-# checked once per lease id in an ack, not once per message.
-_RECEIPT_VERSION = "1"
-_TAG = 6  # bytes of that hash (12 hex digits in _RECEIPT)
-_RECEIPT = r"(1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.)(0|[1-9a-f][0-9a-f]{0,15})\n"
-_RECEIPTS = re.compile(_RECEIPT)  # one receipt, then "\n": (prefix, offset in hex)
-_ALL_RECEIPTS = re.compile(f"(?:{_RECEIPT})+")
-_PREFIX = re.compile(r"1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.")
-_OFFSETS = re.compile(r"(?:(?:0|[1-9a-f][0-9a-f]{0,15})\n)+")
-
-
-def group_offset_key(topic: str, group: str) -> bytes:
-    """CF_META key of ``group``'s committed offset in ``topic``'s log (checks both names)."""
-    check_topic(topic, allow_system=True)
-    check_group(group)
-    return META_GROUP_OFFSET_PREFIX + topic.encode() + SEP + group.encode()
-
-
-def check_group(group: object) -> str:
-    if not isinstance(group, str) or not GROUP_PATTERN.match(group):
-        raise InvalidArgument(f"group {group!r} does not match {GROUP_PATTERN.pattern}")
-    return group
-
-
-def _digest(topic: str, group: str) -> str:
-    return hashlib.blake2b(f"{topic}\0{group}".encode(), digest_size=16).hexdigest()
-
-
-def retry_topic(topic: str, group: str) -> str:
-    """The group's retry topic (a system topic: nobody can send to it)."""
-    return TOPIC_RETRY_PREFIX + _digest(topic, group)
-
-
-def dlq_topic(topic: str, group: str) -> str:
-    """The group's dead-letter topic."""
-    return TOPIC_DLQ_PREFIX + _digest(topic, group)
 
 
 class Received(msgspec.Struct, frozen=True, gc=False):
@@ -148,120 +112,6 @@ class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     next_offset: int
 
 
-class _Lease:
-    """The messages one receive leased in one stream, until ``until``: a stream maps each
-    offset it holds to its lease. ``held``: how many it still holds; ``counts``: delivery
-    counts above 1 (messages handed out again after a lease expired)."""
-
-    __slots__ = ("counts", "held", "kind", "lease_id", "offsets", "until")
-
-    def __init__(self, lease_id: int, until: int, kind: int, offsets: list[int],
-                 counts: dict[int, int]) -> None:
-        self.lease_id = lease_id
-        self.until = until
-        self.kind = kind
-        self.offsets = offsets
-        self.counts = counts
-        self.held = len(offsets)
-
-    def count(self, offset: int) -> int:
-        """The delivery count of ``offset`` under this lease."""
-        return self.counts.get(offset, 1) if self.counts else 1
-
-
-class _Stream:
-    """One log a group consumes. Offsets below ``committed`` are acknowledged, and so are
-    those in ``acked``; ``handed``: every offset below it was handed out (or acked) since
-    the group was loaded; ``returned``: a heap of offsets whose lease expired, to hand out
-    again (with their delivery count in ``counts``)."""
-
-    __slots__ = ("acked", "committed", "counts", "handed", "leases", "log_topic", "returned")
-
-    def __init__(self, log_topic: str, committed: int, acked: set[int]) -> None:
-        self.log_topic = log_topic
-        self.committed = committed
-        self.acked = acked
-        self.handed = committed
-        self.leases: dict[int, _Lease] = {}  # offset -> the lease holding it
-        self.returned: list[int] = []
-        self.counts: dict[int, int] = {}
-
-    def take(self, n: int, end: int, window: int) -> tuple[list[int], dict[int, int]]:
-        """Up to ``n`` offsets to lease, and the delivery counts above 1 among them: expired
-        ones first, then new ones below ``end`` and below ``committed + window``."""
-        out: list[int] = []
-        again: dict[int, int] = {}
-        returned, counts = self.returned, self.counts
-        while returned and len(out) < n:
-            offset = heapq.heappop(returned)
-            count = counts.pop(offset, 0)
-            if offset >= self.committed and offset not in self.acked \
-                    and offset not in self.leases:
-                out.append(offset)
-                again[offset] = count + 1
-        cap = min(end, self.committed + window)
-        while self.handed < cap and len(out) < n:
-            limit = min(cap, self.handed + n - len(out))
-            fresh = range(self.handed, limit)
-            self.handed = limit
-            # (leases are all below ``handed``; acks may be above it after a restart)
-            out.extend(filterfalse(self.acked.__contains__, fresh) if self.acked else fresh)
-        return out, again
-
-    def hand_back(self, offset: int, lease: _Lease) -> None:
-        """``lease`` no longer holds ``offset``, which is handed out again later."""
-        del self.leases[offset]
-        lease.held -= 1
-        self.counts[offset] = lease.count(offset)
-        heapq.heappush(self.returned, offset)
-
-    def drop_leases(self) -> None:
-        """Every lease ends now (an offset commit): the messages are handed out again."""
-        for offset, lease in list(self.leases.items()):
-            self.hand_back(offset, lease)
-
-
-@dataclass(slots=True, kw_only=True)
-class _Group:
-    topic: str
-    group: str
-    streams: tuple[_Stream, _Stream]
-    dlq_topic: str
-    dlq_cursor: int
-    retrying: int
-    registered: bool
-    tag_key: bytes
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    expiry: list[tuple[int, int, _Lease]] = field(default_factory=list)
-    # (until, lease id, lease), one per receive (dropped lazily once it holds nothing)
-    expiry_limit: int = 64  # compact ``expiry`` when it grows past this
-    redelivered: int = 0  # leases that expired (their messages are handed out again)
-
-    @property
-    def name(self) -> str:
-        """The group's label in metrics and stats."""
-        return f"{self.topic}/{self.group}"
-
-    @property
-    def leased(self) -> int:
-        return sum(len(s.leases) for s in self.streams)
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What an ack (or the ack half of a nack) changes: built first, applied in memory
-    only once its RocksDB write succeeded."""
-
-    accepted: tuple[set[int], set[int]] = field(default_factory=lambda: (set(), set()))
-    # offsets taken, per stream (MAIN, RETRY)
-    stale: list[str] = field(default_factory=list)
-    committed: dict[int, int] = field(default_factory=dict)  # stream -> new committed offset
-
-    @property
-    def taken(self) -> int:
-        return len(self.accepted[MAIN]) + len(self.accepted[RETRY])
-
-
 class GroupManager:
     def __init__(
         self, *, store: TimerStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
@@ -283,7 +133,7 @@ class GroupManager:
                             (metrics.group_retrying, "retrying"),
                             (metrics.group_dead_letters, "deadLettered")):
             gauge.set_label_function(self._gauge(name))
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self._groups: dict[tuple[str, str], Group] = {}
         self._groups_lock = threading.Lock()
         self._next_lease = secrets.randbits(62)  # unique across restarts (compared by equality)
         for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
@@ -292,7 +142,7 @@ class GroupManager:
             self._group(topic, group)
 
     # --- the groups ----------------------------------------------------------------------
-    def _group(self, topic: str, group: str) -> _Group:
+    def _group(self, topic: str, group: str) -> Group:
         found = self._groups.get((topic, group))
         if found is not None:
             return found
@@ -304,12 +154,12 @@ class GroupManager:
                 found = self._groups[(topic, group)] = self._load(topic, group)
         return found
 
-    def _load(self, topic: str, group: str) -> _Group:
+    def _load(self, topic: str, group: str) -> Group:
         store = self._store
         retry = retry_topic(topic, group)
         dlq = dlq_topic(topic, group)
-        state = store.get(CF_META, _state_key(topic, group))
-        return _Group(
+        state = store.get(CF_META, state_key(topic, group))
+        return Group(
             topic=topic, group=group,
             streams=(self._load_stream(topic, group), self._load_stream(retry, group)),
             dlq_topic=dlq, dlq_cursor=self._offset(dlq, group),
@@ -320,11 +170,11 @@ class GroupManager:
         raw = self._store.get(CF_META, group_offset_key(log_topic, group))
         return 0 if raw is None else unpack_u64(raw)
 
-    def _load_stream(self, log_topic: str, group: str) -> _Stream:
-        prefix = _ack_prefix(log_topic, group)
+    def _load_stream(self, log_topic: str, group: str) -> Stream:
+        prefix = ack_prefix(log_topic, group)
         acked = {unpack_u64(key, len(prefix))
                  for key, _ in self._store.scan(CF_META, prefix, prefix + b"\xff")}
-        return _Stream(log_topic, self._offset(log_topic, group), acked)
+        return Stream(log_topic, self._offset(log_topic, group), acked)
 
     def topics(self, topic: str, group: str) -> tuple[str, str]:
         """The logs a receive of the group reads (what a long poll waits on)."""
@@ -367,18 +217,18 @@ class GroupManager:
                 if not records:
                     continue
                 offsets = [r.queue_offset for r in records]
-                lease = _Lease(self._next_lease, until, kind, offsets, again)
+                lease = Lease(self._next_lease, until, kind, offsets, again)
                 self._next_lease += 1
                 heapq.heappush(g.expiry, (until, lease.lease_id, lease))
                 stream.leases.update(dict.fromkeys(offsets, lease))
-                prefix = self._receipt_prefix(g, kind, lease.lease_id)
+                prefix = g.receipt_prefix(kind, lease.lease_id)
                 receipts = list(map(f"{prefix}{{:x}}".format, offsets))
                 counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
                     out.extend(map(Received, records, receipts, counts, repeat(0)))
                     continue
                 for record, receipt, count in zip(records, receipts, counts, strict=True):
-                    shown, reconsumed = _original(topic, record)
+                    shown, reconsumed = as_original(topic, record)
                     out.append(Received(shown, receipt, count, reconsumed))
             if len(g.expiry) > g.expiry_limit:  # drop the leases that hold nothing any more
                 g.expiry = [e for e in g.expiry if e[2].held > 0]
@@ -392,122 +242,16 @@ class GroupManager:
         with g.lock:
             return g.expiry[0][0] if g.expiry else None
 
-    def _expire(self, g: _Group, now: int) -> None:
-        """End the leases due by ``now``: their messages are handed out again."""
-        expiry = g.expiry
-        expired = 0
-        while expiry and expiry[0][0] <= now:
-            lease = heapq.heappop(expiry)[2]
-            if not lease.held:
-                continue
-            stream = g.streams[lease.kind]
-            for offset in lease.offsets:
-                if stream.leases.get(offset) is lease:
-                    stream.hand_back(offset, lease)
-                    expired += 1
+    def _expire(self, g: Group, now: int) -> None:
+        """End the group's leases due by ``now``; count the messages handed back."""
+        expired = g.expire(now)
         if expired:
-            g.redelivered += expired
             self._metrics.group_redelivered.labels(g.name).inc(expired)
 
-    # --- receipts ----------------------------------------------------------------------------
-    @staticmethod
-    def _receipt_prefix(g: _Group, kind: int, lease_id: int) -> str:
-        """A receipt of lease ``lease_id`` without its offset."""
-        head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"
-        return f"{head}.{_tag(g, head)}."
-
-    def _decode(self, g: _Group, receipts: Sequence[str]
-                ) -> tuple[list[int], list[int], list[int]]:
-        """The stream, offset and lease id of each receipt, as three columns; InvalidArgument
-        for one that is not a receipt, NotFound for one of another group or topic. Nothing
-        changes on either."""
-        if not receipts:
-            raise InvalidArgument("receipts must not be empty")
-        if len(receipts) > RECEIPTS_MAX:
-            raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
-        first = receipts[0]
-        prefix = first[:first.rfind(".") + 1] if isinstance(first, str) else ""
-        if _PREFIX.fullmatch(prefix) and sum(map(str.startswith, receipts, repeat(prefix))) \
-                == len(receipts):  # one lease (the usual ack): checked in passes of C
-            hexes = [r[len(prefix):] for r in receipts]
-            if _OFFSETS.fullmatch("\n".join(hexes) + "\n"):
-                kind, lease_id = self._check_prefix(g, prefix)
-                n = len(hexes)
-                return [kind] * n, list(map(int, hexes, repeat(16))), [lease_id] * n
-        joined = "\n".join(receipts) + "\n"
-        found = _RECEIPTS.findall(joined) if _ALL_RECEIPTS.fullmatch(joined) else []
-        if len(found) != len(receipts):
-            bad = next((r for r in receipts if not _RECEIPTS.fullmatch(r + "\n")), receipts[0])
-            raise InvalidArgument(f"{bad!r} is not a receipt")
-        leases = {p: self._check_prefix(g, p) for p in {p for p, _ in found}}
-        return ([leases[p][0] for p, _ in found], [int(h, 16) for _, h in found],
-                [leases[p][1] for p, _ in found])
-
-    @staticmethod
-    def _check_prefix(g: _Group, prefix: str) -> tuple[int, int]:
-        """(stream, lease id) of a well-formed receipt prefix "head.tag."; NotFound when
-        its tag is not the group's."""
-        head, tag, _ = prefix.split(".")
-        if not secrets.compare_digest(_tag(g, head), tag):
-            raise NotFound(f"receipt {prefix}... is not one of group {g.group!r} of topic "
-                           f"{g.topic!r}")
-        return int(head[1]), int(head[2:], 16)
-
-    def _plan(self, g: _Group, receipts: Sequence[str],
-              decoded: tuple[list[int], list[int], list[int]]) -> _Plan:
-        """Accepted: the receipt's lease still holds, or nobody holds the message and it is
-        not acknowledged (a lease that expired, or one from before a restart). Stale: the
-        message was leased again, or is acknowledged already (also by an earlier receipt of
-        the same request)."""
-        plan = _Plan()
-        streams = g.streams
-        seen = plan.accepted
-        kinds, offsets, lease_ids = decoded
-        n = len(offsets)
-        if kinds.count(kinds[0]) == n and lease_ids.count(lease_ids[0]) == n:
-            # the usual ack: receipts of one lease that still holds all of them (C passes)
-            stream = streams[kinds[0]]
-            lease = stream.leases.get(offsets[0])
-            if lease is not None and lease.lease_id == lease_ids[0] and list(
-                    map(stream.leases.get, offsets)).count(lease) == n:
-                taken = set(offsets)
-                if len(taken) == n:
-                    seen[kinds[0]].update(taken)
-                    self._advance(g, plan)
-                    return plan
-        for receipt, kind, offset, lease_id in zip(receipts, kinds, offsets, lease_ids,
-                                                   strict=True):
-            stream = streams[kind]
-            held = stream.leases.get(offset)
-            if held is None:  # not leased: taken unless acknowledged already
-                if offset < stream.committed or offset in stream.acked \
-                        or offset in seen[kind]:
-                    plan.stale.append(receipt)
-                    continue
-            elif held.lease_id != lease_id or offset in seen[kind]:
-                plan.stale.append(receipt)
-                continue
-            seen[kind].add(offset)
-        self._advance(g, plan)
-        return plan
-
-    @staticmethod
-    def _advance(g: _Group, plan: _Plan) -> None:
-        """Where each stream's committed offset moves once the plan's offsets are acked."""
-        for kind, stream in enumerate(g.streams):
-            taken, acked = plan.accepted[kind], stream.acked
-            committed = stream.committed
-            if taken and min(taken) == committed and max(taken) - committed + 1 == len(taken):
-                committed += len(taken)  # a run from the committed offset (the usual ack)
-            while committed in taken or committed in acked:
-                committed += 1
-            if committed != stream.committed:
-                plan.committed[kind] = committed
-
-    def _add_acks(self, g: _Group, plan: _Plan, batch: Batch, retrying: int) -> None:
+    def _add_acks(self, g: Group, plan: AckPlan, batch: Batch, retrying: int) -> None:
         """The plan's RocksDB operations (and the group's retry count) into ``batch``."""
         for kind, stream in enumerate(g.streams):
-            prefix = _ack_prefix(stream.log_topic, g.group)
+            prefix = ack_prefix(stream.log_topic, g.group)
             committed = plan.committed.get(kind)
             if committed is not None:
                 batch.put(CF_META, group_offset_key(stream.log_topic, g.group),
@@ -520,45 +264,22 @@ class GroupManager:
             above = [o for o in plan.accepted[kind] if o >= committed]
             if above:  # gaps below them remain: kept until they fill
                 batch.put_many(CF_META, [(prefix + pack_u64(o), b"") for o in above])
-        batch.put(CF_META, _state_key(g.topic, g.group), pack_u64(retrying))
-
-    @staticmethod
-    def _apply(g: _Group, plan: _Plan, retrying: int) -> None:
-        for kind, stream in enumerate(g.streams):
-            taken = plan.accepted[kind]
-            if not taken:
-                continue
-            for lease, n in Counter(map(stream.leases.pop, taken, repeat(None))).items():
-                if lease is not None:
-                    lease.held -= n
-            if stream.counts:
-                for offset in taken:
-                    stream.counts.pop(offset, None)
-            committed = plan.committed.get(kind, stream.committed)
-            if max(taken) >= committed:
-                stream.acked.update(o for o in taken if o >= committed)
-            if committed != stream.committed:
-                if stream.acked:
-                    stream.acked.difference_update(range(stream.committed, committed))
-                stream.committed = committed
-                stream.handed = max(stream.handed, committed)
-        g.retrying = retrying
-        g.registered = True
+        batch.put(CF_META, state_key(g.topic, g.group), pack_u64(retrying))
 
     # --- ack / nack --------------------------------------------------------------------------
     def ack(self, topic: str, group: str, receipts: Sequence[str]) -> AckResult:
         self._check_running()
         g = self._group(topic, group)
-        decoded = self._decode(g, receipts)
+        decoded = g.decode(receipts)
         with g.lock:
             self._expire(g, self._clock.now_ms())
-            plan = self._plan(g, receipts, decoded)
+            plan = g.plan(receipts, decoded)
             retrying = g.retrying - len(plan.accepted[RETRY])
             if plan.taken:
                 batch = self._store.batch()
                 self._add_acks(g, plan, batch, retrying)
                 self._store.write(batch)
-                self._apply(g, plan, retrying)
+                g.apply(plan, retrying)
                 self._metrics.group_acked.labels(g.name).inc(plan.taken)
         return AckResult(acked=plan.taken, stale=plan.stale)
 
@@ -573,11 +294,11 @@ class GroupManager:
             raise InvalidArgument(f"delayLevel must be an integer >= 1, got {delay_level!r}")
         self._check_running()
         g = self._group(topic, group)
-        decoded = self._decode(g, receipts)
+        decoded = g.decode(receipts)
         with g.lock:
             now = self._clock.now_ms()
             self._expire(g, now)
-            plan = self._plan(g, receipts, decoded)
+            plan = g.plan(receipts, decoded)
             if not plan.taken:
                 return NackResult(retrying=0, dead_lettered=0, stale=plan.stale)
             messages: list[PreparedMessage] = []
@@ -606,7 +327,7 @@ class GroupManager:
                         - len(plan.accepted[RETRY]))
             self._submit(messages, extra=lambda batch: self._add_acks(g, plan, batch, retrying),
                          atomic=True)
-            self._apply(g, plan, retrying)
+            g.apply(plan, retrying)
         self._metrics.group_nacked.labels(g.name).inc(plan.taken)
         if dead:
             self._metrics.group_dead_lettered.labels(g.name).inc(dead)
@@ -628,19 +349,19 @@ class GroupManager:
         return self._intake.prepare(request, now, allow_system=True)
 
     @staticmethod
-    def _as_topic_message(g: _Group, kind: int, record: LogRecord) -> tuple[LogRecord, int]:
+    def _as_topic_message(g: Group, kind: int, record: LogRecord) -> tuple[LogRecord, int]:
         """The message as its topic knows it, and its reconsumeTimes: a retry (or dead
         letter) shows the original's msgId, topic, offset, bornAt and properties."""
         if kind == MAIN:
             return record, 0
-        return _original(g.topic, record)
+        return as_original(g.topic, record)
 
     # --- state, offsets, dead letters ----------------------------------------------------------
     def state(self, topic: str, group: str) -> GroupState:
         self._check_running()
         return self._state(self._group(topic, group))
 
-    def _state(self, g: _Group) -> GroupState:
+    def _state(self, g: Group) -> GroupState:
         topic = g.topic
         with g.lock:
             self._expire(g, self._clock.now_ms())
@@ -663,7 +384,7 @@ class GroupManager:
             main = g.streams[MAIN]
             batch = self._store.batch()
             batch.put(CF_META, group_offset_key(topic, group), pack_u64(offset))
-            prefix = _ack_prefix(topic, group)
+            prefix = ack_prefix(topic, group)
             batch.delete_many(CF_META, [prefix + pack_u64(o) for o in main.acked])
             self._store.write(batch)
             main.drop_leases()
@@ -687,7 +408,7 @@ class GroupManager:
         start = g.dlq_cursor if offset is None else offset
         end = min(self._end_offset(g.dlq_topic), start + max_messages)
         records = self._read(g.dlq_topic, range(start, end))
-        return DeadLetters(messages=[_original(topic, r) for r in records],
+        return DeadLetters(messages=[as_original(topic, r) for r in records],
                            next_offset=records[-1].queue_offset + 1 if records else start)
 
     def redrive(self, topic: str, group: str, max_messages: int) -> int:
@@ -704,13 +425,13 @@ class GroupManager:
             if not records:
                 return 0
             cursor = records[-1].queue_offset + 1
-            messages = [self._prepare(g.streams[RETRY].log_topic, _original(topic, r)[0], 0,
+            messages = [self._prepare(g.streams[RETRY].log_topic, as_original(topic, r)[0], 0,
                                       now, delay_ms=0) for r in records]
             retrying = g.retrying + len(messages)
 
             def extra(batch: Batch) -> None:
                 batch.put(CF_META, group_offset_key(g.dlq_topic, group), pack_u64(cursor))
-                batch.put(CF_META, _state_key(topic, group), pack_u64(retrying))
+                batch.put(CF_META, state_key(topic, group), pack_u64(retrying))
 
             self._submit(messages, extra=extra, atomic=True)
             g.dlq_cursor, g.retrying, g.registered = cursor, retrying, True
@@ -733,43 +454,11 @@ class GroupManager:
     def _gauge(self, name: str) -> Callable[[], dict[str, float]]:
         return lambda: {group: float(values[name]) for group, values in self.stats().items()}
 
-    def _write_state(self, g: _Group, retrying: int) -> None:
+    def _write_state(self, g: Group, retrying: int) -> None:
         batch = self._store.batch()
-        batch.put(CF_META, _state_key(g.topic, g.group), pack_u64(retrying))
+        batch.put(CF_META, state_key(g.topic, g.group), pack_u64(retrying))
         self._store.write(batch)
         g.registered = True
-
-
-def _tag(g: _Group, head: str) -> str:
-    """Binds a lease's receipts to its (topic, group): one of another group is not ours."""
-    return hashlib.blake2b(g.tag_key + head.encode(), digest_size=_TAG).hexdigest()
-
-
-def _original(topic: str, record: LogRecord) -> tuple[LogRecord, int]:
-    """A retry or dead letter as its topic knows it, and its reconsumeTimes."""
-    props = record.properties
-    try:
-        reconsumed = int(props[PROP_RECONSUME_TIME])
-        shown = msgspec.structs.replace(
-            record, topic=topic, msg_id=props[PROP_ORIGIN_MESSAGE_ID],
-            queue_offset=int(props[PROP_ORIGIN_OFFSET]),
-            born_at=int(props[PROP_ORIGIN_BORN_AT]),
-            properties=_user_properties(props))
-    except (KeyError, ValueError):  # not written by this module: shown as it is
-        return record, 0
-    return shown, reconsumed
-
-
-def _user_properties(props: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in props.items() if k not in INTERNAL_PROPERTIES}
-
-
-def _ack_prefix(log_topic: str, group: str) -> bytes:
-    return META_GROUP_ACK_PREFIX + log_topic.encode() + SEP + group.encode() + SEP
-
-
-def _state_key(topic: str, group: str) -> bytes:
-    return META_GROUP_STATE_PREFIX + topic.encode() + SEP + group.encode()
 
 
 def read_records(read_many: Callable[[list[int]], list[bytes]],
