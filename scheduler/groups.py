@@ -28,6 +28,7 @@ Lock order: a group's lock, then the Broker's (shard locks, commit lock, in ``su
 from __future__ import annotations
 
 import heapq
+import itertools
 import secrets
 import threading
 from collections.abc import Callable, Sequence
@@ -135,7 +136,8 @@ class GroupManager:
             gauge.set_label_function(self._gauge(name))
         self._groups: dict[tuple[str, str], Group] = {}
         self._groups_lock = threading.Lock()
-        self._next_lease = secrets.randbits(62)  # unique across restarts (compared by equality)
+        # lease ids: unique across restarts (a receipt's lease is compared by equality)
+        self._lease_ids = itertools.count(secrets.randbits(62))
         for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
                                  META_GROUP_STATE_PREFIX + b"\xff"):
             topic, group = key[len(META_GROUP_STATE_PREFIX):].decode().split("\0", 1)
@@ -217,8 +219,7 @@ class GroupManager:
                 if not records:
                     continue
                 offsets = [r.queue_offset for r in records]
-                lease = Lease(self._next_lease, until, kind, offsets, again)
-                self._next_lease += 1
+                lease = Lease(next(self._lease_ids), until, kind, offsets, again)
                 heapq.heappush(g.expiry, (until, lease.lease_id, lease))
                 stream.leases.update(dict.fromkeys(offsets, lease))
                 prefix = g.receipt_prefix(kind, lease.lease_id)
@@ -442,7 +443,9 @@ class GroupManager:
         """Per group ("topic/group"): backlog (end - committed offset), leased, retrying,
         dead-lettered, and redeliveries after a lease expired."""
         out = {}
-        for _, g in sorted(self._groups.items()):
+        with self._groups_lock:
+            groups = sorted(self._groups.items())
+        for _, g in groups:
             state = self._state(g)
             out[g.name] = {
                 "backlog": state.end_offset - state.committed_offset,
