@@ -172,6 +172,9 @@ class Stream:
 
 @dataclass(slots=True, kw_only=True)
 class Group:
+    """One consumer group of one topic: its two streams (MAIN: the topic's log, RETRY: its
+    retry topic's), its dead-letter cursor and retry count, its leases by expiry."""
+
     topic: str
     group: str
     streams: tuple[Stream, Stream]
