@@ -16,6 +16,8 @@ import msgspec
 from fastapi import Path
 from msgspec import UNSET, Meta, UnsetType
 
+from scheduler.group_state import RECEIPTS_MAX
+from scheduler.groups import LEASE_MS_MAX, LEASE_MS_MIN
 from storage.records import MessageStatus
 
 TOPIC_REGEX = r"^[A-Za-z0-9_.-]{1,127}$"
@@ -25,9 +27,6 @@ MAX_BATCH = 1000
 MAX_PULL = 1000
 DEFAULT_PULL = 32
 MAX_WAIT_MS = 30_000
-MAX_RECEIPTS = 1000
-MIN_LEASE_MS = 1_000
-MAX_LEASE_MS = 43_200_000
 DEFAULT_LEASE_MS = 30_000
 
 EpochMs = Annotated[int, Meta(ge=0, description="Epoch milliseconds.",
@@ -168,7 +167,7 @@ class GroupOffset(_Out, kw_only=True):
 
 # --- consumer groups with competing members (api/routes/groups.py) ---------------------------
 Receipt = Annotated[str, Meta(min_length=1, max_length=64, description="Opaque, from a receive.")]
-Receipts = Annotated[list[Receipt], Meta(min_length=1, max_length=MAX_RECEIPTS)]
+Receipts = Annotated[list[Receipt], Meta(min_length=1, max_length=RECEIPTS_MAX)]
 
 
 class ReceiveIn(_In, kw_only=True):
@@ -176,7 +175,7 @@ class ReceiveIn(_In, kw_only=True):
         DEFAULT_PULL)
     wait_ms: Annotated[int, Meta(ge=0, le=MAX_WAIT_MS, description=(
         "Wait up to this long for a first message (long poll)."))] = 0
-    lease_ms: Annotated[int, Meta(ge=MIN_LEASE_MS, le=MAX_LEASE_MS, description=(
+    lease_ms: Annotated[int, Meta(ge=LEASE_MS_MIN, le=LEASE_MS_MAX, description=(
         "How long the messages stay leased to this caller."))] = DEFAULT_LEASE_MS
 
 

@@ -30,7 +30,8 @@ from scheduler.clock import Clock, SystemClock
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
-from scheduler.groups import GroupManager, group_offset_key, read_records
+from scheduler.group_state import group_offset_key
+from scheduler.groups import GroupManager, read_records
 from scheduler.intake import (
     Intake,
     PreparedMessage,

@@ -485,6 +485,6 @@ def read_records(read_many: Callable[[list[int]], list[bytes]],
     return read
 
 
-__all__ = ["AckResult", "DeadLetters", "GroupManager", "GroupState", "NackResult",
-           "ReceiveResult", "Received", "check_group", "dlq_topic", "group_offset_key",
-           "read_records", "retry_topic"]
+__all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "RECEIVE_MAX", "AckResult", "DeadLetters",
+           "GroupManager", "GroupState", "NackResult", "ReceiveResult", "Received",
+           "read_records"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from scheduler.groups import retry_topic
+from scheduler.group_state import retry_topic
 from tests.api.conftest import ADMIN, CONSUMER, T0, Live
 
 REPO = Path(__file__).resolve().parents[2]

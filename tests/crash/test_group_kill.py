@@ -17,7 +17,7 @@ from bench.crash.server import ServerProcess
 from scheduler.broker import Broker
 from scheduler.clock import SystemClock
 from scheduler.config import EngineConfig
-from scheduler.groups import retry_topic
+from scheduler.group_state import retry_topic
 from storage.constants import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME
 from tests.scheduler.conftest import read_topic
 

@@ -11,7 +11,8 @@ import pytest
 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
-from scheduler.groups import GroupManager, retry_topic
+from scheduler.group_state import retry_topic
+from scheduler.groups import GroupManager
 from scheduler.model import SendRequest
 from storage.errors import InvalidArgument, NotFound, StorageError
 from tests.scheduler.conftest import Harness, read_topic, run_threads
