@@ -15,12 +15,12 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
 from api.context import ApiContext
-from api.hot import HourglassApp
+from api.hot import HOT_OPERATIONS, HourglassApp
 from api.longpoll import DeliveryNotifier
 from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
 from api.openapi import install_openapi
 from api.problems import UnexpectedErrors, install_problem_handlers
-from api.routes import check_callbacks, consume, messages, operations, transactions
+from api.routes import check_callbacks, consume, groups, messages, operations, transactions
 from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.clock import Clock, SystemClock
@@ -85,11 +85,12 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     # one flat router, hot routes first: every included router costs a level of matching
     messages.add_routes(app.router, ctx)
     consume.add_routes(app.router, ctx)
+    groups.add_routes(app.router, ctx)
     transactions.add_routes(app.router, ctx)
     operations.add_routes(app.router, ctx, registry)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
-    app.serve_hot(http_metrics)  # api/hot.py: ahead of everything below
+    app.serve_hot(http_metrics, HOT_OPERATIONS | groups.HOT)  # api/hot.py: ahead of the rest
     app.add_middleware(HttpMetricsMiddleware, metrics=http_metrics)  # sees every other request
     app.add_middleware(UnexpectedErrors)  # outermost
     return app

@@ -16,6 +16,8 @@ import msgspec
 from fastapi import Path
 from msgspec import UNSET, Meta, UnsetType
 
+from scheduler.group_state import RECEIPTS_MAX
+from scheduler.groups import LEASE_MS_MAX, LEASE_MS_MIN
 from storage.records import MessageStatus
 
 TOPIC_REGEX = r"^[A-Za-z0-9_.-]{1,127}$"
@@ -25,6 +27,7 @@ MAX_BATCH = 1000
 MAX_PULL = 1000
 DEFAULT_PULL = 32
 MAX_WAIT_MS = 30_000
+DEFAULT_LEASE_MS = 30_000
 
 EpochMs = Annotated[int, Meta(ge=0, description="Epoch milliseconds.",
                               examples=[1767225600000])]
@@ -162,6 +165,87 @@ class GroupOffset(_Out, kw_only=True):
     offset: Offset
 
 
+# --- consumer groups with competing members (api/routes/groups.py) ---------------------------
+Receipt = Annotated[str, Meta(min_length=1, max_length=64, description="Opaque, from a receive.")]
+Receipts = Annotated[list[Receipt], Meta(min_length=1, max_length=RECEIPTS_MAX)]
+
+
+class ReceiveIn(_In, kw_only=True):
+    max: Annotated[int, Meta(ge=1, le=MAX_PULL, description="At most this many messages.")] = (
+        DEFAULT_PULL)
+    wait_ms: Annotated[int, Meta(ge=0, le=MAX_WAIT_MS, description=(
+        "Wait up to this long for a first message (long poll)."))] = 0
+    lease_ms: Annotated[int, Meta(ge=LEASE_MS_MIN, le=LEASE_MS_MAX, description=(
+        "How long the messages stay leased to this caller."))] = DEFAULT_LEASE_MS
+
+
+class AckIn(_In, kw_only=True):
+    receipts: Receipts
+
+
+class NackIn(_In, kw_only=True):
+    """At most one of `delayLevel` / `delayMs`; with none, RocketMQ's reconsume delay:
+    level 3 + reconsumeTimes."""
+
+    receipts: Receipts
+    delay_level: Annotated[int, Meta(ge=1, description="RocketMQ 4.x delay level.")] | (
+        UnsetType) = UNSET
+    delay_ms: Annotated[int, Meta(ge=0, description="Retry after this many ms.")] | (
+        UnsetType) = UNSET
+
+
+class RedriveIn(_In, kw_only=True):
+    max: Annotated[int, Meta(ge=1, le=MAX_PULL, description="At most this many.")] = MAX_PULL
+
+
+class Received(Delivered, kw_only=True):
+    """A leased message: `Delivered` (as its topic knows it, also when it is a retry) plus
+    the receipt to ack or nack it with."""
+
+    receipt: Receipt
+    delivery_count: Annotated[int, Meta(ge=1, description=(
+        "Times handed out since its last nack (an expired lease counts; a restart resets)."))]
+    reconsume_times: Annotated[int, Meta(ge=0, description="Times nacked so far.")]
+
+
+class ReceiveResult(_Out, kw_only=True):
+    messages: list[Received]
+    lease_until: EpochMs
+
+
+class AckResult(msgspec.Struct, rename="camel", kw_only=True):
+    acked: Annotated[int, Meta(ge=0)]
+    stale: Annotated[list[str], Meta(description=(
+        "Receipts that changed nothing: their message was leased again or is acknowledged."))]
+
+
+class NackResult(msgspec.Struct, rename="camel", kw_only=True):
+    retrying: Annotated[int, Meta(ge=0, description="Scheduled back to the group.")]
+    dead_lettered: Annotated[int, Meta(ge=0, description="Past maxReconsumeTimes.")]
+    stale: list[str]
+
+
+class GroupState(msgspec.Struct, rename="camel", kw_only=True):
+    committed_offset: Offset
+    end_offset: Offset
+    leased: Annotated[int, Meta(ge=0)]
+    retrying: Annotated[int, Meta(ge=0)]
+    dead_lettered: Annotated[int, Meta(ge=0)]
+
+
+class DeadLetter(Delivered, kw_only=True):
+    reconsume_times: Annotated[int, Meta(ge=0)]
+
+
+class DeadLetterPage(_Out, kw_only=True):
+    messages: list[DeadLetter]
+    next_offset: Annotated[int, Meta(ge=0, description="Offset in the dead-letter log.")]
+
+
+class RedriveResult(msgspec.Struct, rename="camel", kw_only=True):
+    redriven: Annotated[int, Meta(ge=0)]
+
+
 class TransactionResult(_Out, kw_only=True):
     transaction_id: str
     msg_id: MsgId
@@ -215,7 +299,8 @@ class Problem(msgspec.Struct, kw_only=True):
 COMPONENTS: tuple[Any, ...] = (
     MessageIn, BatchIn, TransactionIn, GroupOffsetIn, SendResult, BatchResult, CancelResult,
     MessageInfo, ScheduledPage, PullResult, GroupOffset, TransactionResult,
-    TransactionChecks, Snapshot, Health, Problem,
+    TransactionChecks, Snapshot, Health, Problem, ReceiveIn, AckIn, NackIn, RedriveIn,
+    ReceiveResult, AckResult, NackResult, GroupState, DeadLetterPage, RedriveResult,
 )
 
 

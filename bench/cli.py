@@ -12,8 +12,8 @@ import importlib
 import sys
 
 # name -> the module whose main(argv) runs it
-BENCHMARKS = {name: f"bench.{name}"
-              for name in ("storage", "engine", "http", "breakdown", "footprint", "analysis")}
+BENCHMARKS = {name: f"bench.{name}" for name in ("storage", "engine", "http", "breakdown",
+                                                     "footprint", "analysis", "groups")}
 SEPARATE = {name: f"bench.{name}.__main__" for name in ("soak", "crash")}
 MODULES = {**BENCHMARKS, **SEPARATE}
 

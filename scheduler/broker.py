@@ -30,6 +30,8 @@ from scheduler.clock import Clock, SystemClock
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
+from scheduler.group_state import group_offset_key
+from scheduler.groups import GroupManager, read_records
 from scheduler.intake import (
     Intake,
     PreparedMessage,
@@ -53,7 +55,7 @@ from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
-from storage.constants import CF_INDEX, CF_META, GROUP_PATTERN, META_GROUP_OFFSET_PREFIX
+from storage.constants import CF_INDEX, CF_META
 from storage.consume_queue import ConsumeQueue
 from storage.errors import (
     InvalidArgument,
@@ -61,10 +63,8 @@ from storage.errors import (
     Unavailable,
 )
 from storage.keys import (
-    SEP,
     decode_handle,
     index_key,
-    pack_u64,
     unpack_u64,
 )
 from storage.records import (
@@ -104,12 +104,15 @@ def check_config(config: EngineConfig) -> DelayLevels:
     levels = DelayLevels.parse(config.message_delay_level)
     positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
                 "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
-                "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms")
+                "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms",
+                "group_lease_window")
     for name in positive:
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
             raise InvalidArgument(f"engine setting {name} must be a positive integer, got "
                                   f"{value!r}")
+    if not isinstance(config.max_reconsume_times, int) or config.max_reconsume_times < 0:
+        raise InvalidArgument("engine setting max_reconsume_times must be an integer >= 0")
     for name in ("retention_ms", "scan_interval_ms"):
         if getattr(config, name) < 0:
             raise InvalidArgument(f"engine setting {name} must be >= 0")
@@ -145,6 +148,7 @@ class Broker:
         self._maintenance: Maintenance | None = None
         self._transactions: TransactionManager | None = None
         self._writes: WritePaths | None = None
+        self._groups: GroupManager | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,6 +203,12 @@ class Broker:
             self._delivery.start()
             for scanner in self._scanners:
                 scanner.start()
+            self._groups = GroupManager(
+                store=store, read=read_records(self._log.read_many, self._queues.positions),
+                end_offset=self._queues.end_offset, intake=self._intake, submit=self.submit,
+                clock=self.clock, max_reconsume_times=cfg.max_reconsume_times,
+                window=cfg.group_lease_window, check_running=self._check_running,
+                metrics=self.metrics)
             self._maintenance.start()
             self._transactions.start()
         except BaseException:
@@ -302,6 +312,7 @@ class Broker:
     def submit(
         self, messages: Sequence[PreparedMessage], *,
         extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
+        atomic: bool = False,
     ) -> list[SendResult]:
         """Store prepared messages atomically: each is scheduled (timer key + index entry)
         or, when already due, appended to the log; idempotent on (topic, msgId).
@@ -310,11 +321,14 @@ class Broker:
         (shard locks and the commit lock) and adds its own operations to the one RocksDB
         batch that also schedules the messages; it may raise to abort, before anything is
         written. ``replace_prepared``: an index entry PREPARED for the same (topic, msgId)
-        is the half message being committed, not a duplicate.
+        is the half message being committed, not a duplicate. ``atomic``: messages due at
+        once count only with the one RocksDB write (never by replay), as when scheduled ones
+        share the batch: all or nothing, also with ``extra`` (consumer groups' nacks).
         """
         self._check_running()
         assert self._writes is not None
-        return self._writes.submit(messages, extra=extra, replace_prepared=replace_prepared)
+        return self._writes.submit(messages, extra=extra, replace_prepared=replace_prepared,
+                                   atomic=atomic)
 
     # --- cancelling -----------------------------------------------------------------------
     def cancel_by_handle(self, handle: str) -> CancelResult:
@@ -384,21 +398,19 @@ class Broker:
 
     def get_group_offset(self, topic: str, group: str) -> int:
         store, _ = self._live()
-        raw = store.get(CF_META, _group_key(topic, group))
+        raw = store.get(CF_META, group_offset_key(topic, group))
         return 0 if raw is None else unpack_u64(raw)
 
     def commit_group_offset(self, topic: str, group: str, offset: int) -> int:
-        store, _ = self._live()
-        key = _group_key(topic, group)
-        if not isinstance(offset, int) or offset < 0:
-            raise InvalidArgument("offset must be an integer >= 0")
-        end = self._queues.end_offset(topic)
-        if offset > end:
-            raise InvalidArgument(f"offset {offset} is beyond the end of {topic!r} ({end})")
-        batch = store.batch()
-        batch.put(CF_META, key, pack_u64(offset))
-        store.write(batch)
-        return offset
+        """Move the group's committed offset; its leases end (scheduler/groups.py)."""
+        return self.groups.set_offset(topic, group, offset)
+
+    @property
+    def groups(self) -> GroupManager:
+        """Consumer groups with competing members: receive, ack, nack, dead letters."""
+        self._check_running()
+        assert self._groups is not None
+        return self._groups
 
     # --- transactions (issue 5) -------------------------------------------------------------
     def prepare_transaction(
@@ -481,6 +493,7 @@ class Broker:
             "latenessP50Ms": lateness.quantile(0.5),
             "latenessP99Ms": lateness.quantile(0.99),
             "transactionsPrepared": int(m.tx_prepared_pending.value),
+            "groups": self.groups.stats(),
             **self._positions(),
         }
 
@@ -555,13 +568,6 @@ class Broker:
             self.metrics.delivered.inc(len(records))
             self.metrics.pending.dec(sum(1 for r in records if not r.flags & FLAG_IMMEDIATE))
             self._notify({r.topic for r in records})
-
-
-def _group_key(topic: str, group: str) -> bytes:
-    check_topic(topic, allow_system=True)
-    if not isinstance(group, str) or not GROUP_PATTERN.match(group):
-        raise InvalidArgument(f"group {group!r} does not match {GROUP_PATTERN.pattern}")
-    return META_GROUP_OFFSET_PREFIX + topic.encode() + SEP + group.encode()
 
 
 __all__ = ["COMMITLOG_DIR", "ROCKSDB_DIR", "SNAPSHOTS_DIR", "Broker", "check_config",

@@ -46,6 +46,10 @@ class EngineConfig:
     #                                                   ("*.example.com": subdomains); () = none
     transaction_callback_timeout_ms: int = 3_000  #     ms per check-callback POST; past it: UNKNOWN
     transaction_callback_workers: int = 4  #            concurrent check-callback POSTs
+    max_reconsume_times: int = 16  #                   nacks of a message before it is a dead letter
+    group_lease_window: int = 10_000  #                 messages; a group leases a log's offsets
+    #                                                   only below committedOffset + this (bounds
+    #                                                   its leases and unfilled acks, per log)
     disk_reserve_bytes: int = 64 << 20  #               bytes; less free on RocksDB's filesystem ->
     #                                                   writes refused (503) before ENOSPC; 0 = off
     disk_retry_interval_ms: int = 1_000  #              ms between free-space re-checks (and RocksDB

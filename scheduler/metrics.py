@@ -35,6 +35,15 @@ tx_discarded                   counter    half messages discarded into TRANS_CHE
 tx_checks_sent                 counter    check-backs handed out (polls and callback POSTs)
 tx_check_answers               counter    check-callback answers (label ``answer``)
 tx_prepared_pending            gauge      half messages waiting for commit, rollback or discard
+group_backlog                  gauge      per group (label ``group`` = "topic/group"): end offset
+                                          - committed offset of its topic
+group_leased                   gauge      per group: messages leased to members now
+group_retrying                 gauge      per group: nacked messages scheduled back, not yet acked
+group_dead_letters             gauge      per group: dead letters not redriven
+group_acked                    counter    per group: messages acknowledged
+group_nacked                   counter    per group: messages nacked (retried or dead-lettered)
+group_dead_lettered            counter    per group: messages that became dead letters
+group_redelivered              counter    per group: leases that expired (handed out again)
 =============================  =========  =========================================================
 
 Lateness of a message that was due on arrival is 0 by definition (it is appended at once);
@@ -278,6 +287,22 @@ class EngineMetrics:
             "transaction_check_answers_total", "Check-callback answers", "answer")
         self.tx_prepared_pending = Gauge(
             "transactions_prepared", "Half messages waiting for commit, rollback or discard")
+        # consumer groups with competing members (scheduler/groups.py)
+        self.group_backlog = Gauge(
+            "group_backlog", "End offset minus committed offset of a group", "group")
+        self.group_leased = Gauge("group_leased", "Messages leased to a group's members",
+                                  "group")
+        self.group_retrying = Gauge(
+            "group_retrying", "Nacked messages scheduled back to a group, not yet acked", "group")
+        self.group_dead_letters = Gauge(
+            "group_dead_letters", "Dead letters of a group not redriven", "group")
+        self.group_acked = Counter("group_acked_total", "Messages a group acknowledged", "group")
+        self.group_nacked = Counter("group_nacked_total", "Messages a group nacked", "group")
+        self.group_dead_lettered = Counter(
+            "group_dead_lettered_total", "Messages that became dead letters of a group", "group")
+        self.group_redelivered = Counter(
+            "group_redelivered_total", "Leases of a group that expired (handed out again)",
+            "group")
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, in a stable order."""

@@ -55,6 +55,7 @@ class WritePaths:
     def submit(
         self, messages: Sequence[PreparedMessage], *,
         extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
+        atomic: bool = False,
     ) -> list[SendResult]:
         """See ``Broker.submit``."""
         if not messages:
@@ -97,7 +98,8 @@ class WritePaths:
                             extra(batch)
                         # with scheduled siblings in ``batch``, the due ones count only with
                         # that one write: all or nothing (scheduler/committer.py)
-                        outcome = committer.commit_immediate(batch, due, atomic=bool(later))
+                        outcome = committer.commit_immediate(batch, due,
+                                                             atomic=atomic or bool(later))
                 else:
                     store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)

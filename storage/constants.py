@@ -33,6 +33,12 @@ META_WATERMARK_PREFIX = b"wm/"  # + shard number as text -> scan frontier: a tim
 META_GROUP_OFFSET_PREFIX = b"group/"  # + topic NUL group -> 8-byte BE committed offset
 META_FORMAT_VERSION = b"format_version"
 META_SHARDS = b"timer_shards"  # the shard count the data was written with
+# consumer groups with competing members (scheduler/groups.py); a group's committed offset in
+# each log it reads (its topic's, its retry topic's, and its dead-letter cursor) is a
+# META_GROUP_OFFSET_PREFIX key of that log's topic
+META_GROUP_ACK_PREFIX = b"gack/"  # + log topic NUL group NUL 8-byte BE offset -> b"" (acked
+#                                   above the committed offset: the gaps not yet filled)
+META_GROUP_STATE_PREFIX = b"gstate/"  # + topic NUL group -> 8-byte BE retries outstanding
 
 # --- transaction keys (CF_TX; see scheduler/tx_records.py) ------------------------------------
 TX_ENTRY_PREFIX = b"t/"  # + transaction id -> encoded TransactionEntry
@@ -48,6 +54,11 @@ TOPIC_SCHEDULE = "SCHEDULE_TOPIC_XXXX"
 TOPIC_TRANS_CHECK_MAX_TIME = "TRANS_CHECK_MAX_TIME_TOPIC"
 SYSTEM_TOPICS = frozenset({TOPIC_SCHEDULE, TOPIC_TRANS_CHECK_MAX_TIME})
 SYSTEM_TOPIC_PREFIXES = ("rmq_sys_", "__")
+# a consumer group's retry and dead-letter topics (RocketMQ's %RETRY%group and %DLQ%group):
+# prefix + 32 hex digits of a hash of (topic, group), since a group name may hold ":" and
+# topic + group may be longer than a topic name may be (scheduler/groups.py)
+TOPIC_RETRY_PREFIX = "__retry."
+TOPIC_DLQ_PREFIX = "__dlq."
 
 
 def is_system_topic(topic: str) -> bool:
@@ -66,5 +77,11 @@ PROP_UNIQ_KEY = "UNIQ_KEY"
 PROP_PRODUCER_GROUP = "PGROUP"
 PROP_TRANSACTION_ID = "__transactionId__"
 PROP_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+# set on a consumer group's retries and dead letters, as RocketMQ names them; a receive shows
+# the message with its own msgId, topic, offset and properties again (without these)
+PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROP_RECONSUME_TIME = "RECONSUME_TIME"
+PROP_ORIGIN_OFFSET = "ORIGIN_OFFSET"  # the message's offset in its topic's log
+PROP_ORIGIN_BORN_AT = "ORIGIN_BORN_AT"
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

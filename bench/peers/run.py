@@ -51,8 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=1000, help="messages per send request")
     ap.add_argument("--producers", type=int, default=2, help="producer threads")
     ap.add_argument("--consumers", type=int, default=2,
-                    help="consumer threads (BullMQ: Worker objects; hourglass: always 1 per "
-                         "topic)")
+                    help="consumer threads (BullMQ: Worker objects; hourglass: members of one "
+                         "group with --hourglass-consume receive, else 1 per topic)")
     ap.add_argument("--bullmq-concurrency", type=int, default=50,
                     help="jobs in flight per BullMQ Worker")
     ap.add_argument("--w3-rate", type=float, default=2000.0, help="W3 messages per second")
@@ -60,6 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--w3-delay-ms", default="1000-3000", help="W3 delay range, ms (MIN-MAX)")
     ap.add_argument("--drain-timeout", type=float, default=1800.0,
                     help="seconds after the due time to wait for the last message")
+    ap.add_argument("--hourglass-consume", choices=("receive", "pull"), default="receive",
+                    help="hourglass consumers: 'receive' = --consumers members of one group "
+                         "(POST …:receive, then …:ack); 'pull' = one thread pulling by offset "
+                         "and committing it (the mode before competing consumers)")
     ap.add_argument("--hourglass-url", default=None,
                     help="use this running hourglass server instead of starting one")
     ap.add_argument("--token", default=None,
@@ -133,6 +137,7 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
                results: dict, save: Callable[[], None]) -> None:
     options = {"consumers": args.consumers, "bullmq_concurrency": args.bullmq_concurrency,
                "hourglass_url": args.hourglass_url, "token": args.token,
+               "hourglass_consume": args.hourglass_consume,
                "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env,
                "hourglass_encoding": args.hourglass_encoding,
                "hourglass_src": args.hourglass_src, "hourglass_rev": args.hourglass_rev}

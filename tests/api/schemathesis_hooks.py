@@ -5,8 +5,8 @@
    an integer goes as a bignum extension (``ExtType(BIGINT_EXT, two's complement, big
    endian)``), which the server does not accept where it expects a number, so it must answer
    400; the case still runs, with every check, instead of failing in the client.
-2. Cap ``waitMs``: the fuzzer's boundary value (30000) would turn every empty pull into a
-   30 s wait; long polling has its own tests.
+2. Cap ``waitMs`` (a pull's query, a group receive's body): the fuzzer's boundary value
+   (30000) would turn every empty pull into a 30 s wait; long polling has its own tests.
 3. A compatibility shim: hypothesis-jsonschema 0.23.1 (the latest) still drives Hypothesis'
    private ``many`` helper through ``more()``, which Hypothesis 6.170 replaced by iteration,
    so every object schema fails with "'many' object has no attribute 'more'". ``more()``
@@ -32,6 +32,15 @@ def map_query(context: Any, query: dict[str, Any] | None) -> dict[str, Any] | No
     if query and isinstance(query.get("waitMs"), int) and query["waitMs"] > MAX_WAIT_MS:
         query["waitMs"] = MAX_WAIT_MS
     return query
+
+
+@schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    """The same cap for a group receive, whose ``waitMs`` is in its body."""
+    if isinstance(body, dict) and isinstance(body.get("waitMs"), int) \
+            and body["waitMs"] > MAX_WAIT_MS:
+        body["waitMs"] = MAX_WAIT_MS
+    return body
 
 
 def packb(payload: Any) -> bytes:

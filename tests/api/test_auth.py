@@ -42,6 +42,17 @@ CALLS: dict[str, tuple[Call, set[str]]] = {
     "commitGroupOffset": (lambda c, t: c.put(f"/v1/topics/{t}/groups/g/offset",
                                              json={"offset": 0}),
                           {"admin", "consumer"}),
+    "receiveMessages": (lambda c, t: c.post(f"/v1/topics/{t}/groups/g:receive", json={}),
+                        {"admin", "consumer"}),
+    "ackMessages": (lambda c, t: c.post(f"/v1/topics/{t}/groups/g:ack",
+                                        json={"receipts": ["x"]}), {"admin", "consumer"}),
+    "nackMessages": (lambda c, t: c.post(f"/v1/topics/{t}/groups/g:nack",
+                                         json={"receipts": ["x"]}), {"admin", "consumer"}),
+    "getGroup": (lambda c, t: c.get(f"/v1/topics/{t}/groups/g"), {"admin", "consumer"}),
+    "listDeadLetters": (lambda c, t: c.get(f"/v1/topics/{t}/groups/g/dead-letters"),
+                        {"admin", "consumer"}),
+    "redriveDeadLetters": (lambda c, t: c.post(f"/v1/topics/{t}/groups/g/dead-letters:redrive",
+                                               json={}), {"admin", "consumer"}),
 }
 TX_CALLS: dict[str, tuple[Call, set[str]]] = {
     "prepareTransaction": (lambda c, t: c.post(f"/v1/topics/{t}/transactions",

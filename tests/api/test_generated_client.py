@@ -93,3 +93,39 @@ def test_generated_client_round_trip(live: Live, generated: ModuleType) -> None:
         again = pull.sync(topic="orders.gen", client=client, group="readers")
         assert isinstance(again, models.PullResult)
         assert again.messages == []
+
+
+def test_generated_client_receives_acks_and_nacks(live: Live, generated: ModuleType) -> None:
+    send_batch = importlib.import_module("client.api.messages.send_batch")
+    receive = importlib.import_module("client.api.consuming.receive_messages")
+    ack = importlib.import_module("client.api.consuming.ack_messages")
+    nack = importlib.import_module("client.api.consuming.nack_messages")
+    get_group = importlib.import_module("client.api.consuming.get_group")
+    models = importlib.import_module("client.models")
+
+    with generated.AuthenticatedClient(base_url=live.base_url, token=ADMIN) as client:
+        send_batch.sync(topic="orders.gen", client=client, body=models.BatchIn(
+            messages=[models.MessageIn(body=f"b{i}") for i in range(3)]))
+        got = receive.sync(topic="orders.gen", group="workers", client=client,
+                           body=models.ReceiveIn(max_=3, lease_ms=10_000))
+        assert isinstance(got, models.ReceiveResult)
+        assert got.lease_until == T0 + 10_000
+        assert [m.body for m in got.messages] == ["b0", "b1", "b2"]
+        assert all(m.delivery_count == 1 and m.reconsume_times == 0 for m in got.messages)
+        acked = ack.sync(topic="orders.gen", group="workers", client=client,
+                         body=models.AckIn(receipts=[m.receipt for m in got.messages[:2]]))
+        assert isinstance(acked, models.AckResult)
+        assert (acked.acked, acked.stale) == (2, [])
+        nacked = nack.sync(topic="orders.gen", group="workers", client=client,
+                           body=models.NackIn(receipts=[got.messages[2].receipt], delay_ms=0))
+        assert isinstance(nacked, models.NackResult)
+        assert (nacked.retrying, nacked.dead_lettered) == (1, 0)
+        live.broker.drain()
+        retry = receive.sync(topic="orders.gen", group="workers", client=client,
+                             body=models.ReceiveIn())
+        assert isinstance(retry, models.ReceiveResult)
+        assert [(m.body, m.reconsume_times) for m in retry.messages] == [("b2", 1)]
+        state = get_group.sync(topic="orders.gen", group="workers", client=client)
+        assert isinstance(state, models.GroupState)
+        assert (state.committed_offset, state.end_offset, state.leased, state.retrying) == \
+            (3, 3, 1, 1)

@@ -3,7 +3,11 @@
 - send: ``POST /v1/topics/{topic}/messages:batch`` with up to 1000 ``MessageIn``
   (``msgId`` = message id, ``body`` = the 100 ASCII bytes, ``deliverAt`` = due epoch ms);
   201 expected. ``msgId`` makes the send idempotent server-side (the peers do without that).
-- consumer: one thread per topic (a topic is one ordered log, like a Kafka partition):
+- consumers (``--hourglass-consume receive``, the default): ``--consumers`` threads, competing
+  members of one group, as many as the peers run: ``POST /v1/topics/{topic}/groups/G:receive``
+  with ``max=1000, waitMs=1000``, then ``POST …/groups/G:ack`` with the receipts.
+  ``--hourglass-consume pull`` (the mode before competing consumers): one thread per topic (a
+  topic is one ordered log, like a Kafka partition):
   ``GET /v1/topics/{topic}/messages?group=G&max=1000&waitMs=1000``, then
   ``PUT /v1/topics/{topic}/groups/G/offset`` with ``nextOffset``. Each delivered message
   carries ``storedAt - deliverAt``: its lateness as the server measured it.
@@ -13,9 +17,10 @@ cannot be measured then); otherwise the harness starts ``.venv/bin/hourglass ser
 DIR --host 127.0.0.1 --port P`` with ``HOURGLASS_ADMIN_TOKEN`` and waits for ``/readyz``.
 
 Guarantee: exactly-once into the topic log (design guarantee 2), at-least-once to a consumer
-that commits its offset after processing. Durability: RocksDB WAL + CommitLog under the
-server's ``flush_policy`` / ``flush_interval_ms`` / ``sync_writes`` (defaults, or what
-``--hourglass-env HOURGLASS_FLUSH_POLICY=sync`` etc. set), stated in the report.
+that acknowledges (or commits its offset) after processing. Durability: RocksDB WAL +
+CommitLog under the server's ``flush_policy`` / ``flush_interval_ms`` / ``sync_writes``
+(defaults, or what ``--hourglass-env HOURGLASS_FLUSH_POLICY=sync`` etc. set), stated in the
+report.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ PULL_MAX = 1000
 WAIT_MS = 1000
 MSGPACK = "application/x-msgpack"
 MSGPACK_BODY = {"Content-Type": MSGPACK}
+LEASE_MS = 60_000
 
 
 def _find_hourglass() -> str | None:
@@ -98,9 +104,15 @@ class HourglassSystem(System):
         self.http: httpx.Client | None = None
         self.stats_doc: dict = {}
         self.msgpack = options.get("hourglass_encoding", "msgpack") == "msgpack"
+        self.consume_mode: str = options.get("hourglass_consume") or "receive"
+        if self.consume_mode not in ("receive", "pull"):
+            raise ValueError(f"hourglass_consume is 'receive' or 'pull', not "
+                             f"{self.consume_mode!r}")
 
     def consumer_threads(self) -> int:
-        return 1  # one ordered log per topic: one consumer per group and topic
+        if self.consume_mode == "pull":
+            return 1  # one ordered log per topic: one offset reader per group and topic
+        return self.consumers
 
     def durability_settings(self) -> dict[str, str]:
         """flush_policy, flush_interval_ms, sync_writes as the started server has them: the
@@ -144,9 +156,11 @@ class HourglassSystem(System):
             **self.durability_settings(),
             **self.extra_env,
             "send": "POST …/messages:batch, 1000 per request, msgId + body + deliverAt",
-            "consumer": f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}"
-                        "&offset=<previous nextOffset>&commit=true (pull + offset commit in "
-                        "one request)",
+            "consumer": (f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}"
+                         "&offset=<previous nextOffset>&commit=true (pull + offset commit in "
+                         "one request)" if self.consume_mode == "pull" else
+                         f"{self.consumers} members of one group: POST …:receive max={PULL_MAX}"
+                         f" waitMs={WAIT_MS}, then POST …:ack with the receipts"),
             "bodies": ("msgpack batches and pulls (Content-Type / Accept "
                        "application/x-msgpack)" if self.msgpack else "JSON"),
         }
@@ -237,6 +251,31 @@ class HourglassSystem(System):
 
     # --- consuming -------------------------------------------------------------------------
     def consume_loop(self, k: int, sink: Sink, stop: threading.Event) -> None:
+        if self.consume_mode == "pull":
+            self._pull_loop(sink, stop)
+        else:
+            self._receive_loop(sink, stop)
+
+    def _receive_loop(self, sink: Sink, stop: threading.Event) -> None:
+        assert self.http is not None
+        group = f"/v1/topics/{self.topic}/groups/{self.group}"
+        ask = orjson.dumps({"max": PULL_MAX, "waitMs": WAIT_MS, "leaseMs": LEASE_MS})
+        while not stop.is_set():
+            r = self.http.post(f"{group}:receive", content=ask)
+            if r.status_code != 200:
+                raise RuntimeError(f"hourglass receive: HTTP {r.status_code}: {r.text[:300]}")
+            t = now_ms()
+            msgs = orjson.loads(r.content).get("messages") or []
+            if not msgs:
+                continue
+            sink([m["msgId"] for m in msgs], t,
+                 [m["storedAt"] - m["deliverAt"] for m in msgs])
+            a = self.http.post(f"{group}:ack", content=orjson.dumps(
+                {"receipts": [m["receipt"] for m in msgs]}))
+            if a.status_code != 200:
+                raise RuntimeError(f"hourglass ack: HTTP {a.status_code}: {a.text[:300]}")
+
+    def _pull_loop(self, sink: Sink, stop: threading.Event) -> None:
         assert self.http is not None
         path = f"/v1/topics/{self.topic}/messages"
         params = {"group": self.group, "max": PULL_MAX, "waitMs": WAIT_MS}

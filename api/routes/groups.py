@@ -1,0 +1,183 @@
+"""Consumer groups with competing members: receive (lease), ack, nack, the group's state,
+its dead letters and their redrive (scheduler/groups.py does the work).
+
+Receive, ack and nack are hot routes (api/hot.py): they take only the ``Request`` and parse
+and authenticate themselves, like send and pull. Every route needs the consumer role on the
+topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from api import schemas
+from api.auth import Permission
+from api.bodies import decode, read_body
+from api.context import ApiContext, Authenticated, query_int, respond
+from api.openapi import operation, query_parameter
+from api.routes.consume import MAX_OFFSET, Group, check_group
+from api.schemas import TOPIC_PARAMETER, Topic
+from scheduler.groups import Received, ReceiveResult
+from storage.records import LogRecord
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+GROUP_PARAMETER = {"name": "group", "in": "path", "required": True,
+                   "description": "Consumer group.",
+                   "schema": {"type": "string", "pattern": schemas.GROUP_REGEX}}
+GROUP_PARAMETERS = [TOPIC_PARAMETER, GROUP_PARAMETER]
+#: operationIds served ahead of FastAPI's router (api/app.py)
+HOT = frozenset({"receiveMessages", "ackMessages", "nackMessages"})
+
+
+def _fields(record: LogRecord) -> dict[str, Any]:
+    body = record.body
+    return {"offset": record.queue_offset, "msg_id": record.msg_id, "topic": record.topic,
+                "tags": record.tags, "keys": record.keys, "properties": record.properties,
+                "body_base64": body, "body": schemas.utf8_text(body), "born_at": record.born_at,
+                "deliver_at": record.deliver_at, "stored_at": record.stored_at}
+
+
+def received(m: Received) -> schemas.Received:
+    record = m.record
+    body = record.body
+    return schemas.Received(
+        offset=record.queue_offset, msg_id=record.msg_id, topic=record.topic,
+        tags=record.tags, keys=record.keys, properties=record.properties, body_base64=body,
+        body=schemas.utf8_text(body), born_at=record.born_at, deliver_at=record.deliver_at,
+        stored_at=record.stored_at, receipt=m.receipt, delivery_count=m.delivery_count,
+        reconsume_times=m.reconsume_times)
+
+
+def add_routes(router: APIRouter, ctx: ApiContext) -> None:
+    broker = ctx.broker
+    notifier = ctx.notifier
+    limit = ctx.settings.max_request_bytes
+
+    async def parse(request: Request, kind: type[T], *, optional: bool = False) -> tuple[
+            str, str, T]:
+        """Authenticate, authorise (consumer role on the topic), check the group, decode
+        the body (``optional``: an empty body means every default)."""
+        principal = ctx.caller(request)
+        topic = request.path_params["topic"]
+        ctx.allow(principal, Permission.PULL, topic)
+        group = check_group(request.path_params["group"])
+        raw = await read_body(request, limit)
+        if optional and not raw.strip():
+            raw = b"{}"
+        return topic, group, decode(raw, request.headers.get("content-type"), kind)
+
+    @router.post("/v1/topics/{topic}/groups/{group}:receive", **operation(
+        "receiveMessages", tag="consuming", summary="Lease messages to this member (long poll)",
+        result="ReceiveResult", body="ReceiveIn", msgpack=True, errors=(503,),
+        parameters=GROUP_PARAMETERS,
+        result_description="Leased messages (possibly none) and when their lease ends.",
+    ))
+    async def receive_messages(request: Request) -> Response:
+        topic, group, body = await parse(request, schemas.ReceiveIn, optional=True)
+        groups = broker.groups
+        result = groups.receive(topic, group, body.max, body.lease_ms)
+        if not result.messages and body.wait_ms > 0:
+            result = await _long_poll(topic, group, body, body.wait_ms / 1000.0)
+        return respond(schemas.ReceiveResult(
+            messages=[received(m) for m in result.messages],
+            lease_until=result.lease_until), 200, request)
+
+    async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
+                         timeout_s: float) -> ReceiveResult:
+        """Wait for a delivery to the topic or the group's retry topic, or for a lease to
+        end, then receive again; until ``timeout_s``."""
+        groups = broker.groups
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        logs = groups.topics(topic, group)
+        while True:
+            futures = [notifier.register(t) for t in logs]  # before reading: no lost wake-up
+            try:
+                result = groups.receive(topic, group, body.max, body.lease_ms)
+                remaining = deadline - loop.time()
+                if result.messages or remaining <= 0 or notifier.closed:
+                    return result
+                expiry = groups.next_expiry(topic, group)
+                if expiry is not None:
+                    remaining = min(remaining, max(expiry - broker.clock.now_ms(), 1) / 1000.0)
+                await asyncio.wait(futures, timeout=remaining,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t, future in zip(logs, futures, strict=True):
+                    notifier.unregister(t, future)
+
+    @router.post("/v1/topics/{topic}/groups/{group}:ack", **operation(
+        "ackMessages", tag="consuming", summary="Acknowledge leased messages (durable)",
+        result="AckResult", body="AckIn", msgpack=True, errors=(404, 503),
+        parameters=GROUP_PARAMETERS,
+        result_description="How many were acknowledged; receipts that changed nothing.",
+    ))
+    async def ack_messages(request: Request) -> Response:
+        topic, group, body = await parse(request, schemas.AckIn)
+        result = broker.groups.ack(topic, group, body.receipts)
+        return respond(schemas.AckResult(acked=result.acked, stale=result.stale), 200, request)
+
+    @router.post("/v1/topics/{topic}/groups/{group}:nack", **operation(
+        "nackMessages", tag="consuming",
+        summary="Hand leased messages back: a retry through the scheduler, or a dead letter",
+        result="NackResult", body="NackIn", msgpack=True, errors=(404, 503),
+        parameters=GROUP_PARAMETERS,
+    ))
+    async def nack_messages(request: Request) -> Response:
+        topic, group, body = await parse(request, schemas.NackIn)
+        level = None if body.delay_level is msgspec.UNSET else body.delay_level
+        delay = None if body.delay_ms is msgspec.UNSET else body.delay_ms
+        result = broker.groups.nack(topic, group, body.receipts, delay_level=level,
+                                    delay_ms=delay)
+        return respond(schemas.NackResult(retrying=result.retrying,
+                                          dead_lettered=result.dead_lettered,
+                                          stale=result.stale), 200, request)
+
+    @router.get("/v1/topics/{topic}/groups/{group}", **operation(
+        "getGroup", tag="consuming", summary="A group's state", result="GroupState",
+        errors=(503,),
+    ))
+    async def get_group(topic: Topic, group: Group, principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.PULL, topic)
+        state = broker.groups.state(topic, group)
+        return respond(schemas.GroupState(
+            committed_offset=state.committed_offset, end_offset=state.end_offset,
+            leased=state.leased, retrying=state.retrying, dead_lettered=state.dead_lettered))
+
+    @router.get("/v1/topics/{topic}/groups/{group}/dead-letters", **operation(
+        "listDeadLetters", tag="consuming", summary="Read the group's dead letters",
+        result="DeadLetterPage", errors=(503,), parameters=[
+            query_parameter("offset", "First offset of the dead-letter log to read; default: "
+                            "the first one not redriven.",
+                            {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}),
+            query_parameter("max", "At most this many.",
+                            {"type": "integer", "minimum": 1, "maximum": schemas.MAX_PULL,
+                             "default": schemas.DEFAULT_PULL})],
+    ))
+    async def list_dead_letters(topic: Topic, group: Group, request: Request,
+                                principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.PULL, topic)
+        offset = query_int(request, "offset", None, 0, MAX_OFFSET)
+        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, schemas.MAX_PULL)
+        assert max_messages is not None
+        page = broker.groups.dead_letters(topic, group, offset, max_messages)
+        return respond(schemas.DeadLetterPage(
+            messages=[schemas.DeadLetter(**_fields(r), reconsume_times=n)
+                      for r, n in page.messages],
+            next_offset=page.next_offset), 200, request)
+
+    @router.post("/v1/topics/{topic}/groups/{group}/dead-letters:redrive", **operation(
+        "redriveDeadLetters", tag="consuming",
+        summary="Hand dead letters back to the group (due now, reconsumeTimes 0)",
+        result="RedriveResult", body="RedriveIn", errors=(503,), parameters=GROUP_PARAMETERS,
+    ))
+    async def redrive_dead_letters(request: Request) -> Response:
+        topic, group, body = await parse(request, schemas.RedriveIn, optional=True)
+        return respond(schemas.RedriveResult(
+            redriven=broker.groups.redrive(topic, group, body.max)))

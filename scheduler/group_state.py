@@ -1,0 +1,367 @@
+"""The in-memory side of a consumer group (scheduler/groups.py drives it and stores it):
+its streams, the leases of its receives, receipts, and the plan of an ack.
+
+Everything here runs under the group's lock and does no I/O. An ack (or a nack) is planned
+first (``Group.plan``), its RocksDB write built from the plan, and the plan applied in memory
+(``Group.apply``) only once that write succeeded, so a failed write changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import re
+import secrets
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import filterfalse, repeat
+
+import msgspec
+
+from scheduler.intake import check_topic
+from storage.constants import (
+    GROUP_PATTERN,
+    META_GROUP_ACK_PREFIX,
+    META_GROUP_OFFSET_PREFIX,
+    META_GROUP_STATE_PREFIX,
+    PROP_ORIGIN_BORN_AT,
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_ORIGIN_OFFSET,
+    PROP_RECONSUME_TIME,
+    TOPIC_DLQ_PREFIX,
+    TOPIC_RETRY_PREFIX,
+)
+from storage.errors import InvalidArgument, NotFound
+from storage.keys import SEP
+from storage.records import LogRecord
+
+RECEIPTS_MAX = 1000
+MAIN, RETRY = 0, 1  # the streams of a group
+INTERNAL_PROPERTIES = frozenset({PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME,
+                                 PROP_ORIGIN_OFFSET, PROP_ORIGIN_BORN_AT})
+
+# A receipt is text: "1" (version), the stream (0/1), the lease id in hex, ".", a tag, ".",
+# the offset in hex. One receive leases its messages under one lease id, so the tag (a hash
+# binding the lease id to the group's topic and name) is computed once per receive and
+# checked once per lease id in an ack, not once per message.
+_RECEIPT_VERSION = "1"
+_TAG = 6  # bytes of that hash (12 hex digits in _RECEIPT)
+_RECEIPT = r"(1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.)(0|[1-9a-f][0-9a-f]{0,15})\n"
+_RECEIPTS = re.compile(_RECEIPT)  # one receipt, then "\n": (prefix, offset in hex)
+_ALL_RECEIPTS = re.compile(f"(?:{_RECEIPT})+")
+_PREFIX = re.compile(r"1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.")
+_OFFSETS = re.compile(r"(?:(?:0|[1-9a-f][0-9a-f]{0,15})\n)+")
+
+
+def group_offset_key(topic: str, group: str) -> bytes:
+    """CF_META key of ``group``'s committed offset in ``topic``'s log (checks both names)."""
+    check_topic(topic, allow_system=True)
+    check_group(group)
+    return META_GROUP_OFFSET_PREFIX + topic.encode() + SEP + group.encode()
+
+
+def check_group(group: object) -> str:
+    if not isinstance(group, str) or not GROUP_PATTERN.fullmatch(group):
+        raise InvalidArgument(f"group {group!r} does not match {GROUP_PATTERN.pattern}")
+    return group
+
+
+def _digest(topic: str, group: str) -> str:
+    return hashlib.blake2b(f"{topic}\0{group}".encode(), digest_size=16).hexdigest()
+
+
+def retry_topic(topic: str, group: str) -> str:
+    """The group's retry topic (a system topic: nobody can send to it)."""
+    return TOPIC_RETRY_PREFIX + _digest(topic, group)
+
+
+def dlq_topic(topic: str, group: str) -> str:
+    """The group's dead-letter topic."""
+    return TOPIC_DLQ_PREFIX + _digest(topic, group)
+
+
+@dataclass(slots=True)
+class AckPlan:
+    """What an ack (or the ack half of a nack) changes: built first, applied in memory
+    only once its RocksDB write succeeded."""
+
+    accepted: tuple[set[int], set[int]] = field(default_factory=lambda: (set(), set()))
+    # offsets taken, per stream (MAIN, RETRY)
+    stale: list[str] = field(default_factory=list)
+    committed: dict[int, int] = field(default_factory=dict)  # stream -> new committed offset
+
+    @property
+    def taken(self) -> int:
+        return len(self.accepted[MAIN]) + len(self.accepted[RETRY])
+
+
+class Lease:
+    """The messages one receive leased in one stream, until ``until``: a stream maps each
+    offset it holds to its lease. ``held``: how many it still holds; ``counts``: delivery
+    counts above 1 (messages handed out again after a lease expired)."""
+
+    __slots__ = ("counts", "held", "kind", "lease_id", "offsets", "until")
+
+    def __init__(self, lease_id: int, until: int, kind: int, offsets: list[int],
+                 counts: dict[int, int]) -> None:
+        self.lease_id = lease_id
+        self.until = until
+        self.kind = kind
+        self.offsets = offsets
+        self.counts = counts
+        self.held = len(offsets)
+
+    def count(self, offset: int) -> int:
+        """The delivery count of ``offset`` under this lease."""
+        return self.counts.get(offset, 1) if self.counts else 1
+
+
+class Stream:
+    """One log a group consumes. Offsets below ``committed`` are acknowledged, and so are
+    those in ``acked``; ``handed``: every offset below it was handed out (or acked) since
+    the group was loaded; ``returned``: a heap of offsets whose lease expired, to hand out
+    again (with their delivery count in ``counts``)."""
+
+    __slots__ = ("acked", "committed", "counts", "handed", "leases", "log_topic", "returned")
+
+    def __init__(self, log_topic: str, committed: int, acked: set[int]) -> None:
+        self.log_topic = log_topic
+        self.committed = committed
+        self.acked = acked
+        self.handed = committed
+        self.leases: dict[int, Lease] = {}  # offset -> the lease holding it
+        self.returned: list[int] = []
+        self.counts: dict[int, int] = {}
+
+    def take(self, n: int, end: int, window: int) -> tuple[list[int], dict[int, int]]:
+        """Up to ``n`` offsets to lease, and the delivery counts above 1 among them: expired
+        ones first, then new ones below ``end`` and below ``committed + window``."""
+        out: list[int] = []
+        again: dict[int, int] = {}
+        returned, counts = self.returned, self.counts
+        while returned and len(out) < n:
+            offset = heapq.heappop(returned)
+            count = counts.pop(offset, 0)
+            if offset >= self.committed and offset not in self.acked \
+                    and offset not in self.leases:
+                out.append(offset)
+                again[offset] = count + 1
+        cap = min(end, self.committed + window)
+        while self.handed < cap and len(out) < n:
+            limit = min(cap, self.handed + n - len(out))
+            fresh = range(self.handed, limit)
+            self.handed = limit
+            # (leases are all below ``handed``; acks may be above it after a restart)
+            out.extend(filterfalse(self.acked.__contains__, fresh) if self.acked else fresh)
+        return out, again
+
+    def hand_back(self, offset: int, lease: Lease) -> None:
+        """``lease`` no longer holds ``offset``, which is handed out again later."""
+        del self.leases[offset]
+        lease.held -= 1
+        self.counts[offset] = lease.count(offset)
+        heapq.heappush(self.returned, offset)
+
+    def drop_leases(self) -> None:
+        """Every lease ends now (an offset commit): the messages are handed out again."""
+        for offset, lease in list(self.leases.items()):
+            self.hand_back(offset, lease)
+
+
+@dataclass(slots=True, kw_only=True)
+class Group:
+    """One consumer group of one topic: its two streams (MAIN: the topic's log, RETRY: its
+    retry topic's), its dead-letter cursor and retry count, its leases by expiry."""
+
+    topic: str
+    group: str
+    streams: tuple[Stream, Stream]
+    dlq_topic: str
+    dlq_cursor: int
+    retrying: int
+    registered: bool
+    tag_key: bytes
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    expiry: list[tuple[int, int, Lease]] = field(default_factory=list)
+    # (until, lease id, lease), one per receive (dropped lazily once it holds nothing)
+    expiry_limit: int = 64  # compact ``expiry`` when it grows past this
+    redelivered: int = 0  # leases that expired (their messages are handed out again)
+
+    @property
+    def name(self) -> str:
+        """The group's label in metrics and stats."""
+        return f"{self.topic}/{self.group}"
+
+    @property
+    def leased(self) -> int:
+        return sum(len(s.leases) for s in self.streams)
+
+    def expire(self, now: int) -> int:
+        """End the leases due by ``now`` (their messages are handed out again); returns how
+        many messages that handed back."""
+        expiry = self.expiry
+        expired = 0
+        while expiry and expiry[0][0] <= now:
+            lease = heapq.heappop(expiry)[2]
+            if not lease.held:
+                continue
+            stream = self.streams[lease.kind]
+            for offset in lease.offsets:
+                if stream.leases.get(offset) is lease:
+                    stream.hand_back(offset, lease)
+                    expired += 1
+        self.redelivered += expired
+        return expired
+
+    def receipt_prefix(self, kind: int, lease_id: int) -> str:
+        """A receipt of lease ``lease_id`` without its offset."""
+        head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"
+        return f"{head}.{self._tag(head)}."
+
+    def _tag(self, head: str) -> str:
+        """Binds a lease's receipts to this (topic, group): one of another group is not
+        ours."""
+        return hashlib.blake2b(self.tag_key + head.encode(), digest_size=_TAG).hexdigest()
+
+    def decode(self, receipts: Sequence[str]
+                ) -> tuple[list[int], list[int], list[int]]:
+        """The stream, offset and lease id of each receipt, as three columns; InvalidArgument
+        for one that is not a receipt, NotFound for one of another group or topic. Nothing
+        changes on either."""
+        if not receipts:
+            raise InvalidArgument("receipts must not be empty")
+        if len(receipts) > RECEIPTS_MAX:
+            raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
+        first = receipts[0]
+        prefix = first[:first.rfind(".") + 1] if isinstance(first, str) else ""
+        if _PREFIX.fullmatch(prefix) and sum(map(str.startswith, receipts, repeat(prefix))) \
+                == len(receipts):  # one lease (the usual ack): checked in passes of C
+            hexes = [r[len(prefix):] for r in receipts]
+            if _OFFSETS.fullmatch("\n".join(hexes) + "\n"):
+                kind, lease_id = self._check_prefix(prefix)
+                n = len(hexes)
+                return [kind] * n, list(map(int, hexes, repeat(16))), [lease_id] * n
+        joined = "\n".join(receipts) + "\n"
+        found = _RECEIPTS.findall(joined) if _ALL_RECEIPTS.fullmatch(joined) else []
+        if len(found) != len(receipts):
+            bad = next((r for r in receipts if not _RECEIPTS.fullmatch(r + "\n")), receipts[0])
+            raise InvalidArgument(f"{bad!r} is not a receipt")
+        leases = {p: self._check_prefix(p) for p in {p for p, _ in found}}
+        return ([leases[p][0] for p, _ in found], [int(h, 16) for _, h in found],
+                [leases[p][1] for p, _ in found])
+
+    def _check_prefix(self, prefix: str) -> tuple[int, int]:
+        """(stream, lease id) of a well-formed receipt prefix "head.tag."; NotFound when
+        its tag is not the group's."""
+        head, tag, _ = prefix.split(".")
+        if not secrets.compare_digest(self._tag(head), tag):
+            raise NotFound(f"receipt {prefix}... is not one of group {self.group!r} of topic "
+                           f"{self.topic!r}")
+        return int(head[1]), int(head[2:], 16)
+
+    def plan(self, receipts: Sequence[str],
+             decoded: tuple[list[int], list[int], list[int]]) -> AckPlan:
+        """Accepted: the receipt's lease still holds, or nobody holds the message and it is
+        not acknowledged (a lease that expired, or one from before a restart). Stale: the
+        message was leased again, or is acknowledged already (also by an earlier receipt of
+        the same request)."""
+        plan = AckPlan()
+        streams = self.streams
+        seen = plan.accepted
+        kinds, offsets, lease_ids = decoded
+        n = len(offsets)
+        if kinds.count(kinds[0]) == n and lease_ids.count(lease_ids[0]) == n:
+            # the usual ack: receipts of one lease that still holds all of them (C passes)
+            stream = streams[kinds[0]]
+            lease = stream.leases.get(offsets[0])
+            if lease is not None and lease.lease_id == lease_ids[0] and list(
+                    map(stream.leases.get, offsets)).count(lease) == n:
+                taken = set(offsets)
+                if len(taken) == n:
+                    seen[kinds[0]].update(taken)
+                    self._advance(plan)
+                    return plan
+        for receipt, kind, offset, lease_id in zip(receipts, kinds, offsets, lease_ids,
+                                                   strict=True):
+            stream = streams[kind]
+            held = stream.leases.get(offset)
+            if held is None:  # not leased: taken unless acknowledged already
+                if offset < stream.committed or offset in stream.acked \
+                        or offset in seen[kind]:
+                    plan.stale.append(receipt)
+                    continue
+            elif held.lease_id != lease_id or offset in seen[kind]:
+                plan.stale.append(receipt)
+                continue
+            seen[kind].add(offset)
+        self._advance(plan)
+        return plan
+
+    def _advance(self, plan: AckPlan) -> None:
+        """Where each stream's committed offset moves once the plan's offsets are acked."""
+        for kind, stream in enumerate(self.streams):
+            taken, acked = plan.accepted[kind], stream.acked
+            committed = stream.committed
+            if taken and min(taken) == committed and max(taken) - committed + 1 == len(taken):
+                committed += len(taken)  # a run from the committed offset (the usual ack)
+            while committed in taken or committed in acked:
+                committed += 1
+            if committed != stream.committed:
+                plan.committed[kind] = committed
+
+    def apply(self, plan: AckPlan, retrying: int) -> None:
+        """Apply ``plan`` (and the retry count) in memory, once it is durable."""
+        for kind, stream in enumerate(self.streams):
+            taken = plan.accepted[kind]
+            if not taken:
+                continue
+            for lease, n in Counter(map(stream.leases.pop, taken, repeat(None))).items():
+                if lease is not None:
+                    lease.held -= n
+            if stream.counts:
+                for offset in taken:
+                    stream.counts.pop(offset, None)
+            committed = plan.committed.get(kind, stream.committed)
+            if max(taken) >= committed:
+                stream.acked.update(o for o in taken if o >= committed)
+            if committed != stream.committed:
+                if stream.acked:
+                    stream.acked.difference_update(range(stream.committed, committed))
+                stream.committed = committed
+                stream.handed = max(stream.handed, committed)
+        self.retrying = retrying
+        self.registered = True
+
+
+def as_original(topic: str, record: LogRecord) -> tuple[LogRecord, int]:
+    """A retry or dead letter as its topic knows it, and its reconsumeTimes."""
+    props = record.properties
+    try:
+        reconsumed = int(props[PROP_RECONSUME_TIME])
+        shown = msgspec.structs.replace(
+            record, topic=topic, msg_id=props[PROP_ORIGIN_MESSAGE_ID],
+            queue_offset=int(props[PROP_ORIGIN_OFFSET]),
+            born_at=int(props[PROP_ORIGIN_BORN_AT]),
+            properties=_user_properties(props))
+    except (KeyError, ValueError):  # not written by this module: shown as it is
+        return record, 0
+    return shown, reconsumed
+
+
+def _user_properties(props: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in props.items() if k not in INTERNAL_PROPERTIES}
+
+
+def ack_prefix(log_topic: str, group: str) -> bytes:
+    return META_GROUP_ACK_PREFIX + log_topic.encode() + SEP + group.encode() + SEP
+
+
+def state_key(topic: str, group: str) -> bytes:
+    return META_GROUP_STATE_PREFIX + topic.encode() + SEP + group.encode()
+
+
+__all__ = ["MAIN", "RECEIPTS_MAX", "RETRY", "AckPlan", "Group", "Lease", "Stream", "ack_prefix",
+           "as_original", "check_group", "dlq_topic", "group_offset_key", "retry_topic",
+           "state_key"]

@@ -1,0 +1,490 @@
+"""Consumer groups with competing members: leases, acknowledgements, retries, dead letters.
+
+A group of a topic reads two logs, each a *stream* with its own committed offset: the
+topic's log, and the group's retry topic (RocketMQ's ``%RETRY%group``), where the scheduler
+delivers the group's nacked messages when their retry delay has passed. A third topic, the
+dead-letter topic (``%DLQ%group``), holds what failed ``max_reconsume_times`` times.
+
+- ``receive`` leases offsets the group has not acknowledged and that nobody holds: first
+  the retry stream, then the topic; in each, first offsets whose lease expired (oldest
+  first), then offsets never handed out. Leases live in memory only.
+- ``ack`` is one RocksDB write per request: the committed offset of a stream moves up as
+  acks fill the gaps; an ack above it is a ``gack/`` key until the gap below it fills.
+- ``nack`` is ONE write too, through ``Broker.submit(extra=..., atomic=True)``: the same
+  RocksDB batch acknowledges the message in its stream and schedules its retry (or appends
+  its dead letter). ``atomic``: a retry or dead letter that is due at once is appended to the
+  log with FLAG_BATCH, so it counts only with that batch's write, never by replay (see
+  scheduler/committer.py): a nack is applied whole or not at all, also across kill -9, and
+  one answered 200 yields exactly one retry.
+- Bounded memory: a stream hands out offsets only below ``committed + group_lease_window``,
+  so its leases, its expired-lease queue and its acks above the committed offset each hold
+  at most ``group_lease_window`` offsets, however far members run ahead; past it, ``receive``
+  hands out fewer (none) until the oldest outstanding message is acknowledged.
+
+The in-memory state (streams, leases, receipts, ack plans) is scheduler/group_state.py.
+Lock order: a group's lock, then the Broker's (shard locks, commit lock, in ``submit``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from itertools import repeat
+
+import msgspec
+
+from scheduler.clock import Clock
+from scheduler.group_state import (
+    MAIN,
+    RETRY,
+    AckPlan,
+    Group,
+    Lease,
+    Stream,
+    ack_prefix,
+    as_original,
+    check_group,
+    dlq_topic,
+    group_offset_key,
+    retry_topic,
+    state_key,
+)
+from scheduler.intake import Intake, PreparedMessage, check_topic
+from scheduler.metrics import EngineMetrics
+from scheduler.model import SendRequest, SendResult
+from storage.constants import (
+    CF_META,
+    META_GROUP_STATE_PREFIX,
+    PROP_ORIGIN_BORN_AT,
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_ORIGIN_OFFSET,
+    PROP_RECONSUME_TIME,
+)
+from storage.errors import InvalidArgument, NotFound
+from storage.keys import pack_u64, unpack_u64
+from storage.records import LogRecord, decode_log_records
+from storage.timer_store import Batch, TimerStore
+
+RECEIVE_MAX = 1000
+LEASE_MS_MIN = 1_000
+LEASE_MS_MAX = 43_200_000
+DEFAULT_RETRY_LEVEL = 3  # RocketMQ: a retry waits level 3 + reconsumeTimes
+
+
+class Received(msgspec.Struct, frozen=True, gc=False):
+    """A leased message as its topic knows it (msgId, offset, properties of the original).
+    (Positional: a receive builds 1000 with one ``map``.)"""
+
+    record: LogRecord
+    receipt: str
+    delivery_count: int
+    reconsume_times: int
+
+
+class ReceiveResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    messages: list[Received]
+    lease_until: int
+
+
+class AckResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    acked: int
+    stale: list[str]
+
+
+class NackResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    retrying: int
+    dead_lettered: int
+    stale: list[str]
+
+
+class GroupState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    committed_offset: int
+    end_offset: int
+    leased: int
+    retrying: int
+    dead_lettered: int
+
+
+class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    messages: list[tuple[LogRecord, int]]  # (the message as its topic knows it, reconsumeTimes)
+    next_offset: int
+
+
+class GroupManager:
+    def __init__(
+        self, *, store: TimerStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
+        end_offset: Callable[[str], int], intake: Intake,
+        submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
+        window: int, check_running: Callable[[], None], metrics: EngineMetrics,
+    ) -> None:
+        self._store = store
+        self._read = read
+        self._end_offset = end_offset
+        self._intake = intake
+        self._submit = submit
+        self._clock = clock
+        self._max_reconsume = max_reconsume_times
+        self._window = window
+        self._check_running = check_running
+        self._metrics = metrics
+        for gauge, name in ((metrics.group_backlog, "backlog"), (metrics.group_leased, "leased"),
+                            (metrics.group_retrying, "retrying"),
+                            (metrics.group_dead_letters, "deadLettered")):
+            gauge.set_label_function(self._gauge(name))
+        self._groups: dict[tuple[str, str], Group] = {}
+        self._groups_lock = threading.Lock()
+        # lease ids: unique across restarts (a receipt's lease is compared by equality)
+        self._lease_ids = itertools.count(secrets.randbits(62))
+        for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
+                                 META_GROUP_STATE_PREFIX + b"\xff"):
+            topic, group = key[len(META_GROUP_STATE_PREFIX):].decode().split("\0", 1)
+            self._group(topic, group)
+
+    # --- the groups ----------------------------------------------------------------------
+    def _group(self, topic: str, group: str) -> Group:
+        found = self._groups.get((topic, group))
+        if found is not None:
+            return found
+        check_topic(topic, allow_system=True)
+        check_group(group)
+        with self._groups_lock:
+            found = self._groups.get((topic, group))
+            if found is None:
+                found = self._groups[(topic, group)] = self._load(topic, group)
+        return found
+
+    def _load(self, topic: str, group: str) -> Group:
+        store = self._store
+        retry = retry_topic(topic, group)
+        dlq = dlq_topic(topic, group)
+        state = store.get(CF_META, state_key(topic, group))
+        return Group(
+            topic=topic, group=group,
+            streams=(self._load_stream(topic, group), self._load_stream(retry, group)),
+            dlq_topic=dlq, dlq_cursor=self._offset(dlq, group),
+            retrying=0 if state is None else unpack_u64(state), registered=state is not None,
+            tag_key=f"{topic}\0{group}".encode())
+
+    def _offset(self, log_topic: str, group: str) -> int:
+        raw = self._store.get(CF_META, group_offset_key(log_topic, group))
+        return 0 if raw is None else unpack_u64(raw)
+
+    def _load_stream(self, log_topic: str, group: str) -> Stream:
+        prefix = ack_prefix(log_topic, group)
+        acked = {unpack_u64(key, len(prefix))
+                 for key, _ in self._store.scan(CF_META, prefix, prefix + b"\xff")}
+        return Stream(log_topic, self._offset(log_topic, group), acked)
+
+    def topics(self, topic: str, group: str) -> tuple[str, str]:
+        """The logs a receive of the group reads (what a long poll waits on)."""
+        g = self._group(topic, group)
+        return g.streams[MAIN].log_topic, g.streams[RETRY].log_topic
+
+    # --- receive ---------------------------------------------------------------------------
+    def receive(self, topic: str, group: str, max_messages: int,
+                lease_ms: int) -> ReceiveResult:
+        if not 1 <= max_messages <= RECEIVE_MAX:
+            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        if not LEASE_MS_MIN <= lease_ms <= LEASE_MS_MAX:
+            raise InvalidArgument(f"leaseMs must be in {LEASE_MS_MIN}..{LEASE_MS_MAX}")
+        self._check_running()
+        g = self._group(topic, group)
+        out: list[Received] = []
+        with g.lock:
+            now = self._clock.now_ms()
+            until = now + lease_ms
+            self._expire(g, now)
+            if not g.registered:  # the group shows in stats from now on, also after a restart
+                self._write_state(g, g.retrying)
+            for kind in (RETRY, MAIN):
+                stream = g.streams[kind]
+                room = max_messages - len(out)
+                if room <= 0:
+                    break
+                taken, again = stream.take(room, self._end_offset(stream.log_topic),
+                                           self._window)
+                if not taken:
+                    continue
+                records: list[LogRecord] = []
+                try:
+                    records = self._read(stream.log_topic, taken)
+                finally:  # what could not be read is handed out again later
+                    if len(records) != len(taken):
+                        for offset in set(taken).difference(r.queue_offset for r in records):
+                            stream.counts[offset] = again.get(offset, 1) - 1
+                            heapq.heappush(stream.returned, offset)
+                if not records:
+                    continue
+                offsets = [r.queue_offset for r in records]
+                lease = Lease(next(self._lease_ids), until, kind, offsets, again)
+                heapq.heappush(g.expiry, (until, lease.lease_id, lease))
+                stream.leases.update(dict.fromkeys(offsets, lease))
+                prefix = g.receipt_prefix(kind, lease.lease_id)
+                receipts = list(map(f"{prefix}{{:x}}".format, offsets))
+                counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
+                if kind == MAIN:
+                    out.extend(map(Received, records, receipts, counts, repeat(0)))
+                    continue
+                for record, receipt, count in zip(records, receipts, counts, strict=True):
+                    shown, reconsumed = as_original(topic, record)
+                    out.append(Received(shown, receipt, count, reconsumed))
+            if len(g.expiry) > g.expiry_limit:  # drop the leases that hold nothing any more
+                g.expiry = [e for e in g.expiry if e[2].held > 0]
+                heapq.heapify(g.expiry)
+                g.expiry_limit = max(64, 2 * len(g.expiry))  # amortised: O(1) per receive
+        return ReceiveResult(messages=out, lease_until=until)
+
+    def next_expiry(self, topic: str, group: str) -> int | None:
+        """When the group's earliest lease ends (a long poll waits at most until then)."""
+        g = self._group(topic, group)
+        with g.lock:
+            return g.expiry[0][0] if g.expiry else None
+
+    def _expire(self, g: Group, now: int) -> None:
+        """End the group's leases due by ``now``; count the messages handed back."""
+        expired = g.expire(now)
+        if expired:
+            self._metrics.group_redelivered.labels(g.name).inc(expired)
+
+    def _add_acks(self, g: Group, plan: AckPlan, batch: Batch, retrying: int) -> None:
+        """The plan's RocksDB operations (and the group's retry count) into ``batch``."""
+        for kind, stream in enumerate(g.streams):
+            prefix = ack_prefix(stream.log_topic, g.group)
+            committed = plan.committed.get(kind)
+            if committed is not None:
+                batch.put(CF_META, group_offset_key(stream.log_topic, g.group),
+                          pack_u64(committed))
+                if stream.acked:
+                    batch.delete_many(CF_META, [prefix + pack_u64(o) for o in stream.acked
+                                                if o < committed])
+            else:
+                committed = stream.committed
+            above = [o for o in plan.accepted[kind] if o >= committed]
+            if above:  # gaps below them remain: kept until they fill
+                batch.put_many(CF_META, [(prefix + pack_u64(o), b"") for o in above])
+        batch.put(CF_META, state_key(g.topic, g.group), pack_u64(retrying))
+
+    # --- ack / nack --------------------------------------------------------------------------
+    def ack(self, topic: str, group: str, receipts: Sequence[str]) -> AckResult:
+        self._check_running()
+        g = self._group(topic, group)
+        decoded = g.decode(receipts)
+        with g.lock:
+            self._expire(g, self._clock.now_ms())
+            plan = g.plan(receipts, decoded)
+            retrying = g.retrying - len(plan.accepted[RETRY])
+            if plan.taken:
+                batch = self._store.batch()
+                self._add_acks(g, plan, batch, retrying)
+                self._store.write(batch)
+                g.apply(plan, retrying)
+                self._metrics.group_acked.labels(g.name).inc(plan.taken)
+        return AckResult(acked=plan.taken, stale=plan.stale)
+
+    def nack(self, topic: str, group: str, receipts: Sequence[str], *,
+             delay_level: int | None = None, delay_ms: int | None = None) -> NackResult:
+        """Retry later (at ``delay_ms``, at ``delay_level``, or RocketMQ's level 3 +
+        reconsumeTimes); a message nacked ``max_reconsume_times`` times already becomes a
+        dead letter instead."""
+        if delay_level is not None and delay_ms is not None:
+            raise InvalidArgument("give at most one of delayLevel and delayMs")
+        if delay_level is not None and (type(delay_level) is not int or delay_level < 1):
+            raise InvalidArgument(f"delayLevel must be an integer >= 1, got {delay_level!r}")
+        self._check_running()
+        g = self._group(topic, group)
+        decoded = g.decode(receipts)
+        with g.lock:
+            now = self._clock.now_ms()
+            self._expire(g, now)
+            plan = g.plan(receipts, decoded)
+            if not plan.taken:
+                return NackResult(retrying=0, dead_lettered=0, stale=plan.stale)
+            messages: list[PreparedMessage] = []
+            dead = 0
+            for kind, stream in enumerate(g.streams):
+                offsets = sorted(plan.accepted[kind])
+                records = self._read(stream.log_topic, offsets) if offsets else []
+                if len(records) != len(offsets):
+                    raise NotFound(f"messages of {stream.log_topic!r} at offsets {offsets} are "
+                                   f"not all in the log")
+                for record in records:
+                    shown, reconsumed = self._as_topic_message(g, kind, record)
+                    if reconsumed >= self._max_reconsume:
+                        dead += 1
+                        messages.append(self._prepare(g.dlq_topic, shown, reconsumed, now,
+                                                      delay_ms=0))
+                    elif delay_ms is not None:
+                        messages.append(self._prepare(g.streams[RETRY].log_topic, shown,
+                                                      reconsumed + 1, now, delay_ms=delay_ms))
+                    else:
+                        level = delay_level or DEFAULT_RETRY_LEVEL + reconsumed
+                        messages.append(self._prepare(g.streams[RETRY].log_topic, shown,
+                                                      reconsumed + 1, now, delay_level=level))
+            retried = len(messages) - dead
+            retrying = (g.retrying + retried
+                        - len(plan.accepted[RETRY]))
+            self._submit(messages, extra=lambda batch: self._add_acks(g, plan, batch, retrying),
+                         atomic=True)
+            g.apply(plan, retrying)
+        self._metrics.group_nacked.labels(g.name).inc(plan.taken)
+        if dead:
+            self._metrics.group_dead_lettered.labels(g.name).inc(dead)
+        return NackResult(retrying=retried, dead_lettered=dead, stale=plan.stale)
+
+    def _prepare(self, log_topic: str, shown: LogRecord, reconsume_times: int, now: int, *,
+                 delay_ms: int | None = None, delay_level: int | None = None
+                 ) -> PreparedMessage:
+        """A retry (or dead letter) of ``shown``: its body, tags, keys and properties, and
+        where it came from."""
+        properties = dict(shown.properties)
+        properties[PROP_ORIGIN_MESSAGE_ID] = shown.msg_id
+        properties[PROP_ORIGIN_OFFSET] = str(shown.queue_offset)
+        properties[PROP_ORIGIN_BORN_AT] = str(shown.born_at)
+        properties[PROP_RECONSUME_TIME] = str(reconsume_times)
+        request = SendRequest(topic=log_topic, body=shown.body, tags=shown.tags,
+                              keys=shown.keys, properties=properties, delay_ms=delay_ms,
+                              delay_level=delay_level)
+        return self._intake.prepare(request, now, allow_system=True)
+
+    @staticmethod
+    def _as_topic_message(g: Group, kind: int, record: LogRecord) -> tuple[LogRecord, int]:
+        """The message as its topic knows it, and its reconsumeTimes: a retry (or dead
+        letter) shows the original's msgId, topic, offset, bornAt and properties."""
+        if kind == MAIN:
+            return record, 0
+        return as_original(g.topic, record)
+
+    # --- state, offsets, dead letters ----------------------------------------------------------
+    def state(self, topic: str, group: str) -> GroupState:
+        self._check_running()
+        return self._state(self._group(topic, group))
+
+    def _state(self, g: Group) -> GroupState:
+        topic = g.topic
+        with g.lock:
+            self._expire(g, self._clock.now_ms())
+            return GroupState(
+                committed_offset=g.streams[MAIN].committed,
+                end_offset=self._end_offset(topic), leased=g.leased, retrying=g.retrying,
+                dead_lettered=self._end_offset(g.dlq_topic) - g.dlq_cursor)
+
+    def set_offset(self, topic: str, group: str, offset: int) -> int:
+        """Move the committed offset (skip or replay): acks above it are forgotten and every
+        lease of the group ends."""
+        if type(offset) is not int or offset < 0:
+            raise InvalidArgument("offset must be an integer >= 0")
+        self._check_running()
+        g = self._group(topic, group)
+        end = self._end_offset(topic)
+        if offset > end:
+            raise InvalidArgument(f"offset {offset} is beyond the end of {topic!r} ({end})")
+        with g.lock:
+            main = g.streams[MAIN]
+            batch = self._store.batch()
+            batch.put(CF_META, group_offset_key(topic, group), pack_u64(offset))
+            prefix = ack_prefix(topic, group)
+            batch.delete_many(CF_META, [prefix + pack_u64(o) for o in main.acked])
+            self._store.write(batch)
+            main.drop_leases()
+            main.committed = main.handed = offset
+            main.acked.clear()
+            main.returned.clear()
+            main.counts.clear()
+            g.streams[RETRY].drop_leases()
+        return offset
+
+    def dead_letters(self, topic: str, group: str, offset: int | None,
+                     max_messages: int) -> DeadLetters:
+        """Dead letters from ``offset`` of the dead-letter log (default: the first one not
+        redriven)."""
+        if not 1 <= max_messages <= RECEIVE_MAX:
+            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        if offset is not None and offset < 0:
+            raise InvalidArgument("offset must be >= 0")
+        self._check_running()
+        g = self._group(topic, group)
+        start = g.dlq_cursor if offset is None else offset
+        end = min(self._end_offset(g.dlq_topic), start + max_messages)
+        records = self._read(g.dlq_topic, range(start, end))
+        return DeadLetters(messages=[as_original(topic, r) for r in records],
+                           next_offset=records[-1].queue_offset + 1 if records else start)
+
+    def redrive(self, topic: str, group: str, max_messages: int) -> int:
+        """Hand up to ``max_messages`` dead letters back to the group (as retries due now,
+        reconsumeTimes 0), oldest first; one write."""
+        if not 1 <= max_messages <= RECEIVE_MAX:
+            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        self._check_running()
+        g = self._group(topic, group)
+        with g.lock:
+            now = self._clock.now_ms()
+            end = min(self._end_offset(g.dlq_topic), g.dlq_cursor + max_messages)
+            records = self._read(g.dlq_topic, range(g.dlq_cursor, end))
+            if not records:
+                return 0
+            cursor = records[-1].queue_offset + 1
+            messages = [self._prepare(g.streams[RETRY].log_topic, as_original(topic, r)[0], 0,
+                                      now, delay_ms=0) for r in records]
+            retrying = g.retrying + len(messages)
+
+            def extra(batch: Batch) -> None:
+                batch.put(CF_META, group_offset_key(g.dlq_topic, group), pack_u64(cursor))
+                batch.put(CF_META, state_key(topic, group), pack_u64(retrying))
+
+            self._submit(messages, extra=extra, atomic=True)
+            g.dlq_cursor, g.retrying, g.registered = cursor, retrying, True
+        return len(messages)
+
+    # --- stats and metrics ---------------------------------------------------------------------
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per group ("topic/group"): backlog (end - committed offset), leased, retrying,
+        dead-lettered, and redeliveries after a lease expired."""
+        out = {}
+        with self._groups_lock:
+            groups = sorted(self._groups.items())
+        for _, g in groups:
+            state = self._state(g)
+            out[g.name] = {
+                "backlog": state.end_offset - state.committed_offset,
+                "committedOffset": state.committed_offset, "endOffset": state.end_offset,
+                "leased": state.leased, "retrying": state.retrying,
+                "deadLettered": state.dead_lettered, "redelivered": g.redelivered}
+        return out
+
+    def _gauge(self, name: str) -> Callable[[], dict[str, float]]:
+        return lambda: {group: float(values[name]) for group, values in self.stats().items()}
+
+    def _write_state(self, g: Group, retrying: int) -> None:
+        batch = self._store.batch()
+        batch.put(CF_META, state_key(g.topic, g.group), pack_u64(retrying))
+        self._store.write(batch)
+        g.registered = True
+
+
+def read_records(read_many: Callable[[list[int]], list[bytes]],
+                 positions: Callable[[str, int, int], list[int]]
+                 ) -> Callable[[str, Sequence[int]], list[LogRecord]]:
+    """``read(log_topic, offsets)``: the records at those queue offsets, in offset order,
+    one consume-queue range read per run of consecutive offsets."""
+    def read(log_topic: str, offsets: Sequence[int]) -> list[LogRecord]:
+        wanted = sorted(offsets)
+        if wanted and wanted[-1] - wanted[0] + 1 == len(wanted):  # one run (offsets unique)
+            return decode_log_records(read_many(positions(log_topic, wanted[0], len(wanted))))
+        found: list[int] = []
+        i = 0
+        while i < len(wanted):
+            j = i + 1
+            while j < len(wanted) and wanted[j] == wanted[j - 1] + 1:
+                j += 1
+            found.extend(positions(log_topic, wanted[i], j - i))
+            i = j
+        return decode_log_records(read_many(found))
+    return read
+
+
+__all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "RECEIVE_MAX", "AckResult", "DeadLetters",
+           "GroupManager", "GroupState", "NackResult", "ReceiveResult", "Received",
+           "read_records"]

@@ -1,0 +1,240 @@
+"""Consumer groups with competing members over real HTTP: receive, ack, nack, group state,
+dead letters and redrive; bad input; members in several processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from scheduler.group_state import retry_topic
+from tests.api.conftest import ADMIN, CONSUMER, T0, Live
+
+REPO = Path(__file__).resolve().parents[2]
+G = "/v1/topics/orders.g/groups/workers"
+
+
+def send(c: httpx.Client, n: int, topic: str = "orders.g") -> None:
+    r = c.post(f"/v1/topics/{topic}/messages:batch", json={"messages": [
+        {"body": f"m{i}", "msgId": f"m{i}", "properties": {"n": str(i)}} for i in range(n)]})
+    assert r.status_code == 201, r.text
+
+
+def forged(receipt: str) -> str:
+    """The receipt with one character of its tag (the hash binding it to the group) changed."""
+    head, tag, offset = receipt.split(".")
+    return f"{head}.{'1' if tag[0] == '0' else '0'}{tag[1:]}.{offset}"
+
+
+def state(c: httpx.Client, path: str = G) -> dict[str, Any]:
+    r = c.get(path)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_receive_ack_nack_dead_letters_and_redrive(live: Live) -> None:
+    with live.client() as c, live.client(CONSUMER) as consumer:
+        send(c, 3)
+        r = consumer.post(f"{G}:receive", json={"max": 2, "leaseMs": 5_000})
+        assert r.status_code == 200, r.text
+        first = r.json()
+        assert first["leaseUntil"] == T0 + 5_000
+        assert [m["msgId"] for m in first["messages"]] == ["m0", "m1"]
+        m0 = first["messages"][0]
+        assert (m0["body"], m0["offset"], m0["topic"], m0["properties"]) == \
+            ("m0", 0, "orders.g", {"n": "0"})
+        assert (m0["deliveryCount"], m0["reconsumeTimes"]) == (1, 0)
+        rest = consumer.post(f"{G}:receive", content=b"").json()["messages"]  # defaults
+        assert [m["msgId"] for m in rest] == ["m2"]
+        assert state(consumer) == {"committedOffset": 0, "endOffset": 3, "leased": 3,
+                                   "retrying": 0, "deadLettered": 0}
+
+        acked = consumer.post(f"{G}:ack", json={"receipts": [m0["receipt"], rest[0]["receipt"]]})
+        assert acked.json() == {"acked": 2, "stale": []}
+        assert state(consumer)["committedOffset"] == 1
+        assert consumer.get(f"{G}/offset").json() == {"offset": 1}
+
+        # lease expiry: m1 is handed out again, with deliveryCount 2; the old receipt is stale
+        live.advance(5_000)
+        again = consumer.post(f"{G}:receive", json={}).json()["messages"]
+        assert [(m["msgId"], m["deliveryCount"]) for m in again] == [("m1", 2)]
+        old = first["messages"][1]["receipt"]
+        assert consumer.post(f"{G}:ack", json={"receipts": [old]}).json() == \
+            {"acked": 0, "stale": [old]}
+
+        nacked = consumer.post(f"{G}:nack", json={"receipts": [again[0]["receipt"]],
+                                                  "delayLevel": 2})
+        assert nacked.json() == {"retrying": 1, "deadLettered": 0, "stale": []}
+        assert state(consumer)["retrying"] == 1
+        assert consumer.post(f"{G}:receive", json={}).json()["messages"] == []
+        live.advance(5_000)  # level 2 = 5 s
+        (retry,) = consumer.post(f"{G}:receive", json={}).json()["messages"]
+        assert (retry["msgId"], retry["offset"], retry["reconsumeTimes"], retry["body"]) == \
+            ("m1", 1, 1, "m1")
+        assert retry["properties"] == {"n": "1"}
+
+    live_groups = live.broker.groups
+    assert live_groups.stats()["orders.g/workers"]["redelivered"] == 1
+
+
+def test_dead_letters_after_max_reconsume_times_and_redrive(live_factory: Any) -> None:
+    live: Live = live_factory()
+    with live.client() as c:
+        send(c, 1)
+        receipt = c.post(f"{G}:receive", json={}).json()["messages"][0]["receipt"]
+        for _ in range(16):
+            assert c.post(f"{G}:nack", json={"receipts": [receipt], "delayMs": 0}).json()[
+                "retrying"] == 1
+            live.broker.drain()
+            receipt = c.post(f"{G}:receive", json={}).json()["messages"][0]["receipt"]
+        assert c.post(f"{G}:nack", json={"receipts": [receipt]}).json() == \
+            {"retrying": 0, "deadLettered": 1, "stale": []}
+        live.broker.drain()
+        assert state(c)["deadLettered"] == 1
+        page = c.get(f"{G}/dead-letters").json()
+        assert page["nextOffset"] == 1
+        ((letter),) = page["messages"]
+        assert (letter["msgId"], letter["body"], letter["reconsumeTimes"], letter["offset"]) \
+            == ("m0", "m0", 16, 0)
+        assert c.post(f"{G}/dead-letters:redrive", json={}).json() == {"redriven": 1}
+        assert state(c)["deadLettered"] == 0
+        (back,) = c.post(f"{G}:receive", json={}).json()["messages"]
+        assert (back["msgId"], back["reconsumeTimes"]) == ("m0", 0)
+        metrics = c.get("/metrics").text
+        assert 'hourglass_group_dead_lettered_total{group="orders.g/workers"} 1.0' in metrics
+        stats = c.get("/v1/admin/stats").json()["groups"]["orders.g/workers"]
+        assert (stats["leased"], stats["retrying"], stats["backlog"]) == (1, 1, 0)
+
+
+def test_bad_input_is_a_problem_and_changes_nothing(live: Live) -> None:
+    with live.client() as c:
+        send(c, 2)
+        got = c.post(f"{G}:receive", json={"max": 2}).json()["messages"]
+        (other,) = c.post("/v1/topics/orders.g/groups/other:receive", json={"max": 1}).json()[
+            "messages"]
+        before = state(c)
+        receipt = got[0]["receipt"]
+        cases: list[tuple[str, Any, int]] = [
+            (":receive", {"leaseMs": 999}, 400),
+            (":receive", {"leaseMs": 43_200_001}, 400),
+            (":receive", {"max": 1001}, 400),
+            (":receive", {"max": 0}, 400),
+            (":receive", {"waitMs": 30_001}, 400),
+            (":receive", {"lease_ms": 5000}, 400),
+            (":ack", {"receipts": []}, 400),
+            (":ack", {"receipts": [receipt] * 1001}, 400),
+            (":ack", {"receipts": [receipt, "garbage"]}, 400),
+            (":ack", {"receipts": [receipt, forged(receipt)]}, 404),
+            (":ack", {"receipts": [receipt, other["receipt"]]}, 404),
+            (":ack", {}, 400),
+            (":nack", {"receipts": [receipt], "delayMs": 1, "delayLevel": 1}, 400),
+            (":nack", {"receipts": [receipt], "delayLevel": 0}, 400),
+            (":nack", {"receipts": [receipt], "delayMs": -1}, 400),
+            (":nack", {"receipts": [receipt], "delayMs": 11 * 366 * 86_400_000}, 400),
+            (":nack", {"receipts": [receipt, other["receipt"]]}, 404),
+            ("/dead-letters:redrive", {"max": 0}, 400),
+        ]
+        for suffix, body, status in cases:
+            r = c.post(G + suffix, json=body)
+            assert r.status_code == status, (suffix, body, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert r.json()["code"] in ("INVALID_ARGUMENT", "NOT_FOUND", "DELAY_TOO_LONG")
+        r = c.post(f"{G}:receive", content=b"{nope", headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert c.post("/v1/topics/orders.g/groups/bad%20group:receive", json={}).status_code \
+            == 400
+        assert c.get(f"{G}/dead-letters?max=1001").status_code == 400
+        # receipts of another topic
+        send(c, 1, topic="orders.h")
+        (foreign,) = c.post("/v1/topics/orders.h/groups/workers:receive", json={}).json()[
+            "messages"]
+        assert c.post(f"{G}:ack", json={"receipts": [foreign["receipt"]]}).status_code == 404
+        assert state(c) == before
+        assert c.post(f"{G}:ack", json={"receipts": [m["receipt"] for m in got]}).json()[
+            "acked"] == 2
+    with live.client(CONSUMER) as consumer:
+        assert consumer.post("/v1/topics/payments/groups/g:receive", json={}).status_code \
+            == 403
+    with live.client(None) as anonymous:
+        assert anonymous.post(f"{G}:receive", json={}).status_code == 401
+
+
+def test_receive_long_polls_until_a_delivery(live: Live) -> None:
+    import threading
+
+    with live.client() as c:
+        answers: list[httpx.Response] = []
+        waiter = threading.Thread(target=lambda: answers.append(
+            c.post(f"{G}:receive", json={"waitMs": 20_000})))
+        waiter.start()
+        with live.client() as sender:
+            send(sender, 1)
+        waiter.join(timeout=20)
+        assert [m["msgId"] for m in answers[0].json()["messages"]] == ["m0"]
+
+
+MEMBER = textwrap.dedent("""
+    import json, sys, httpx
+    import os, time
+    base, token, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    G = "/v1/topics/orders.g/groups/workers"
+    seen = []
+    open(out + ".ready", "w").close()
+    while not os.path.exists(os.path.join(os.path.dirname(out), "go")):
+        time.sleep(0.01)  # start together (a barrier across processes)
+    with httpx.Client(base_url=base, headers={"Authorization": "Bearer " + token},
+                      timeout=30) as c:
+        idle = 0
+        while idle < 20:
+            got = c.post(G + ":receive", json={"max": 10, "waitMs": 100}).json()["messages"]
+            if not got:
+                idle += 1
+                continue
+            idle = 0
+            seen += [[m["msgId"], m["reconsumeTimes"]] for m in got]
+            fail = [m["receipt"] for m in got
+                    if int(m["msgId"][1:]) % 5 == 0 and m["reconsumeTimes"] == 0]
+            done = [m["receipt"] for m in got if m["receipt"] not in fail]
+            if done:
+                assert c.post(G + ":ack", json={"receipts": done}).json()["acked"] == len(done)
+            if fail:
+                r = c.post(G + ":nack", json={"receipts": fail, "delayMs": 0}).json()
+                assert r["retrying"] == len(fail), r
+    with open(out, "w") as f:
+        json.dump(seen, f)
+""")
+
+
+def test_members_in_separate_processes_share_the_work(live: Live, tmp_path: Path) -> None:
+    total = 400
+    with live.client() as c:
+        send(c, total)
+    outs = [tmp_path / f"member{i}.json" for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", MEMBER, live.base_url, ADMIN, str(out)],
+                              cwd=REPO) for out in outs]
+    deadline = time.monotonic() + 60
+    while not all(Path(f"{out}.ready").exists() for out in outs):
+        assert time.monotonic() < deadline, "the members did not start"
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    seen = [tuple(x) for out in outs for x in json.loads(out.read_text())]
+    # the lease (30 s of fake time) never expires here: each instance was handed out once
+    counts = Counter(seen)
+    assert max(counts.values()) == 1
+    assert {m for m, _ in seen} == {f"m{i}" for i in range(total)}
+    assert {m for m, r in seen if r == 1} == {f"m{i}" for i in range(0, total, 5)}
+    assert sum(1 for out in outs if json.loads(out.read_text())) >= 2  # work was shared
+    with live.client() as c:
+        assert state(c) == {"committedOffset": total, "endOffset": total, "leased": 0,
+                            "retrying": 0, "deadLettered": 0}
+    assert live.broker.end_offset(retry_topic("orders.g", "workers")) == total // 5

@@ -1,0 +1,319 @@
+"""Consumer groups with competing members, in the engine: leases, acks, nacks through the
+scheduler, dead letters, bounds (scheduler/groups.py). Real RocksDB and CommitLog, fake clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from scheduler.broker import Broker
+from scheduler.clock import FakeClock
+from scheduler.group_state import retry_topic
+from scheduler.groups import GroupManager
+from scheduler.model import SendRequest
+from storage.errors import InvalidArgument, NotFound, StorageError
+from tests.scheduler.conftest import Harness, read_topic, run_threads
+
+LEASE = 30_000
+LEVELS_MS = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,
+             360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000,
+             7_200_000]
+
+
+def send(broker: Broker, n: int, topic: str = "t", start: int = 0) -> None:
+    broker.send_batch([SendRequest(topic=topic, body=f"m{i}".encode(), msg_id=f"m{i}",
+                                   properties={"k": str(i)}) for i in range(start, start + n)])
+
+
+def groups(broker: Broker) -> GroupManager:
+    return broker.groups
+
+
+def test_receive_leases_each_message_to_one_member_until_the_lease_ends(
+        broker: Broker, clock: FakeClock) -> None:
+    send(broker, 10)
+    g = groups(broker)
+    first = g.receive("t", "g", 4, LEASE)
+    second = g.receive("t", "g", 10, LEASE)
+    assert [m.record.msg_id for m in first.messages] == [f"m{i}" for i in range(4)]
+    assert [m.record.msg_id for m in second.messages] == [f"m{i}" for i in range(4, 10)]
+    assert first.lease_until == clock.now_ms() + LEASE
+    assert all(m.delivery_count == 1 and m.reconsume_times == 0 for m in first.messages)
+    assert g.receive("t", "g", 10, LEASE).messages == []
+    clock.advance(LEASE - 1)
+    assert g.receive("t", "g", 10, LEASE).messages == []  # every lease still holds
+    assert g.state("t", "g").leased == 10
+    clock.advance(1)
+    again = g.receive("t", "g", 10, LEASE)  # expired: handed out again, oldest first
+    assert [m.record.msg_id for m in again.messages] == [f"m{i}" for i in range(10)]
+    assert all(m.delivery_count == 2 for m in again.messages)
+    assert g.stats()["t/g"]["redelivered"] == 10
+    # another group reads the same topic on its own
+    assert len(g.receive("t", "other", 10, LEASE).messages) == 10
+
+
+def test_acks_fill_gaps_into_the_committed_offset_and_survive_a_restart(
+        harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open()
+    send(broker, 6)
+    got = groups(broker).receive("t", "g", 6, LEASE).messages
+    receipts = [m.receipt for m in got]
+    result = groups(broker).ack("t", "g", [receipts[1], receipts[3]])
+    assert (result.acked, result.stale) == (2, [])
+    assert broker.get_group_offset("t", "g") == 0  # offset 0 is still out
+    broker.close()
+    broker = harness.open()  # leases are gone; acks are not
+    state = groups(broker).state("t", "g")
+    assert (state.committed_offset, state.end_offset, state.leased) == (0, 6, 0)
+    # a receipt from before the restart still acknowledges while nobody holds the message
+    assert groups(broker).ack("t", "g", [receipts[0]]).acked == 1
+    assert broker.get_group_offset("t", "g") == 2
+    again = groups(broker).receive("t", "g", 10, LEASE).messages
+    assert [m.record.queue_offset for m in again] == [2, 4, 5]
+    assert groups(broker).ack("t", "g", [receipts[2]]).stale == [receipts[2]]  # held again
+    assert groups(broker).ack("t", "g", [m.receipt for m in again]).acked == 3
+    assert broker.get_group_offset("t", "g") == 6
+    broker.close()
+    broker = harness.open()
+    assert groups(broker).receive("t", "g", 10, LEASE).messages == []
+    assert broker.pull("t", broker.get_group_offset("t", "g"), 10).messages == []
+
+
+def test_a_stale_receipt_changes_nothing(broker: Broker, clock: FakeClock) -> None:
+    send(broker, 1)
+    g = groups(broker)
+    (old,) = g.receive("t", "g", 1, 1_000).messages
+    clock.advance(1_000)
+    (new,) = g.receive("t", "g", 1, LEASE).messages  # the lease expired; leased again
+    assert new.delivery_count == 2
+    assert g.ack("t", "g", [old.receipt]).stale == [old.receipt]
+    nacked = g.nack("t", "g", [old.receipt])
+    assert (nacked.retrying, nacked.stale) == (0, [old.receipt])
+    assert g.state("t", "g").leased == 1
+    assert g.ack("t", "g", [new.receipt, new.receipt]).acked == 1  # a repeat is stale
+    assert g.ack("t", "g", [new.receipt]).stale == [new.receipt]
+    assert broker.get_group_offset("t", "g") == 1
+
+
+def test_bad_receipts_are_rejected_before_anything_changes(broker: Broker) -> None:
+    send(broker, 2)
+    g = groups(broker)
+    a, b = g.receive("t", "g", 2, LEASE).messages
+    (other,) = g.receive("t", "h", 1, LEASE).messages
+    send(broker, 1, topic="u")
+    (other_topic,) = g.receive("u", "g", 1, LEASE).messages
+    for bad in ("", "not-a-receipt", a.receipt[:-2], "!" * len(a.receipt)):
+        with pytest.raises(InvalidArgument):
+            g.ack("t", "g", [a.receipt, bad])
+    for foreign in (other.receipt, other_topic.receipt):
+        with pytest.raises(NotFound):
+            g.ack("t", "g", [a.receipt, foreign])
+        with pytest.raises(NotFound):
+            g.nack("t", "g", [b.receipt, foreign])
+    with pytest.raises(InvalidArgument):
+        g.ack("t", "g", [])
+    with pytest.raises(InvalidArgument):
+        g.ack("t", "g", [a.receipt] * 1001)
+    with pytest.raises(InvalidArgument):
+        g.nack("t", "g", [a.receipt], delay_ms=5, delay_level=2)
+    with pytest.raises(InvalidArgument):
+        g.receive("t", "g", 1, 999)
+    with pytest.raises(InvalidArgument):
+        g.receive("t", "g", 1001, LEASE)
+    state = g.state("t", "g")
+    assert (state.committed_offset, state.leased, state.retrying) == (0, 2, 0)
+    assert g.ack("t", "g", [a.receipt, b.receipt]).acked == 2
+
+
+def test_the_default_nack_schedule_is_rocketmq_levels_3_to_18_then_a_dead_letter(
+        broker: Broker, clock: FakeClock) -> None:
+    send(broker, 1)
+    g = groups(broker)
+    (message,) = g.receive("t", "g", 1, LEASE).messages
+    waits = []
+    for failure in range(16):
+        nacked_at = clock.now_ms()
+        assert g.nack("t", "g", [message.receipt]).retrying == 1
+        assert g.state("t", "g").retrying == 1
+        clock.advance(LEVELS_MS[2 + failure] - 1)
+        broker.drain()
+        assert g.receive("t", "g", 1, LEASE).messages == []  # not a ms early
+        clock.advance(1)
+        broker.drain()
+        (message,) = g.receive("t", "g", 1, LEASE).messages
+        waits.append(clock.now_ms() - nacked_at)
+        assert (message.record.msg_id, message.record.topic, message.record.offset) == \
+            ("m0", "t", 0)
+        assert message.record.body == b"m0"
+        assert dict(message.record.properties) == {"k": "0"}
+        assert (message.reconsume_times, message.delivery_count) == (failure + 1, 1)
+    assert waits == LEVELS_MS[2:18]
+    dead = g.nack("t", "g", [message.receipt])  # the 17th failure
+    assert (dead.retrying, dead.dead_lettered) == (0, 1)
+    state = g.state("t", "g")
+    assert (state.retrying, state.dead_lettered, state.committed_offset) == (0, 1, 1)
+    clock.advance(LEVELS_MS[-1])
+    broker.drain()
+    assert g.receive("t", "g", 1, LEASE).messages == []
+    letters = g.dead_letters("t", "g", None, 10)
+    ((letter, times),) = letters.messages
+    assert (letter.msg_id, letter.body, times, dict(letter.properties)) == \
+        ("m0", b"m0", 16, {"k": "0"})
+    assert letters.next_offset == 1
+    assert g.redrive("t", "g", 10) == 1
+    assert g.redrive("t", "g", 10) == 0
+    state = g.state("t", "g")
+    assert (state.retrying, state.dead_lettered) == (1, 0)
+    (back,) = g.receive("t", "g", 1, LEASE).messages  # redriven: due at once
+    assert (back.record.msg_id, back.reconsume_times) == ("m0", 0)
+    assert g.ack("t", "g", [back.receipt]).acked == 1
+    assert g.state("t", "g").retrying == 0
+
+
+def test_nack_at_a_given_level_or_delay_and_max_reconsume_times(
+        harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(max_reconsume_times=1)
+    send(broker, 2)
+    g = groups(broker)
+    a, b = g.receive("t", "g", 2, LEASE).messages
+    assert g.nack("t", "g", [a.receipt], delay_level=1).retrying == 1
+    assert g.nack("t", "g", [b.receipt], delay_ms=2_500).retrying == 1
+    clock.advance(1_000)
+    broker.drain()
+    assert [m.record.msg_id for m in g.receive("t", "g", 5, LEASE).messages] == ["m0"]
+    clock.advance(1_500)
+    broker.drain()
+    (again,) = g.receive("t", "g", 5, LEASE).messages
+    assert again.record.msg_id == "m1"
+    assert g.nack("t", "g", [again.receipt]).dead_lettered == 1  # max_reconsume_times=1
+
+
+def test_a_nack_whose_write_fails_changes_nothing_also_after_replay(
+        harness: Harness, clock: FakeClock) -> None:
+    """The retry is due at once (delayMs 0), so it is appended to the log before the RocksDB
+    write that also acks the original: when that write fails, the retry must not be
+    replayed into the log on its own (the original is still unacknowledged: a duplicate)."""
+    broker = harness.open(flaky=True)
+    store = harness.store
+    assert store is not None
+    send(broker, 1)
+    g = groups(broker)
+    (message,) = g.receive("t", "g", 1, LEASE).messages
+    store.fail_writes = 1
+    with pytest.raises(StorageError):
+        g.nack("t", "g", [message.receipt], delay_ms=0)
+    send(broker, 1, start=1)  # the next commit replays whatever needs it
+    assert read_topic(broker, retry_topic("t", "g")) == []
+    assert g.state("t", "g").retrying == 0
+    broker.close()
+    broker = harness.open()
+    assert read_topic(broker, retry_topic("t", "g")) == []
+    got = groups(broker).receive("t", "g", 5, LEASE).messages
+    assert [m.record.msg_id for m in got] == ["m0", "m1"]
+    assert groups(broker).nack("t", "g", [got[0].receipt], delay_ms=0).retrying == 1
+    (retry,) = groups(broker).receive("t", "g", 5, LEASE).messages
+    assert (retry.record.msg_id, retry.reconsume_times) == ("m0", 1)
+
+
+def test_leases_and_acks_stay_within_the_window(harness: Harness) -> None:
+    broker = harness.open(group_lease_window=5)
+    send(broker, 20)
+    g = groups(broker)
+    got = g.receive("t", "g", 20, LEASE).messages
+    assert len(got) == 5
+    assert g.ack("t", "g", [m.receipt for m in got[1:]]).acked == 4
+    assert g.receive("t", "g", 20, LEASE).messages == []  # offset 0 holds the window
+    assert g.ack("t", "g", [got[0].receipt]).acked == 1
+    assert [m.record.offset for m in g.receive("t", "g", 20, LEASE).messages] == \
+        list(range(5, 10))
+
+
+def test_an_offset_commit_moves_the_group_and_ends_its_leases(broker: Broker) -> None:
+    send(broker, 5)
+    g = groups(broker)
+    got = g.receive("t", "g", 2, LEASE).messages
+    assert g.ack("t", "g", [got[1].receipt]).acked == 1
+    assert broker.commit_group_offset("t", "g", 3) == 3
+    assert g.state("t", "g").leased == 0
+    assert g.ack("t", "g", [got[0].receipt]).stale == [got[0].receipt]  # below the offset
+    assert [m.record.offset for m in g.receive("t", "g", 5, LEASE).messages] == [3, 4]
+    assert broker.commit_group_offset("t", "g", 0) == 0  # replay
+    assert [m.record.offset for m in g.receive("t", "g", 5, LEASE).messages] == \
+        [0, 1, 2, 3, 4]  # the leases of 3 and 4 ended too
+    with pytest.raises(InvalidArgument):
+        broker.commit_group_offset("t", "g", 6)
+
+
+def test_competing_members_in_threads_each_message_acknowledged_once(
+        harness: Harness, clock: FakeClock) -> None:
+    broker = harness.open(group_lease_window=64)
+    total = 600
+    send(broker, total)
+    g = groups(broker)
+    acked: Counter[str] = Counter()
+    nacked: set[str] = set()
+    held: dict[int, int] = {}  # offset -> member holding it right now
+    lock = threading.Lock()
+
+    def member(n: int) -> None:
+        while True:
+            got = g.receive("t", "g", 16, LEASE).messages
+            if not got:
+                if g.state("t", "g").committed_offset == total and \
+                        g.state("t", "g").retrying == 0:
+                    return
+                time.sleep(0.001)  # others hold the rest: let them finish
+                continue
+            with lock:
+                for m in got:
+                    assert m.record.offset not in held, "two members hold one message"
+                    held[m.record.offset] = n
+            done, later = [], []
+            for m in got:
+                # every 7th message fails once, then succeeds on its retry
+                if m.record.offset % 7 == 0 and m.reconsume_times == 0:
+                    later.append(m)
+                else:
+                    done.append(m)
+            with lock:  # released before the ack/nack answers: no longer held after it
+                for m in got:
+                    del held[m.record.offset]
+                acked.update(m.record.msg_id for m in done)
+                nacked.update(m.record.msg_id for m in later)
+            if done:
+                assert g.ack("t", "g", [m.receipt for m in done]).acked == len(done)
+            if later:
+                assert g.nack("t", "g", [m.receipt for m in later], delay_ms=0).retrying \
+                    == len(later)
+
+    run_threads([lambda n=n: member(n) for n in range(4)])
+    assert acked == Counter({f"m{i}": 1 for i in range(total)})
+    assert nacked == {f"m{i}" for i in range(0, total, 7)}
+    state = g.state("t", "g")
+    assert (state.committed_offset, state.leased, state.retrying) == (total, 0, 0)
+
+
+def test_the_lease_bookkeeping_stays_bounded_however_long_members_run(
+        harness: Harness) -> None:
+    broker = harness.open(group_lease_window=8)
+    send(broker, 1_000)
+    g = groups(broker)
+    state = g._group("t", "g")
+    for _ in range(900):  # one lease per receive: acked leases leave the expiry list
+        (got,) = g.receive("t", "g", 1, LEASE).messages
+        assert g.ack("t", "g", [got.receipt]).acked == 1
+        assert len(state.expiry) <= 65
+    stuck = g.receive("t", "g", 1, LEASE).messages  # offset 900 is not acknowledged for now
+    for _ in range(200):
+        got = g.receive("t", "g", 1, LEASE).messages
+        if got:
+            g.ack("t", "g", [got[0].receipt])
+        assert sum(len(s.leases) + len(s.acked) + len(s.returned) for s in state.streams) <= 8
+    assert g.state("t", "g").committed_offset == 900
+    assert len(state.streams[0].acked) == 7  # the window: 901..907 wait for 900
+    g.ack("t", "g", [stuck[0].receipt])
+    assert g.state("t", "g").committed_offset == 908
+    assert not state.streams[0].acked
