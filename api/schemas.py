@@ -16,11 +16,12 @@ import msgspec
 from fastapi import Path
 from msgspec import UNSET, Meta, UnsetType
 
+from storage.constants import GROUP_PATTERN, MSG_ID_PATTERN
+from storage.constants import GROUP_REGEX as GROUP_REGEX  # the documented (ECMA-262) forms
+from storage.constants import MSG_ID_REGEX as MSG_ID_REGEX
+from storage.constants import TOPIC_REGEX as TOPIC_REGEX
 from storage.records import MessageStatus
 
-TOPIC_REGEX = r"^[A-Za-z0-9_.-]{1,127}$"
-MSG_ID_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
-GROUP_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
 MAX_BATCH = 1000
 MAX_PULL = 1000
 DEFAULT_PULL = 32
@@ -38,7 +39,8 @@ Topic = Annotated[str, Path(json_schema_extra={"pattern": TOPIC_REGEX},
 TOPIC_PARAMETER = {"name": "topic", "in": "path", "required": True,
                    "description": "Topic name; system topics cannot be sent to.",
                    "schema": {"type": "string", "pattern": TOPIC_REGEX}}
-MsgId = Annotated[str, Meta(pattern=MSG_ID_REGEX, examples=["order-42"])]
+#: msgspec matches with Python's re: the \Z forms (api/openapi.py documents them as ^...$)
+MsgId = Annotated[str, Meta(pattern=MSG_ID_PATTERN.pattern, examples=["order-42"])]
 Text = Annotated[str, Meta(max_length=4096)]
 
 
@@ -86,7 +88,8 @@ class BatchIn(_In, kw_only=True):
 class TransactionIn(MessageIn, kw_only=True):
     """A half message: `MessageIn` plus the producer group that answers check-backs."""
 
-    producer_group: Annotated[str, Meta(pattern=GROUP_REGEX, examples=["orders-producer"])]
+    producer_group: Annotated[str, Meta(pattern=GROUP_PATTERN.pattern,
+                                        examples=["orders-producer"])]
     check_immunity_seconds: Annotated[float | str, Meta(
         description="First check-back no earlier than this many seconds, as RocketMQ's "
                     "CHECK_IMMUNITY_TIME_IN_SECONDS: a number or a string; a value that is not "

@@ -78,7 +78,7 @@ _SIZE_UNITS = {
     "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
 }
-_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z")
 
 
 def _with_unit(value: Any, units: Mapping[str, int], default_unit: str, what: str) -> int:

@@ -103,7 +103,8 @@ def check_config(config: EngineConfig) -> DelayLevels:
     levels = DelayLevels.parse(config.message_delay_level)
     positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
                 "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
-                "compact_after_deletes", "flush_interval_ms")
+                "compact_after_deletes", "flush_interval_ms", "listing_scan_budget",
+                "max_answer_bytes")
     for name in positive:
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
@@ -350,7 +351,7 @@ class Broker:
         check_topic(topic, allow_system=True)
         store, _ = self._live()
         return list_scheduled(store, topic, from_ms=from_ms, to_ms=to_ms, limit=limit,
-                              cursor=cursor)
+                              cursor=cursor, scan_budget=self.config.listing_scan_budget)
 
     # --- consuming ------------------------------------------------------------------------
     def pull(self, topic: str, offset: int, max_messages: int) -> PullResult:
@@ -361,7 +362,8 @@ class Broker:
             raise InvalidArgument(f"max must be in 1..{PULL_MAX}")
         self._live()
         assert self._log is not None
-        payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages))
+        payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages),
+                                       self.config.max_answer_bytes)
         messages = decode_log_records(payloads)
         next_offset = messages[-1].queue_offset + 1 if messages else offset
         return PullResult(messages=messages, next_offset=next_offset)
@@ -415,11 +417,13 @@ class Broker:
         return self.transactions.rollback(transaction_id)
 
     def poll_transaction_checks(
-        self, producer_group: str, max_checks: int,
+        self, producer_group: str, max_checks: int, *,
+        may_see: Callable[[str], bool] | None = None,
     ) -> list[TransactionCheck]:
-        """Prepared messages of the group whose immunity passed and next check is due; each
-        returned check counts; past the maximum the message is DISCARDED."""
-        return self.transactions.poll_checks(producer_group, max_checks)
+        """Prepared messages of the group whose immunity passed and next check is due (of the
+        topics ``may_see`` accepts); each returned check counts; past the maximum the message
+        is DISCARDED."""
+        return self.transactions.poll_checks(producer_group, max_checks, may_see=may_see)
 
     def transaction_status(self, transaction_id: str) -> TransactionResult:
         """Raises NotFound."""

@@ -29,6 +29,9 @@ class EngineConfig:
     message_delay_level: str = DEFAULT_DELAY_LEVELS  #  RocketMQ 4.x levels (units s, m, h, d)
     retention_ms: int = 72 * 3600 * 1000  #             ms a final status stays readable
     max_body_bytes: int = 4 << 20  #                    bytes; a larger body -> PAYLOAD_TOO_LARGE
+    max_answer_bytes: int = 8 << 20  #                  bytes of bodies in one pull or check-back
+    #                                                   poll answer, past its first message
+    listing_scan_budget: int = 100_000  #               timer keys one scheduled-listing page reads
     compact_after_deletes: int = 1_000_000  #           delivered keys of a shard between clean-ups
     #                                                   (delete_range + compaction) of its prefix
     retry_max_backoff_ms: int = 60_000  #               ms; back-off = min(n * 100 ms, this)

@@ -81,6 +81,7 @@ def _lock_directory(directory: Path) -> int:
 
 
 _REVOKE_PIECE = 1 << 20  # revoke zeroes at most this many bytes at a time
+_UNBOUNDED = 1 << 62  # read_many without max_bytes
 
 
 def _written_end(seg: Segment, off: int) -> int:
@@ -444,11 +445,14 @@ class CommitLog:
         """The payload of the record at ``position``; CorruptionError if it fails its CRC."""
         return self.read_many((position,))[0]
 
-    def read_many(self, positions: Sequence[int]) -> list[bytes]:
+    def read_many(self, positions: Sequence[int], max_bytes: int | None = None) -> list[bytes]:
         """``[read(p) for p in positions]`` with the same checks, in one tight loop (the pull
-        path reads up to 1000 records a request, mostly from one segment)."""
+        path reads up to 1000 records a request, mostly from one segment). With
+        ``max_bytes``, stops (a prefix of the answer) before the payloads past the first
+        would add up to more than that: a bounded answer."""
         if self._closed:
             raise StorageError("the CommitLog is closed")
+        room = _UNBOUNDED if max_bytes is None else max_bytes
         out: list[bytes] = []
         unpack, header, magic_ok, seed = HEADER.unpack_from, HEADER_SIZE, RECORD_MAGIC, CRC_SEED
         lo = hi = 0
@@ -463,6 +467,9 @@ class CommitLog:
             magic, length, crc = unpack(mm, off)
             if magic != magic_ok:
                 raise InvalidArgument(f"no record at position {position}")
+            if length > room and out:
+                break
+            room -= length
             start = off + header
             payload = mm[start:start + length]
             if len(payload) != length or crc32c(payload, length ^ seed) != crc:

@@ -39,9 +39,22 @@ TX_GROUP_PREFIX = b"g/"  # + producer group NUL + half key -> transaction id (pe
 TX_CALLBACK_PREFIX = b"c/"  # + producer group -> encoded check-callback registration
 
 # --- topics ---------------------------------------------------------------------------------
-TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
-MSG_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-GROUP_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# Each name pattern as the contract and JSON Schema (ECMA-262) write it, where ^...$ anchors
+# the whole string, and compiled for Python with \Z instead: Python's $ also matches before a
+# final newline, which would let "orders\n" through.
+TOPIC_REGEX = r"^[A-Za-z0-9_.-]{1,127}$"
+MSG_ID_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
+GROUP_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+def whole_string(regex: str) -> str:
+    """``^...$`` (ECMA-262) as a Python pattern that matches the whole string only."""
+    return regex.removesuffix("$") + r"\Z"
+
+
+TOPIC_PATTERN = re.compile(whole_string(TOPIC_REGEX))
+MSG_ID_PATTERN = re.compile(whole_string(MSG_ID_REGEX))
+GROUP_PATTERN = re.compile(whole_string(GROUP_REGEX))
 
 TOPIC_SCHEDULE = "SCHEDULE_TOPIC_XXXX"
 TOPIC_TRANS_CHECK_MAX_TIME = "TRANS_CHECK_MAX_TIME_TOPIC"

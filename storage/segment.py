@@ -22,7 +22,7 @@ from pathlib import Path
 
 from storage.errors import StorageError
 
-NAME_PATTERN = re.compile(r"^\d{20}$")
+NAME_PATTERN = re.compile(r"^\d{20}\Z")
 _ZERO_CHUNK = bytes(1 << 20)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _MS_SYNC = 4  # <sys/mman.h> on Linux

@@ -79,7 +79,7 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
-SNAPSHOT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+SNAPSHOT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 
 
 @dataclass(frozen=True, kw_only=True)

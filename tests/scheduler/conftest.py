@@ -57,8 +57,8 @@ class FlakyLog:
     def read(self, position: int) -> bytes:
         return self.inner.read(position)
 
-    def read_many(self, positions: Sequence[int]) -> list[bytes]:
-        return self.inner.read_many(positions)
+    def read_many(self, positions: Sequence[int], max_bytes: int | None = None) -> list[bytes]:
+        return self.inner.read_many(positions, max_bytes)
 
     def iter_from(self, position: int) -> Any:
         return self.inner.iter_from(position)

@@ -35,8 +35,8 @@ class DieAfterAppend:
     def read(self, position: int) -> bytes:
         return self.inner.read(position)
 
-    def read_many(self, positions: Sequence[int]) -> list[bytes]:
-        return self.inner.read_many(positions)
+    def read_many(self, positions: Sequence[int], max_bytes: int | None = None) -> list[bytes]:
+        return self.inner.read_many(positions, max_bytes)
 
     def iter_from(self, position: int) -> Iterable[tuple[int, bytes]]:
         return self.inner.iter_from(position)
