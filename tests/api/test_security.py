@@ -196,3 +196,50 @@ def test_a_listing_cursor_never_carries_another_topics_key(start: Callable[..., 
             raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
             assert b"hidden" not in raw and b"secret" not in raw, raw
         assert seen == ["mine"] and cursor is None
+
+
+# --- bounded answers ----------------------------------------------------------------------
+MIB = 1 << 20
+
+
+def test_a_pull_answers_at_most_max_answer_bytes_of_bodies(start: Callable[..., Live]) -> None:
+    live = start()  # default: 8 MiB of bodies past the first message
+    with live.client(ADMIN) as client:
+        for i in range(4):
+            body = base64.b64encode(bytes([i]) * (3 * MIB)).decode()
+            r = client.post("/v1/topics/orders.big/messages", json={"bodyBase64": body})
+            assert r.status_code == 201, r.text
+        live.broker.drain()
+        page = client.get("/v1/topics/orders.big/messages", params={"max": 10}).json()
+        assert [m["offset"] for m in page["messages"]] == [0, 1] and page["nextOffset"] == 2
+        page = client.get("/v1/topics/orders.big/messages", params={"offset": 2}).json()
+        assert [m["offset"] for m in page["messages"]] == [2, 3] and page["nextOffset"] == 4
+
+
+def test_a_first_message_above_the_bound_is_still_answered(start: Callable[..., Live]) -> None:
+    live = start(max_answer_bytes=MIB)
+    with live.client(ADMIN) as client:
+        for size in (2 * MIB, 10, 10):
+            body = "x" * size
+            assert client.post("/v1/topics/orders.big/messages",
+                               json={"body": body}).status_code == 201
+        live.broker.drain()
+        page = client.get("/v1/topics/orders.big/messages", params={"max": 10}).json()
+        assert [len(m["body"]) for m in page["messages"]] == [2 * MIB]
+        page = client.get("/v1/topics/orders.big/messages",
+                          params={"offset": page["nextOffset"]}).json()
+        assert [len(m["body"]) for m in page["messages"]] == [10, 10]
+
+
+def test_a_check_back_poll_answers_at_most_max_answer_bytes(start: Callable[..., Live]) -> None:
+    live = start(max_answer_bytes=5 * MIB)
+    checks = "/v1/producer-groups/pg/transaction-checks"
+    with live.client(PRODUCER) as client:
+        for i in range(3):
+            prepare(client, "orders.a", f"m{i}", body="x" * (2 * MIB))
+        live.advance(6_000)
+        first = client.get(checks, params={"max": 10}).json()["checks"]
+        assert [c["msgId"] for c in first] == ["m0", "m1"]
+        rest = client.get(checks, params={"max": 10}).json()["checks"]
+        assert [(c["msgId"], c["checkTimes"]) for c in rest] == [("m2", 1)]
+        assert client.get(checks, params={"max": 10}).json()["checks"] == []
