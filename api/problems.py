@@ -10,6 +10,7 @@ Starlette's HTTP errors (unknown path, wrong method) and storage faults (503) in
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,14 @@ _CODE_BY_STATUS = {
     409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE", 429: "TOO_MANY_REQUESTS", 503: "UNAVAILABLE",
 }
 _encode = msgspec.json.Encoder().encode
+#: an absolute file path inside a message (RocksDB's and the OS's errors name their files)
+_FILE_PATH = re.compile(r"(?<![\w.:/])/[^\s'\",:;)\]]+")
+
+
+def without_paths(detail: str) -> str:
+    """``detail`` with every absolute file path replaced by ``<path>``: a fault's answer
+    does not tell the network where the data lives (the log line keeps it)."""
+    return _FILE_PATH.sub("<path>", detail)
 
 
 def problem_response(code: str, detail: str, *, status: int | None = None) -> Response:
@@ -76,13 +85,15 @@ def known_problem(exc: Exception) -> Response | None:
     """The problem document of an error the API expects (the storage.errors hierarchy, an
     OSError below the engine), or None. Used by the handlers below and by api/hot.py."""
     if isinstance(exc, HourglassError):
+        detail = exc.detail or CODES.get(exc.code, ("", exc.code))[1]
         if exc.status >= 500:
             log.warning("%s: %s", exc.code, exc.detail or type(exc).__name__)
-        return problem_response(exc.code, exc.detail or CODES.get(exc.code, ("", exc.code))[1],
-                                status=exc.status)
+            detail = without_paths(detail)
+        return problem_response(exc.code, detail, status=exc.status)
     if isinstance(exc, OSError):  # disk full, I/O error: nothing acknowledged, try again later
         log.error("storage fault: %s", exc)
-        return problem_response("UNAVAILABLE", f"storage fault: {exc.strerror or exc}")
+        return problem_response("UNAVAILABLE",
+                                without_paths(f"storage fault: {exc.strerror or exc}"))
     return None
 
 

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 
 from app.settings import MIN_TOKEN_LENGTH, Role, Settings, TokenSpec, load_settings
 from storage.errors import InvalidArgument
+from storage.private import UMASK, private_dir, readable_by_others
 
 log = logging.getLogger("hourglass.server")
 
@@ -34,16 +35,16 @@ def ensure_admin_token(settings: Settings) -> Settings:
         return settings
     path = settings.admin_token_file
     if path.exists():
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            log.warning("%s is readable by others (mode %o); chmod 600 it", path, mode)
+        if readable_by_others(path):
+            raise InvalidArgument(f"{path} is readable by others (mode "
+                                  f"{path.stat().st_mode & 0o777:o}); chmod 600 it")
         token = path.read_text(encoding="utf-8").strip()
         if len(token) < MIN_TOKEN_LENGTH:
             raise InvalidArgument(f"{path} holds no valid token; delete it to generate a new "
                                   "one, or configure tokens")
         created = False
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         token = secrets.token_urlsafe(TOKEN_BYTES)
         partial = path.with_name(path.name + ".partial")
         partial.unlink(missing_ok=True)
@@ -108,6 +109,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
+    os.umask(UMASK)  # RocksDB's files, the CommitLog, snapshots: the owner's only
     try:
         settings = load_settings(
             cli={"data_dir": str(args.data_dir) if args.data_dir else None, "host": args.host,

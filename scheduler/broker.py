@@ -67,6 +67,7 @@ from storage.keys import (
     pack_u64,
     unpack_u64,
 )
+from storage.private import private_dir
 from storage.records import (
     FLAG_IMMEDIATE,
     LogRecord,
@@ -154,7 +155,7 @@ class Broker:
             self._state = "starting"
         cfg = self.config
         try:
-            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(cfg.data_dir)
             self._store = store = self._store_factory(cfg.data_dir / ROCKSDB_DIR, cfg)
             self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
             self._queues = ConsumeQueue(store)

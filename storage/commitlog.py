@@ -47,6 +47,7 @@ from storage.log_format import (
     frame,
     seal,
 )
+from storage.private import FILE_MODE, private_dir
 from storage.segment import NAME_PATTERN, Segment, fsync_dir
 
 FLUSH_POLICIES = ("async", "sync")
@@ -71,7 +72,7 @@ def _lock_directory(directory: Path) -> int:
     """An exclusive flock on ``directory/LOCK``: one writer per log, across processes."""
     fd = -1
     try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, FILE_MODE)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if fd >= 0:
@@ -135,7 +136,7 @@ class CommitLog:
         self._end = self._flushed = 0
         try:
             if not read_only:
-                self._dir.mkdir(parents=True, exist_ok=True)
+                private_dir(self._dir)
                 self._lock_fd = _lock_directory(self._dir)
             self._load_segments(repair)
             self._end = self._flushed = self._recover(repair, full_check)
@@ -580,7 +581,7 @@ class CommitLog:
         raw = _CHECKPOINT.pack(position, crc32c(position.to_bytes(8, "little")))
         tmp = self._dir / (CHECKPOINT_NAME + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
             try:
                 os.write(fd, raw)
                 os.fsync(fd)
