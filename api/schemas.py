@@ -200,6 +200,25 @@ class Snapshot(msgspec.Struct, rename="camel", kw_only=True):
     created_at: EpochMs
 
 
+class ParkedMessage(_Out, kw_only=True):
+    """A due message that cannot be delivered for a reason of its own (too big for a
+    CommitLog segment, undecodable), parked so that the others go on."""
+
+    topic: str
+    msg_id: str
+    deliver_at: EpochMs
+    reason: str
+    size: Annotated[int, Meta(ge=0, description="Bytes of the stored message.")]
+
+
+class ParkedMessages(_Out, kw_only=True):
+    messages: list[ParkedMessage]
+
+
+class Redriven(_Out, kw_only=True):
+    redriven: Annotated[int, Meta(ge=0)]
+
+
 class Health(_Out, kw_only=True):
     status: Annotated[str, Meta(examples=["ok"])]
 
@@ -218,7 +237,7 @@ class Problem(msgspec.Struct, kw_only=True):
 COMPONENTS: tuple[Any, ...] = (
     MessageIn, BatchIn, TransactionIn, GroupOffsetIn, SendResult, BatchResult, CancelResult,
     MessageInfo, ScheduledPage, PullResult, GroupOffset, TransactionResult,
-    TransactionChecks, Snapshot, Health, Problem,
+    TransactionChecks, Snapshot, Health, Problem, ParkedMessages, Redriven,
 )
 
 

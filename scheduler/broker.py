@@ -28,7 +28,7 @@ from typing import Any
 from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
 from scheduler.committer import CommitOutcome, Committer, Log
-from scheduler.config import EngineConfig
+from scheduler.config import RECORD_SLACK, EngineConfig
 from scheduler.delivery import DeliveryStage
 from scheduler.intake import (
     Intake,
@@ -49,6 +49,7 @@ from scheduler.model import (
     TransactionCheck,
     TransactionResult,
 )
+from scheduler.poison import ParkedMessage, Quarantine
 from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
@@ -67,6 +68,7 @@ from storage.keys import (
     pack_u64,
     unpack_u64,
 )
+from storage.log_format import HEADER_SIZE
 from storage.private import private_dir
 from storage.records import (
     FLAG_IMMEDIATE,
@@ -113,10 +115,21 @@ def check_config(config: EngineConfig) -> DelayLevels:
                                   f"{value!r}")
     if config.retention_ms < 0:
         raise InvalidArgument("engine setting retention_ms must be >= 0")
+    if max_record_bytes(config) < config.max_body_bytes:
+        raise InvalidArgument(
+            f"segment_size={config.segment_size} cannot hold a message of max_body_bytes="
+            f"{config.max_body_bytes} (it would be accepted and never delivered): make "
+            f"segment_size at least max_body_bytes + {RECORD_SLACK + HEADER_SIZE}")
     if levels.max_delay_ms > config.max_delay_ms:
         raise InvalidArgument(f"messageDelayLevel has a level of {levels.max_delay_ms} ms, "
                               f"beyond max_delay_ms={config.max_delay_ms}")
     return levels
+
+
+def max_record_bytes(config: EngineConfig) -> int:
+    """Bytes of body and attributes (tags, keys, properties) one message may have: what a
+    CommitLog segment holds besides the record's framing and names."""
+    return config.segment_size - HEADER_SIZE - RECORD_SLACK
 
 
 class Broker:
@@ -145,6 +158,7 @@ class Broker:
         self._maintenance: Maintenance | None = None
         self._transactions: TransactionManager | None = None
         self._writes: WritePaths | None = None
+        self._quarantine: Quarantine | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -160,7 +174,8 @@ class Broker:
             self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
             self._queues = ConsumeQueue(store)
             self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
-                                  max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards)
+                                  max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
+                                  max_record_bytes=max_record_bytes(cfg))
             self._committer = Committer(store=store, log=self._log, queues=self._queues,
                                         clock=self.clock, retention_ms=cfg.retention_ms,
                                         on_replayed=self._on_replayed)
@@ -179,8 +194,12 @@ class Broker:
                 check_running=self._check_running, notify=self._notify)
             self.metrics.pending.set(sum(
                 sum(1 for _ in store.scan(st.cf, st.frontier_key)) for st in self._shards))
+            self._quarantine = Quarantine(
+                committer=self._committer, store=store, shards=self._shards,
+                max_payload=cfg.segment_size - HEADER_SIZE, clock=self.clock,
+                metrics=self.metrics, shard_locks=self._locks)
             self._delivery = DeliveryStage(
-                committer=self._committer, clock=self.clock, metrics=self.metrics,
+                committer=self._quarantine, clock=self.clock, metrics=self.metrics,
                 progress=self._progress, queue_batches=cfg.delivery_queue_batches,
                 batch_max=cfg.delivery_batch_max, max_backoff_ms=cfg.retry_max_backoff_ms,
                 on_commit=self._on_commit)
@@ -450,6 +469,19 @@ class Broker:
         assert self._transactions is not None
         return self._transactions
 
+    # --- poison messages (scheduler/poison.py) -----------------------------------------------
+    def parked(self, limit: int = 1000) -> list[ParkedMessage]:
+        """Due messages parked as undeliverable for a reason of their own."""
+        self._live()
+        assert self._quarantine is not None
+        return self._quarantine.list(limit)
+
+    def redrive_parked(self) -> int:
+        """Schedule every parked message again, due now; returns how many."""
+        self._live()
+        assert self._quarantine is not None
+        return self._quarantine.redrive()
+
     # --- operations -----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """RocksDB checkpoint + manifest: {"snapshotId", "path", "createdAt"}."""
@@ -482,6 +514,7 @@ class Broker:
             "latenessP50Ms": lateness.quantile(0.5),
             "latenessP99Ms": lateness.quantile(0.99),
             "transactionsPrepared": int(m.tx_prepared_pending.value),
+            "parked": int(m.parked.value),
             **self._positions(),
         }
 

@@ -269,9 +269,13 @@ class Committer:
                     values.append(value)
             pending.tx_ids = [None] * len(topics)
             offsets = self._take_offsets(pending.topics)
-            payloads = [log_payload_from_value(v, t, m, o, at, now) for v, t, m, o, at in zip(
-                pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
-                strict=True)]
+            try:
+                payloads = [log_payload_from_value(v, t, m, o, at, now) for v, t, m, o, at in zip(
+                    pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
+                    strict=True)]
+            except BaseException:  # a poison value (scheduler/poison.py): no offset is used
+                self._offsets.clear()
+                raise
             batch = self._store.batch()
             self._add_ranges(batch, scans)
             outcome = self._append_and_commit(batch, pending, offsets, payloads, now)

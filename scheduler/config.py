@@ -11,6 +11,8 @@ from pathlib import Path
 from storage.constants import DEFAULT_DELAY_LEVELS
 
 TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
+#: bytes of a log record besides its body and attributes (names, times, framing), at most
+RECORD_SLACK = 1024
 
 
 @dataclass(frozen=True, kw_only=True)

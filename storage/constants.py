@@ -32,6 +32,7 @@ META_WATERMARK_PREFIX = b"wm/"  # + shard number as text -> 8-byte BE deliverAt 
 META_GROUP_OFFSET_PREFIX = b"group/"  # + topic NUL group -> 8-byte BE committed offset
 META_FORMAT_VERSION = b"format_version"
 META_SHARDS = b"timer_shards"  # the shard count the data was written with
+META_PARKED_PREFIX = b"parked/"  # + timer key -> [reason, stored value] (scheduler/poison.py)
 
 # --- transaction keys (CF_TX; see scheduler/tx_records.py) ------------------------------------
 TX_ENTRY_PREFIX = b"t/"  # + transaction id -> encoded TransactionEntry

@@ -23,7 +23,7 @@ from tests.api.test_serve import REPO, free_port
 def served(data: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOURGLASS_")}
-    env["HOURGLASS_SEGMENT_SIZE"] = "4MiB"
+    env["HOURGLASS_SEGMENT_SIZE"] = "8MiB"
     with (tmp_path / "server.log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data),

@@ -29,8 +29,9 @@ from tests.disk import fill_disk
 from tests.faults.conftest import TOKEN
 
 TOPIC = "disk.a"
-SETTINGS = {"segment_size": "2MiB", "flush_interval_ms": "50ms", "retry_max_backoff_ms": "500ms",
-            "disk_reserve_bytes": "0", "disk_retry_interval_ms": "200ms"}
+SETTINGS = {"segment_size": "2MiB", "max_body_bytes": "1MiB", "flush_interval_ms": "50ms",
+            "retry_max_backoff_ms": "500ms", "disk_reserve_bytes": "0",
+            "disk_retry_interval_ms": "200ms"}
 KIB = 1024
 
 

@@ -105,6 +105,7 @@ class FlakyStore(TimerStore):
 def make_config(data_dir: Path, **overrides: Any) -> EngineConfig:
     settings: dict[str, Any] = {
         "data_dir": data_dir, "timer_shards": 2, "segment_size": 1 << 20,
+        "max_body_bytes": 512 << 10,
         "flush_interval_ms": 50,
     }
     settings.update(overrides)

@@ -56,7 +56,8 @@ def main(data_dir: str, mode: str, count: int) -> None:
         return holder[0]
 
     clock = FakeClock(1_700_000_000_000)
-    config = EngineConfig(data_dir=Path(data_dir), segment_size=1 << 20, timer_shards=2,
+    config = EngineConfig(data_dir=Path(data_dir), segment_size=1 << 20,
+                          max_body_bytes=512 << 10, timer_shards=2,
                           scan_batch_size=100, delivery_batch_max=300)
     broker = Broker(config, clock, log_factory=factory)
     broker.start()
