@@ -86,8 +86,13 @@ class Server(uvicorn.Server):
 
 
 def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
+    from api.connections import ConnectionLimits  # the HTTP layer's guards (wiring)
+
+    limits = ConnectionLimits(max_connections=settings.max_connections,
+                              max_header_bytes=settings.max_header_bytes,
+                              header_timeout_ms=settings.header_timeout_ms)
     return uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        app, host=settings.host, port=settings.port, loop="uvloop", http=limits,  # type: ignore[arg-type]
         ws="none", lifespan="on", workers=1, log_level=settings.log_level,
         access_log=settings.access_log, timeout_graceful_shutdown=10,
         server_header=False,

@@ -1,0 +1,148 @@
+"""Connection limits, at the HTTP layer: uvicorn's httptools protocol with three guards.
+
+- At most ``max_connections`` open connections: one more is answered 503 ``UNAVAILABLE``
+  with ``Retry-After`` and closed at once (before it can send anything).
+- A request's line and headers hold at most ``max_header_bytes``: more is 431 and the
+  connection is closed (httptools itself takes headers of any size).
+- A request's headers must arrive within ``header_timeout_ms`` of the connection, or of the
+  request's first byte on a kept-alive connection; else the connection is closed (uvicorn
+  times out idle kept-alive connections, not a request whose headers never end).
+
+Each guard costs a few attribute updates per request or per connection, nothing per byte of
+body; bench/http.py runs through this protocol (docs/api.md has the measurements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from api.problems import PROBLEM_CONTENT_TYPE, problem_body
+
+log = logging.getLogger("hourglass.api")
+
+
+def _raw_response(status: int, reason: str, code: str, detail: str,
+                  extra: bytes = b"") -> bytes:
+    status, body = problem_body(code, detail, status)
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {PROBLEM_CONTENT_TYPE}\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n").encode() + extra \
+        + b"\r\n" + body
+
+
+class ConnectionLimits:
+    """The limits, and the protocol factory uvicorn's ``Config(http=...)`` takes."""
+
+    def __init__(self, *, max_connections: int, max_header_bytes: int,
+                 header_timeout_ms: int) -> None:
+        self.max_connections = max_connections
+        self.max_header_bytes = max_header_bytes
+        self.header_timeout_s = header_timeout_ms / 1000
+        self.refused = 0  # connections refused over the cap (for tests and logs)
+        self.busy = _raw_response(
+            503, "Service Unavailable", "UNAVAILABLE",
+            f"more than {max_connections} connections are open; try again shortly",
+            b"retry-after: 1\r\n")
+        self.too_large = _raw_response(
+            431, "Request Header Fields Too Large", "INVALID_ARGUMENT",
+            f"the request line and headers exceed {max_header_bytes} bytes")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GuardedHttpToolsProtocol:
+        return GuardedHttpToolsProtocol(self, *args, **kwargs)
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    def __init__(self, limits: ConnectionLimits, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = limits
+        # of the request being read: bytes of its completed line and headers, and of the
+        # chunks read while in its headers (a header that never ends makes no callback)
+        self._header_bytes = self._raw_header_bytes = 0
+        self._in_headers = True  # the next bytes are (still) a request's line and headers
+        self._refused = False
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        limits = self._limits
+        if len(self.connections) >= limits.max_connections:
+            limits.refused += 1
+            self._refused = True
+            self.transport = transport
+            transport.write(limits.busy)
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        began_in_headers = self._in_headers
+        super().data_received(data)
+        if began_in_headers and self._in_headers and not self.transport.is_closing():
+            # the chunk started and ended inside the headers: all of it was headers
+            self._raw_header_bytes += len(data)
+            self._check(self._raw_header_bytes)
+
+    # --- parser callbacks -------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+        self._header_bytes = self._raw_header_bytes = 0
+        if self._header_timer is None:
+            self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._header_bytes += len(url)
+        self._check(self._header_bytes)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._header_bytes += len(name) + len(value) + 4
+        self._check(self._header_bytes)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._disarm()
+        if self.transport.is_closing():  # refused as too large meanwhile
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self.transport.is_closing():
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_headers = True  # what follows is the next request
+        if not self.transport.is_closing():
+            super().on_message_complete()
+
+    # --- guards -----------------------------------------------------------------------------
+    def _check(self, header_bytes: int) -> None:
+        if header_bytes > self._limits.max_header_bytes and not self.transport.is_closing():
+            self.transport.write(self._limits.too_large)
+            self.transport.close()
+
+    def _arm(self) -> None:
+        self._header_timer = self.loop.call_later(self._limits.header_timeout_s,
+                                                  self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self._in_headers and not self.transport.is_closing():
+            log.info("closing a connection whose request headers did not arrive in %.1f s",
+                     self._limits.header_timeout_s)
+            self.transport.close()
