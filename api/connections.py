@@ -41,7 +41,6 @@ class ConnectionLimits:
         self.max_connections = max_connections
         self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_ms / 1000
-        self.refused = 0  # connections refused over the cap (for tests and logs)
         self.busy = _raw_response(
             503, "Service Unavailable", "UNAVAILABLE",
             f"more than {max_connections} connections are open; try again shortly",
@@ -63,12 +62,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = self._raw_header_bytes = 0
         self._in_headers = True  # the next bytes are (still) a request's line and headers
         self._refused = False
+        self._completed = False  # a request's headers ended in the chunk being parsed
         self._header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self._limits
         if len(self.connections) >= limits.max_connections:
-            limits.refused += 1
             self._refused = True
             self.transport = transport
             transport.write(limits.busy)
@@ -84,10 +83,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        began_in_headers = self._in_headers
+        began_in_headers, self._completed = self._in_headers, False
         super().data_received(data)
-        if began_in_headers and self._in_headers and not self.transport.is_closing():
-            # the chunk started and ended inside the headers: all of it was headers
+        if began_in_headers and not self._completed and not self.transport.is_closing():
+            # no headers ended within the chunk, which began inside them: all of it was headers
             self._raw_header_bytes += len(data)
             self._check(self._raw_header_bytes)
 
@@ -110,7 +109,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._check(self._header_bytes)
 
     def on_headers_complete(self) -> None:
-        self._in_headers = False
+        self._in_headers, self._completed = False, True
         self._disarm()
         if self.transport.is_closing():  # refused as too large meanwhile
             return

@@ -29,6 +29,7 @@ from scheduler.scanner import Progress
 
 log = logging.getLogger(__name__)
 
+
 class CommitsDue(Protocol):
     """scheduler/poison.py's Quarantine (or a bare Committer)."""
 

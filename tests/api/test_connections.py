@@ -88,6 +88,13 @@ def test_request_headers_over_64_kib_are_431(tmp_path: Path) -> None:
         with httpx.Client(base_url=live.base_url) as client:  # 60 KiB of headers are fine
             r = client.get("/healthz", headers={"x-filler": "a" * (60 << 10)})
             assert r.status_code == 200
+        with connect(live) as sock:  # a big body arriving with its headers is no header
+            body = b'{"body": "' + b"b" * (200 << 10) + b'"}'
+            sock.sendall(b"POST /v1/topics/orders.h/messages HTTP/1.1\r\nhost: x\r\n"
+                         b"authorization: Bearer " + ADMIN.encode() + b"\r\n"
+                         b"content-type: application/json\r\nconnection: close\r\n"
+                         b"content-length: %d\r\n\r\n" % len(body) + body)
+            assert status_of(read_all(sock)) == 201
 
 
 def test_a_connection_whose_headers_do_not_arrive_is_closed(tmp_path: Path) -> None:
