@@ -6,10 +6,12 @@
   connection is closed (httptools itself takes headers of any size).
 - A request's headers must arrive within ``header_timeout_ms`` of the connection, or of the
   request's first byte on a kept-alive connection; else the connection is closed (uvicorn
-  times out idle kept-alive connections, not a request whose headers never end).
+  times out idle kept-alive connections, not a request whose headers never end). One sweep
+  per quarter of the timeout looks at the open connections, so a request pays a time stamp,
+  not a timer.
 
 Each guard costs a few attribute updates per request or per connection, nothing per byte of
-body; bench/http.py runs through this protocol (docs/api.md has the measurements).
+body (docs/api.md has the measurements).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class ConnectionLimits:
         self.max_connections = max_connections
         self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_ms / 1000
+        self._sweeping: asyncio.AbstractEventLoop | None = None
         self.busy = _raw_response(
             503, "Service Unavailable", "UNAVAILABLE",
             f"more than {max_connections} connections are open; try again shortly",
@@ -51,6 +54,24 @@ class ConnectionLimits:
 
     def __call__(self, *args: Any, **kwargs: Any) -> GuardedHttpToolsProtocol:
         return GuardedHttpToolsProtocol(self, *args, **kwargs)
+
+    def watch(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        """Sweep ``connections`` on ``loop`` from now on (once per loop)."""
+        if self._sweeping is not loop:
+            self._sweeping = loop
+            loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        if loop.is_closed():
+            return
+        too_old = loop.time() - self.header_timeout_s
+        for protocol in list(connections):
+            since = getattr(protocol, "header_since", None)
+            if since is not None and since < too_old and not protocol.transport.is_closing():
+                log.info("closing a connection whose request headers did not arrive in "
+                         "%.1f s", self.header_timeout_s)
+                protocol.transport.close()
+        loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -63,7 +84,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_headers = True  # the next bytes are (still) a request's line and headers
         self._refused = False
         self._completed = False  # a request's headers ended in the chunk being parsed
-        self._header_timer: asyncio.TimerHandle | None = None
+        self.header_since: float | None = None  # loop time the awaited headers began
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self._limits
@@ -74,11 +95,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             transport.close()
             return
         super().connection_made(transport)
-        self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
+        self.header_since = self.loop.time()
+        limits.watch(self.loop, self.connections)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -95,8 +113,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_headers = True
         self._header_bytes = self._raw_header_bytes = 0
-        if self._header_timer is None:
-            self._arm()
+        if self.header_since is None:
+            self.header_since = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -110,7 +128,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_headers, self._completed = False, True
-        self._disarm()
+        self.header_since = None
         if self.transport.is_closing():  # refused as too large meanwhile
             return
         super().on_headers_complete()
@@ -128,20 +146,4 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _check(self, header_bytes: int) -> None:
         if header_bytes > self._limits.max_header_bytes and not self.transport.is_closing():
             self.transport.write(self._limits.too_large)
-            self.transport.close()
-
-    def _arm(self) -> None:
-        self._header_timer = self.loop.call_later(self._limits.header_timeout_s,
-                                                  self._headers_too_slow)
-
-    def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _headers_too_slow(self) -> None:
-        self._header_timer = None
-        if self._in_headers and not self.transport.is_closing():
-            log.info("closing a connection whose request headers did not arrive in %.1f s",
-                     self._limits.header_timeout_s)
             self.transport.close()
