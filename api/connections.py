@@ -78,21 +78,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, limits: ConnectionLimits, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
-        # of the request being read: bytes of its completed line and headers, and of the
-        # chunks read while in its headers (a header that never ends makes no callback)
-        self._header_bytes = self._raw_header_bytes = 0
+        # bytes of the chunks read while in a request's headers (they may never end)
+        self._raw_header_bytes = 0
         self._in_headers = True  # the next bytes are (still) a request's line and headers
-        self._refused = False
+        self._refused = False  # answered 503 or 431 and closing: nothing more is parsed
         self._completed = False  # a request's headers ended in the chunk being parsed
         self.header_since: float | None = None  # loop time the awaited headers began
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self._limits
         if len(self.connections) >= limits.max_connections:
-            self._refused = True
             self.transport = transport
-            transport.write(limits.busy)
-            transport.close()
+            self._refuse(limits.busy)
             return
         super().connection_made(transport)
         self.header_since = self.loop.time()
@@ -103,47 +100,42 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         began_in_headers, self._completed = self._in_headers, False
         super().data_received(data)
-        if began_in_headers and not self._completed and not self.transport.is_closing():
+        if began_in_headers and not self._completed and not self._refused:
             # no headers ended within the chunk, which began inside them: all of it was headers
             self._raw_header_bytes += len(data)
-            self._check(self._raw_header_bytes)
+            if self._raw_header_bytes > self._limits.max_header_bytes:
+                self._refuse(self._limits.too_large)
 
     # --- parser callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_headers = True
-        self._header_bytes = self._raw_header_bytes = 0
+        self._raw_header_bytes = 0
         if self.header_since is None:
             self.header_since = self.loop.time()
-
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        self._header_bytes += len(url)
-        self._check(self._header_bytes)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        super().on_header(name, value)
-        self._header_bytes += len(name) + len(value) + 4
-        self._check(self._header_bytes)
 
     def on_headers_complete(self) -> None:
         self._in_headers, self._completed = False, True
         self.header_since = None
-        if self.transport.is_closing():  # refused as too large meanwhile
+        # counted once here, not per header: the parser hands over complete headers only
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self._limits.max_header_bytes:
+            self._refuse(self._limits.too_large)
             return
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
-        if not self.transport.is_closing():
+        if not self._refused:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_headers = True  # what follows is the next request
-        if not self.transport.is_closing():
+        if not self._refused:
             super().on_message_complete()
 
     # --- guards -----------------------------------------------------------------------------
-    def _check(self, header_bytes: int) -> None:
-        if header_bytes > self._limits.max_header_bytes and not self.transport.is_closing():
-            self.transport.write(self._limits.too_large)
-            self.transport.close()
+    def _refuse(self, response: bytes) -> None:
+        """Answer ``response`` and close; nothing more of this connection is parsed."""
+        self._refused = True
+        self.transport.write(response)
+        self.transport.close()
