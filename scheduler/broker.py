@@ -474,7 +474,7 @@ class Broker:
         """Due messages parked as undeliverable for a reason of their own."""
         self._live()
         assert self._quarantine is not None
-        return self._quarantine.list(limit)
+        return self._quarantine.messages(limit)
 
     def redrive_parked(self) -> int:
         """Schedule every parked message again, due now; returns how many."""

@@ -69,9 +69,16 @@ def poison_reason(key: bytes, value: bytes, max_payload: int) -> str | None:
 
 
 def _names(key: bytes) -> tuple[str, str]:
+    """(topic, msgId) of a timer key; ValueError for a malformed one."""
     ikey = key[8:]
     sep = ikey.index(0)
     return ikey[:sep].decode("utf-8"), ikey[sep + 1:].decode("utf-8")
+
+
+def _label(key: bytes) -> tuple[str, str]:
+    """(topic, msgId) of a timer key, readable even when it is malformed."""
+    topic, _, msg_id = key[8:].partition(b"\x00")
+    return topic.decode("utf-8", "replace"), msg_id.decode("utf-8", "replace")
 
 
 class Quarantine:
@@ -121,16 +128,16 @@ class Quarantine:
         self._parked |= new
         self._metrics.pending.dec(len(new))
         for key, (_, reason) in poison.items():
-            topic, msg_id = _names(key)
+            topic, msg_id = _label(key)
             log.error("message %s/%s parked (POST /v1/admin/parked:redrive hands it back): %s",
                       topic, msg_id, reason)
 
-    def list(self, limit: int = 1000) -> list[ParkedMessage]:
+    def messages(self, limit: int = 1000) -> list[ParkedMessage]:
         out = []
         for pkey, raw in self._store.scan(CF_META, META_PARKED_PREFIX, _END, limit=limit):
             key = pkey[len(META_PARKED_PREFIX):]
             reason, value = msgpack.unpackb(raw)
-            topic, msg_id = _names(key)
+            topic, msg_id = _label(key)
             out.append(ParkedMessage(topic=topic, msg_id=msg_id, deliver_at=unpack_u64(key[:8]),
                                      reason=reason, size=len(value)))
         return out
@@ -144,10 +151,15 @@ class Quarantine:
             now = self._clock.now_ms()
             batch = self._store.batch()
             woken: dict[int, int] = {}
+            redriven = []
             for pkey, raw in parked:
                 key = pkey[len(META_PARKED_PREFIX):]
                 _, value = msgpack.unpackb(raw)
-                topic, _ = _names(key)
+                try:
+                    topic, _ = _names(key)
+                except ValueError:  # a malformed key has no topic, hence no shard: it stays
+                    continue
+                redriven.append(pkey)
                 shard = self._shards[topic_shard(topic, len(self._shards))]
                 # at or after the shard's frontier (what its scanner has passed), so that
                 # it is scanned again: due now, or as soon after as the frontier allows
@@ -165,6 +177,6 @@ class Quarantine:
             self._committer.commit_plain(batch)
             for shard_no, at in woken.items():
                 self._shards[shard_no].note_scheduled(at)
-        self._parked.difference_update(pkey for pkey, _ in parked)
-        self._metrics.pending.inc(len(parked))
-        return len(parked)
+        self._parked.difference_update(redriven)
+        self._metrics.pending.inc(len(redriven))
+        return len(redriven)
