@@ -52,7 +52,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         raise ValueError("no token configured: the server would accept nobody "
                          "(app.server generates an admin token when none is set)")
     engine = broker if broker is not None else Broker(settings.engine, clock or SystemClock())
-    notifier = DeliveryNotifier()
+    notifier = DeliveryNotifier(max_polls=settings.max_long_polls)
     ctx = ApiContext(
         settings=settings, broker=engine, auth=Authenticator(settings.tokens),
         notifier=notifier,

@@ -10,14 +10,19 @@ lands between the read and the wait still wakes it: no lost wake-ups, no sleep l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+import contextlib
+from collections.abc import Collection, Iterator
+
+from storage.errors import Overloaded
 
 
 class DeliveryNotifier:
-    def __init__(self) -> None:
+    def __init__(self, max_polls: int = 512) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._closed = False
+        self.max_polls = max_polls
+        self.polls = 0  # long polls in progress (event loop only)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Attach to the server's event loop (called by the lifespan on start)."""
@@ -56,6 +61,19 @@ class DeliveryNotifier:
             waiters.discard(future)
             if not waiters:
                 del self._waiters[topic]
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold one of the ``max_polls`` long-poll slots; Overloaded (503, Retry-After) when
+        they are all taken."""
+        if self.polls >= self.max_polls:
+            raise Overloaded(f"{self.max_polls} long polls are waiting already; try again "
+                             "shortly or poll without waitMs")
+        self.polls += 1
+        try:
+            yield
+        finally:
+            self.polls -= 1
 
     def close(self) -> None:
         """Release every waiting pull (server shutdown): they answer with what they have."""

@@ -42,6 +42,18 @@ _ERROR_TEXT = {
 }
 
 
+def _ecma_patterns(schema: Any) -> Any:
+    """``schema`` with the Python ``...\\Z`` patterns msgspec validates with written as JSON
+    Schema (ECMA-262) says the same: ``...$``."""
+    if isinstance(schema, dict):
+        return {key: (value.removesuffix(r"\Z") + "$" if key == "pattern"
+                      and isinstance(value, str) and value.endswith(r"\Z")
+                      else _ecma_patterns(value)) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_ecma_patterns(item) for item in schema]
+    return schema
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": REF.format(name=name)}
 
@@ -110,7 +122,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     merged = components.setdefault("schemas", {})
     merged.pop("HTTPValidationError", None)
     merged.pop("ValidationError", None)
-    merged.update(schemas)
+    merged.update(_ecma_patterns(schemas))
     merged["Stats"] = {
         "title": "Stats", "type": "object", "additionalProperties": True,
         "description": "Engine statistics: pending count, delivered/cancelled totals, scan "

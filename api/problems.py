@@ -10,6 +10,7 @@ Starlette's HTTP errors (unknown path, wrong method) and storage faults (503) in
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,8 @@ log = logging.getLogger("hourglass.api")
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:hourglass:problem:"
+# the charset is explicit: clients (requests) otherwise guess it for +json media types
+PROBLEM_CONTENT_TYPE = f"{PROBLEM_MEDIA_TYPE}; charset=utf-8"
 
 #: code -> (HTTP status, title). The codes of the contract, plus INTERNAL for bugs.
 CODES: dict[str, tuple[int, str]] = {
@@ -49,17 +52,31 @@ _CODE_BY_STATUS = {
     409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE", 429: "TOO_MANY_REQUESTS", 503: "UNAVAILABLE",
 }
 _encode = msgspec.json.Encoder().encode
+#: an absolute file path inside a message (RocksDB's and the OS's errors name their files)
+_FILE_PATH = re.compile(r"(?<![\w.:/])/[^\s'\",:;)\]]+")
 
 
-def problem_response(code: str, detail: str, *, status: int | None = None) -> Response:
+def without_paths(detail: str) -> str:
+    """``detail`` with every absolute file path replaced by ``<path>``: a fault's answer
+    does not tell the network where the data lives (the log line keeps it)."""
+    return _FILE_PATH.sub("<path>", detail)
+
+
+def problem_body(code: str, detail: str, status: int | None = None) -> tuple[int, bytes]:
+    """(status, encoded problem document)."""
     default_status, title = CODES.get(code, CODES["INTERNAL"])
     status = status or default_status
-    doc = Problem(type=TYPE_PREFIX + code.lower().replace("_", "-"), title=title,
-                  status=status, detail=detail, code=code)
-    headers = {"WWW-Authenticate": 'Bearer realm="hourglass"'} if status == 401 else None
-    # the charset is explicit: clients (requests) otherwise guess it for +json media types
-    return Response(_encode(doc), status_code=status,
-                    media_type=f"{PROBLEM_MEDIA_TYPE}; charset=utf-8", headers=headers)
+    return status, _encode(Problem(type=TYPE_PREFIX + code.lower().replace("_", "-"),
+                                   title=title, status=status, detail=detail, code=code))
+
+
+def problem_response(code: str, detail: str, *, status: int | None = None,
+                     retry_after_s: int | None = None) -> Response:
+    status, body = problem_body(code, detail, status)
+    headers = {"WWW-Authenticate": 'Bearer realm="hourglass"'} if status == 401 else {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(retry_after_s)
+    return Response(body, status_code=status, media_type=PROBLEM_CONTENT_TYPE, headers=headers)
 
 
 def describe_validation_errors(errors: Sequence[Any]) -> str:
@@ -76,13 +93,16 @@ def known_problem(exc: Exception) -> Response | None:
     """The problem document of an error the API expects (the storage.errors hierarchy, an
     OSError below the engine), or None. Used by the handlers below and by api/hot.py."""
     if isinstance(exc, HourglassError):
+        detail = exc.detail or CODES.get(exc.code, ("", exc.code))[1]
         if exc.status >= 500:
             log.warning("%s: %s", exc.code, exc.detail or type(exc).__name__)
-        return problem_response(exc.code, exc.detail or CODES.get(exc.code, ("", exc.code))[1],
-                                status=exc.status)
+            detail = without_paths(detail)
+        return problem_response(exc.code, detail, status=exc.status,
+                                retry_after_s=getattr(exc, "retry_after_s", None))
     if isinstance(exc, OSError):  # disk full, I/O error: nothing acknowledged, try again later
         log.error("storage fault: %s", exc)
-        return problem_response("UNAVAILABLE", f"storage fault: {exc.strerror or exc}")
+        return problem_response("UNAVAILABLE",
+                                without_paths(f"storage fault: {exc.strerror or exc}"))
     return None
 
 

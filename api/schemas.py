@@ -18,11 +18,12 @@ from msgspec import UNSET, Meta, UnsetType
 
 from scheduler.group_state import RECEIPTS_MAX
 from scheduler.groups import LEASE_MS_MAX, LEASE_MS_MIN
+from storage.constants import GROUP_PATTERN, MSG_ID_PATTERN
+from storage.constants import GROUP_REGEX as GROUP_REGEX  # the documented (ECMA-262) forms
+from storage.constants import MSG_ID_REGEX as MSG_ID_REGEX
+from storage.constants import TOPIC_REGEX as TOPIC_REGEX
 from storage.records import MessageStatus
 
-TOPIC_REGEX = r"^[A-Za-z0-9_.-]{1,127}$"
-MSG_ID_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
-GROUP_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
 MAX_BATCH = 1000
 MAX_PULL = 1000
 DEFAULT_PULL = 32
@@ -41,7 +42,8 @@ Topic = Annotated[str, Path(json_schema_extra={"pattern": TOPIC_REGEX},
 TOPIC_PARAMETER = {"name": "topic", "in": "path", "required": True,
                    "description": "Topic name; system topics cannot be sent to.",
                    "schema": {"type": "string", "pattern": TOPIC_REGEX}}
-MsgId = Annotated[str, Meta(pattern=MSG_ID_REGEX, examples=["order-42"])]
+#: msgspec matches with Python's re: the \Z forms (api/openapi.py documents them as ^...$)
+MsgId = Annotated[str, Meta(pattern=MSG_ID_PATTERN.pattern, examples=["order-42"])]
 Text = Annotated[str, Meta(max_length=4096)]
 
 
@@ -89,7 +91,8 @@ class BatchIn(_In, kw_only=True):
 class TransactionIn(MessageIn, kw_only=True):
     """A half message: `MessageIn` plus the producer group that answers check-backs."""
 
-    producer_group: Annotated[str, Meta(pattern=GROUP_REGEX, examples=["orders-producer"])]
+    producer_group: Annotated[str, Meta(pattern=GROUP_PATTERN.pattern,
+                                        examples=["orders-producer"])]
     check_immunity_seconds: Annotated[float | str, Meta(
         description="First check-back no earlier than this many seconds, as RocketMQ's "
                     "CHECK_IMMUNITY_TIME_IN_SECONDS: a number or a string; a value that is not "
@@ -281,6 +284,25 @@ class Snapshot(msgspec.Struct, rename="camel", kw_only=True):
     created_at: EpochMs
 
 
+class ParkedMessage(_Out, kw_only=True):
+    """A due message that cannot be delivered for a reason of its own (too big for a
+    CommitLog segment, undecodable), parked so that the others go on."""
+
+    topic: str
+    msg_id: str
+    deliver_at: EpochMs
+    reason: str
+    size: Annotated[int, Meta(ge=0, description="Bytes of the stored message.")]
+
+
+class ParkedMessages(_Out, kw_only=True):
+    messages: list[ParkedMessage]
+
+
+class Redriven(_Out, kw_only=True):
+    redriven: Annotated[int, Meta(ge=0)]
+
+
 class Health(_Out, kw_only=True):
     status: Annotated[str, Meta(examples=["ok"])]
 
@@ -301,6 +323,7 @@ COMPONENTS: tuple[Any, ...] = (
     MessageInfo, ScheduledPage, PullResult, GroupOffset, TransactionResult,
     TransactionChecks, Snapshot, Health, Problem, ReceiveIn, AckIn, NackIn, RedriveIn,
     ReceiveResult, AckResult, NackResult, GroupState, DeadLetterPage, RedriveResult,
+    ParkedMessages, Redriven,
 )
 
 

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 
 from app.settings import MIN_TOKEN_LENGTH, Role, Settings, TokenSpec, load_settings
 from storage.errors import InvalidArgument
+from storage.private import UMASK, private_dir, readable_by_others
 
 log = logging.getLogger("hourglass.server")
 
@@ -34,16 +35,16 @@ def ensure_admin_token(settings: Settings) -> Settings:
         return settings
     path = settings.admin_token_file
     if path.exists():
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            log.warning("%s is readable by others (mode %o); chmod 600 it", path, mode)
+        if readable_by_others(path):
+            raise InvalidArgument(f"{path} is readable by others (mode "
+                                  f"{path.stat().st_mode & 0o777:o}); chmod 600 it")
         token = path.read_text(encoding="utf-8").strip()
         if len(token) < MIN_TOKEN_LENGTH:
             raise InvalidArgument(f"{path} holds no valid token; delete it to generate a new "
                                   "one, or configure tokens")
         created = False
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         token = secrets.token_urlsafe(TOKEN_BYTES)
         partial = path.with_name(path.name + ".partial")
         partial.unlink(missing_ok=True)
@@ -85,8 +86,13 @@ class Server(uvicorn.Server):
 
 
 def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
+    from api.connections import ConnectionLimits  # the HTTP layer's guards (wiring)
+
+    limits = ConnectionLimits(max_connections=settings.max_connections,
+                              max_header_bytes=settings.max_header_bytes,
+                              header_timeout_ms=settings.header_timeout_ms)
     return uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        app, host=settings.host, port=settings.port, loop="uvloop", http=limits,  # type: ignore[arg-type]
         ws="none", lifespan="on", workers=1, log_level=settings.log_level,
         access_log=settings.access_log, timeout_graceful_shutdown=10,
         server_header=False,
@@ -108,6 +114,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
+    os.umask(UMASK)  # RocksDB's files, the CommitLog, snapshots: the owner's only
     try:
         settings = load_settings(
             cli={"data_dir": str(args.data_dir) if args.data_dir else None, "host": args.host,

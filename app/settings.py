@@ -59,6 +59,11 @@ class Settings:
     access_log: bool = False  #                      one log line per request (costs ~10%)
     max_request_bytes: int = 32 << 20  #             bytes of one HTTP request body -> 413
     max_batch_messages: int = MAX_BATCH_LIMIT  #      messages in one batch send (<= 1000)
+    max_connections: int = 1024  #                   open HTTP connections; past it: 503 + close
+    max_long_polls: int = 512  #                     pulls waiting at once (waitMs); past it: 503
+    max_header_bytes: int = 64 << 10  #              bytes of a request's line and headers -> 431
+    header_timeout_ms: int = 5_000  #                ms for a request's headers to arrive; then
+    #                                                the connection is closed
     tokens: tuple[TokenSpec, ...] = ()  #            [[tokens]] + HOURGLASS_ADMIN_TOKEN
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(data_dir=Path("data")))
     config_file: Path | None = None  #               where the TOML layer came from
@@ -78,7 +83,7 @@ _SIZE_UNITS = {
     "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
 }
-_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z")
 
 
 def _with_unit(value: Any, units: Mapping[str, int], default_unit: str, what: str) -> int:
@@ -211,6 +216,10 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(name="access_log", parse=parse_bool),
     Option(name="max_request_bytes", parse=parse_size, check=_positive),
     Option(name="max_batch_messages", parse=parse_int, check=_batch),
+    Option(name="max_connections", parse=parse_int, check=_positive),
+    Option(name="max_long_polls", parse=parse_int, check=_positive),
+    Option(name="max_header_bytes", parse=parse_size, check=_positive),
+    Option(name="header_timeout_ms", parse=parse_duration_ms, check=_positive),
 )
 
 _ENGINE_CHECKS: dict[str, Check] = {"flush_policy": _flush_policy,

@@ -28,7 +28,7 @@ from typing import Any
 from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
 from scheduler.committer import CommitOutcome, Committer, Log
-from scheduler.config import EngineConfig
+from scheduler.config import RECORD_SLACK, EngineConfig
 from scheduler.delivery import DeliveryStage
 from scheduler.group_state import group_offset_key
 from scheduler.groups import GroupManager, read_records
@@ -51,6 +51,7 @@ from scheduler.model import (
     TransactionCheck,
     TransactionResult,
 )
+from scheduler.poison import ParkedMessage, Quarantine
 from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
@@ -67,6 +68,8 @@ from storage.keys import (
     index_key,
     unpack_u64,
 )
+from storage.log_format import HEADER_SIZE
+from storage.private import private_dir
 from storage.records import (
     FLAG_IMMEDIATE,
     LogRecord,
@@ -105,7 +108,7 @@ def check_config(config: EngineConfig) -> DelayLevels:
     positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
                 "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
                 "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms",
-                "group_lease_window")
+                "group_lease_window", "listing_scan_budget", "max_answer_bytes")
     for name in positive:
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
@@ -116,10 +119,21 @@ def check_config(config: EngineConfig) -> DelayLevels:
     for name in ("retention_ms", "scan_interval_ms"):
         if getattr(config, name) < 0:
             raise InvalidArgument(f"engine setting {name} must be >= 0")
+    if max_record_bytes(config) < config.max_body_bytes:
+        raise InvalidArgument(
+            f"segment_size={config.segment_size} cannot hold a message of max_body_bytes="
+            f"{config.max_body_bytes} (it would be accepted and never delivered): make "
+            f"segment_size at least max_body_bytes + {RECORD_SLACK + HEADER_SIZE}")
     if levels.max_delay_ms > config.max_delay_ms:
         raise InvalidArgument(f"messageDelayLevel has a level of {levels.max_delay_ms} ms, "
                               f"beyond max_delay_ms={config.max_delay_ms}")
     return levels
+
+
+def max_record_bytes(config: EngineConfig) -> int:
+    """Bytes of body and attributes (tags, keys, properties) one message may have: what a
+    CommitLog segment holds besides the record's framing and names."""
+    return config.segment_size - HEADER_SIZE - RECORD_SLACK
 
 
 class Broker:
@@ -149,6 +163,7 @@ class Broker:
         self._transactions: TransactionManager | None = None
         self._writes: WritePaths | None = None
         self._groups: GroupManager | None = None
+        self._quarantine: Quarantine | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,12 +174,13 @@ class Broker:
             self._state = "starting"
         cfg = self.config
         try:
-            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(cfg.data_dir)
             self._store = store = self._store_factory(cfg.data_dir / ROCKSDB_DIR, cfg)
             self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
             self._queues = ConsumeQueue(store)
             self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
-                                  max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards)
+                                  max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
+                                  max_record_bytes=max_record_bytes(cfg))
             self._committer = Committer(store=store, log=self._log, queues=self._queues,
                                         clock=self.clock, retention_ms=cfg.retention_ms,
                                         on_replayed=self._on_replayed)
@@ -183,8 +199,12 @@ class Broker:
                 check_running=self._check_running, notify=self._notify)
             self.metrics.pending.set(sum(
                 sum(1 for _ in store.scan(st.cf, st.frontier_key)) for st in self._shards))
+            self._quarantine = Quarantine(
+                committer=self._committer, store=store, shards=self._shards,
+                max_payload=cfg.segment_size - HEADER_SIZE, clock=self.clock,
+                metrics=self.metrics, shard_locks=self._locks)
             self._delivery = DeliveryStage(
-                committer=self._committer, clock=self.clock, metrics=self.metrics,
+                committer=self._quarantine, clock=self.clock, metrics=self.metrics,
                 progress=self._progress, queue_batches=cfg.delivery_queue_batches,
                 batch_max=cfg.delivery_batch_max, max_backoff_ms=cfg.retry_max_backoff_ms,
                 on_commit=self._on_commit)
@@ -368,7 +388,7 @@ class Broker:
         check_topic(topic, allow_system=True)
         store, _ = self._live()
         return list_scheduled(store, topic, from_ms=from_ms, to_ms=to_ms, limit=limit,
-                              cursor=cursor)
+                              cursor=cursor, scan_budget=self.config.listing_scan_budget)
 
     # --- consuming ------------------------------------------------------------------------
     def pull(self, topic: str, offset: int, max_messages: int) -> PullResult:
@@ -379,7 +399,8 @@ class Broker:
             raise InvalidArgument(f"max must be in 1..{PULL_MAX}")
         self._live()
         assert self._log is not None
-        payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages))
+        payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages),
+                                       self.config.max_answer_bytes)
         messages = decode_log_records(payloads)
         next_offset = messages[-1].queue_offset + 1 if messages else offset
         return PullResult(messages=messages, next_offset=next_offset)
@@ -431,11 +452,13 @@ class Broker:
         return self.transactions.rollback(transaction_id)
 
     def poll_transaction_checks(
-        self, producer_group: str, max_checks: int,
+        self, producer_group: str, max_checks: int, *,
+        may_see: Callable[[str], bool] | None = None,
     ) -> list[TransactionCheck]:
-        """Prepared messages of the group whose immunity passed and next check is due; each
-        returned check counts; past the maximum the message is DISCARDED."""
-        return self.transactions.poll_checks(producer_group, max_checks)
+        """Prepared messages of the group whose immunity passed and next check is due (of the
+        topics ``may_see`` accepts); each returned check counts; past the maximum the message
+        is DISCARDED."""
+        return self.transactions.poll_checks(producer_group, max_checks, may_see=may_see)
 
     def transaction_status(self, transaction_id: str) -> TransactionResult:
         """Raises NotFound."""
@@ -460,6 +483,19 @@ class Broker:
         self._check_running()
         assert self._transactions is not None
         return self._transactions
+
+    # --- poison messages (scheduler/poison.py) -----------------------------------------------
+    def parked(self, limit: int = 1000) -> list[ParkedMessage]:
+        """Due messages parked as undeliverable for a reason of their own."""
+        self._live()
+        assert self._quarantine is not None
+        return self._quarantine.messages(limit)
+
+    def redrive_parked(self) -> int:
+        """Schedule every parked message again, due now; returns how many."""
+        self._live()
+        assert self._quarantine is not None
+        return self._quarantine.redrive()
 
     # --- operations -----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -494,6 +530,7 @@ class Broker:
             "latenessP99Ms": lateness.quantile(0.99),
             "transactionsPrepared": int(m.tx_prepared_pending.value),
             "groups": self.groups.stats(),
+            "parked": int(m.parked.value),
             **self._positions(),
         }
 

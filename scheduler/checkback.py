@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,17 +67,56 @@ class CallbackRegistration:
 
 
 # --- URL policy -----------------------------------------------------------------------------
+DEFAULT_PORTS = frozenset({80, 443})
+MAX_ANSWER_BYTES = 64 << 10  # a producer's answer is a few bytes; more is not read
+
+
+def _split_entry(entry: str) -> tuple[str, str | None]:
+    """An allow-list entry as (host pattern, port or "*" or None): ``orders.internal``,
+    ``*.example.com``, ``10.0.0.7:8080``, ``localhost:*``, ``[::1]:8443``."""
+    entry = entry.lower().rstrip(".")
+    head, sep, tail = entry.rpartition(":")
+    if sep and (tail == "*" or tail.isdigit()) and (":" not in head or head.endswith("]")):
+        return head.strip("[]"), tail
+    return entry.strip("[]"), None
+
+
+def _host_matches(host: str, pattern: str) -> bool:
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
+    return host == pattern
+
+
 def host_allowed(host: str, allowed_hosts: tuple[str, ...]) -> bool:
-    """``host`` equals an entry (case-insensitively), or is a subdomain of a ``*.domain`` one."""
+    """``host`` equals an entry's host (case-insensitively), or is a subdomain of a
+    ``*.domain`` one."""
     host = host.lower().rstrip(".")
-    for entry in allowed_hosts:
-        entry = entry.lower().rstrip(".")
-        if entry.startswith("*."):
-            if host.endswith(entry[1:]) and len(host) > len(entry) - 1:
-                return True
-        elif host == entry:
+    return any(_host_matches(host, _split_entry(e)[0]) for e in allowed_hosts)
+
+
+def port_allowed(host: str, port: int, allowed_hosts: tuple[str, ...]) -> bool:
+    """80, 443, a port an entry names, or any port of a host whose entry says ``:*``."""
+    if port in DEFAULT_PORTS:
+        return True
+    host = host.lower().rstrip(".")
+    for pattern, entry_port in map(_split_entry, allowed_hosts):
+        if entry_port == str(port) or (entry_port == "*" and _host_matches(host, pattern)):
             return True
     return False
+
+
+def url_refusal(url: str, allowed_hosts: tuple[str, ...]) -> str | None:
+    """Why ``url`` may not be called back (its host or port), or None."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if not host_allowed(host, allowed_hosts):
+        allowed = ", ".join(allowed_hosts) or "none: callbacks are disabled"
+        return f"host {host!r} is not on the check-callback allow-list ({allowed})"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not port_allowed(host, port, allowed_hosts):
+        return (f"port {port} is not allowed for check callbacks (80, 443 and the ports "
+                f"named in transaction_callback_allowed_hosts are)")
+    return None
 
 
 def validate_callback_url(url: str, allowed_hosts: tuple[str, ...]) -> str:
@@ -97,11 +137,10 @@ def validate_callback_url(url: str, allowed_hosts: tuple[str, ...]) -> str:
         raise InvalidArgument("url must not carry credentials")
     if parts.fragment:
         raise InvalidArgument("url must not have a fragment")
-    if not host_allowed(parts.hostname, allowed_hosts):
-        allowed = ", ".join(allowed_hosts) or "none: callbacks are disabled"
-        raise InvalidArgument(
-            f"host {parts.hostname!r} is not on the check-callback allow-list ({allowed})")
     del port
+    refusal = url_refusal(url, allowed_hosts)
+    if refusal is not None:
+        raise InvalidArgument(refusal)
     return url
 
 
@@ -173,11 +212,10 @@ class CallbackRegistry:
             return dict(self._by_group)
 
     def active(self) -> dict[str, CallbackRegistration]:
-        """The registrations whose host the current allow-list still allows (the list may
-        have shrunk since a URL was registered)."""
+        """The registrations whose host and port the current allow-list still allows (the
+        list may have shrunk since a URL was registered)."""
         return {group: reg for group, reg in self.snapshot().items()
-                if host_allowed(urllib.parse.urlsplit(reg.url).hostname or "",
-                                self._allowed_hosts)}
+                if url_refusal(reg.url, self._allowed_hosts) is None}
 
     def has(self, group: str) -> bool:
         with self._lock:
@@ -254,12 +292,23 @@ class CheckbackClient:
         if reg.secret is not None:
             headers[TIMESTAMP_HEADER] = str(now_ms)
             headers[SIGNATURE_HEADER] = signature(reg.secret, now_ms, body)
+        deadline = time.monotonic() + self._timeout_ms / 1000.0
         try:
-            response = self._http.post(reg.url, content=body, headers=headers)
+            with self._http.stream("POST", reg.url, content=body, headers=headers) as response:
+                answer = b""
+                # whole answer within the deadline (a reply dripping byte by byte resets no
+                # timeout here) and within MAX_ANSWER_BYTES; each read waits timeout_ms at most
+                for chunk in response.iter_bytes():
+                    answer += chunk
+                    if len(answer) > MAX_ANSWER_BYTES or time.monotonic() > deadline:
+                        log.info("check-back of %s to %s: the answer is too %s; UNKNOWN",
+                                 check.transaction_id, reg.url,
+                                 "long" if len(answer) > MAX_ANSWER_BYTES else "slow")
+                        return CheckAnswer.UNKNOWN
         except httpx.HTTPError as exc:  # timeouts, refused connections, protocol errors
             log.info("check-back of %s to %s failed: %s", check.transaction_id, reg.url, exc)
             return CheckAnswer.UNKNOWN
-        return parse_answer(response)
+        return parse_answer(httpx.Response(response.status_code, content=answer))
 
     def close(self) -> None:
         with self._lock:

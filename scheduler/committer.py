@@ -82,7 +82,8 @@ class Log(Protocol):
     def end_position(self) -> int: ...
     def append_batch(self, payloads: Sequence[bytes]) -> list[int]: ...
     def read(self, position: int) -> bytes: ...
-    def read_many(self, positions: Sequence[int]) -> list[bytes]: ...
+    def read_many(self, positions: Sequence[int],
+                  max_bytes: int | None = None) -> list[bytes]: ...
     def iter_from(self, position: int) -> Iterable[tuple[int, bytes]]: ...
     def revoke(self, position: int) -> None: ...
     def flush(self) -> None: ...
@@ -272,9 +273,13 @@ class Committer:
             pending.msg_ids = [raw.decode("utf-8") for _, raw in names]
             pending.tx_ids = [None] * len(topics)
             offsets = self._take_offsets(pending.topics)
-            payloads = [log_payload_from_value(v, t, m, o, at, now) for v, t, m, o, at in zip(
-                pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
-                strict=True)]
+            try:
+                payloads = [log_payload_from_value(v, t, m, o, at, now) for v, t, m, o, at in zip(
+                    pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
+                    strict=True)]
+            except BaseException:  # a poison value (scheduler/poison.py): no offset is used
+                self._offsets.clear()
+                raise
             batch = self._store.batch()
             self._advance_watermarks(batch, scans)
             outcome = self._append_and_commit(batch, pending, offsets, payloads, now)

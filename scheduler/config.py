@@ -12,6 +12,8 @@ from storage.commitlog import DEFAULT_SEGMENT_SIZE
 from storage.constants import DEFAULT_DELAY_LEVELS
 
 TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
+#: bytes of a log record besides its body and attributes (names, times, framing), at most
+RECORD_SLACK = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +36,9 @@ class EngineConfig:
     message_delay_level: str = DEFAULT_DELAY_LEVELS  #  RocketMQ 4.x levels (units s, m, h, d)
     retention_ms: int = 72 * 3600 * 1000  #             ms a final status stays readable
     max_body_bytes: int = 4 << 20  #                    bytes; a larger body -> PAYLOAD_TOO_LARGE
+    max_answer_bytes: int = 8 << 20  #                  bytes of bodies in one pull or check-back
+    #                                                   poll answer, past its first message
+    listing_scan_budget: int = 100_000  #               timer keys one scheduled-listing page reads
     compact_after_deletes: int = 1_000_000  #           delivered keys of a shard between clean-ups
     #                                                   (delete_range + compaction) of its prefix
     cleanup_interval_ms: int = 60_000  #                ms; a shard's delivered prefix is cleaned

@@ -19,14 +19,22 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from scheduler.clock import Clock
-from scheduler.committer import CommitOutcome, Committer, ScanBatch
+from scheduler.committer import CommitOutcome, ScanBatch
 from scheduler.metrics import EngineMetrics
 from scheduler.scanner import Progress
 
 log = logging.getLogger(__name__)
+
+
+class CommitsDue(Protocol):
+    """scheduler/poison.py's Quarantine (or a bare Committer)."""
+
+    def commit_due(self, scans: Sequence[ScanBatch]) -> CommitOutcome: ...
+
 
 INLINE_MAX = 256  # messages: a smaller batch handed to an idle stage is committed at once
 
@@ -105,7 +113,7 @@ class BoundedQueue:
 
 class DeliveryStage:
     def __init__(
-        self, *, committer: Committer, clock: Clock, metrics: EngineMetrics,
+        self, *, committer: CommitsDue, clock: Clock, metrics: EngineMetrics,
         progress: Progress, queue_batches: int, batch_max: int, max_backoff_ms: int,
         on_commit: Callable[[CommitOutcome], None],
     ) -> None:

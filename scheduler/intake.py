@@ -102,11 +102,13 @@ def check_msg_id(msg_id: object) -> str:
 class Intake:
     def __init__(
         self, *, levels: DelayLevels, max_delay_ms: int, max_body_bytes: int,
-        shards: int,
+        shards: int, max_record_bytes: int | None = None,
     ) -> None:
         self.levels = levels
         self._max_delay_ms = max_delay_ms
         self._max_body = max_body_bytes
+        # body + attributes: beyond it the log record would not fit in a CommitLog segment
+        self._max_record = max_body_bytes if max_record_bytes is None else max_record_bytes
         self._shards = shards
         self._ids = MessageIdGenerator()
         # topics already validated -> (key part "topic NUL", shard); few, checked once each
@@ -136,6 +138,10 @@ class Intake:
         tags, keys, props = request.tags, request.keys, request.properties
         if tags is not None or keys or props:
             _check_attributes(tags, keys, props)
+            size = len(body) + _attribute_bytes(tags, keys, props)
+            if size > self._max_record:
+                raise PayloadTooLarge(f"body and attributes are {size} bytes; a message holds "
+                                      f"at most {self._max_record}")
         at, delay, level = request.deliver_at, request.delay_ms, None
         # the common cases, checked inline: no timing (now), deliverAt, or delayMs in range
         if request.delay_level is None and not props and (
@@ -170,6 +176,14 @@ def _check_attributes(tags: object, keys: object, props: object) -> None:
     if not isinstance(props, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
         raise InvalidArgument("properties must map strings to strings")
+
+
+def _attribute_bytes(tags: str | None, keys: object, props: Mapping[str, str]) -> int:
+    """UTF-8 bytes of the attributes (checked by ``_check_attributes``): a bound of what
+    they add to the log record, with a few bytes of framing each."""
+    assert isinstance(keys, tuple | list)
+    return (len((tags or "").encode()) + sum(len(k.encode()) + 5 for k in keys)
+            + sum(len(k.encode()) + len(v.encode()) + 10 for k, v in props.items()))
 
 
 def expiry_key(expires_at: int, index_key: bytes) -> bytes:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from storage.errors import InvalidArgument
 
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_ITEM = re.compile(r"^(\d{1,12})([smhd])$")
+_ITEM = re.compile(r"^(\d{1,12})([smhd])\Z")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -4,8 +4,11 @@ Timer keys are ordered by (deliverAt, topic, msgId) and spread over the shards, 
 is a k-way merge of the shards' key ranges, filtered by topic. That costs the keys of other
 topics in the same time range, so every call reads at most ``scan_budget`` keys: a page can
 come back short (even empty) with a cursor to go on from; ``None`` means the range is done.
-The cursor is the last key looked at, so paging is stable under concurrent sends and
-deliveries (a message delivered meanwhile simply no longer shows up).
+The cursor is where to go on from, so paging is stable under concurrent sends and
+deliveries (a message delivered meanwhile simply no longer shows up). It never carries
+another topic's key: when the budget stops on one, at (T, other topic, msgId), the page goes
+on from the first key this topic could have after it, (T, this topic) or (T + 1); the keys
+skipped are other topics'.
 """
 
 from __future__ import annotations
@@ -22,15 +25,15 @@ from storage.keys import MAX_U64, decode_timer_key, time_bound
 from storage.records import MessageStatus
 from storage.timer_store import TimerStore
 
-CURSOR_VERSION = 1
+CURSOR_VERSION = 2  # 1 carried the last key looked at, possibly another topic's
 MAX_PAGE = 1000
-SCAN_BUDGET = 100_000  # keys read per call at most
+SCAN_BUDGET = 100_000  # keys read per call at most (EngineConfig.listing_scan_budget)
 
 
-def encode_cursor(topic: str, timer_key: bytes) -> str:
-    """Opaque: version, the topic it belongs to, and the last timer key looked at (which
-    may be another topic's)."""
-    raw = bytes([CURSOR_VERSION]) + topic.encode("utf-8") + b"\x00" + timer_key
+def encode_cursor(topic: str, start: bytes) -> str:
+    """Opaque: version, the topic it belongs to, and the key to go on from (inclusive):
+    8 bytes of time, maybe followed by the topic, NUL and more."""
+    raw = bytes([CURSOR_VERSION]) + topic.encode("utf-8") + b"\x00" + start
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
@@ -39,15 +42,26 @@ def decode_cursor(cursor: str, topic: str) -> bytes:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         if not raw or raw[0] != CURSOR_VERSION:
             raise ValueError("unknown cursor version")
-        cursor_topic, sep, key = raw[1:].partition(b"\x00")
-        if not sep:
-            raise ValueError("no topic")
-        decode_timer_key(key)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        cursor_topic, sep, start = raw[1:].partition(b"\x00")
+        if not sep or len(start) < 8:
+            raise ValueError("no position")
+    except (ValueError, binascii.Error):
         raise InvalidArgument(f"malformed cursor {cursor!r}") from None
-    if cursor_topic != topic.encode("utf-8"):
+    own = topic.encode("utf-8") + b"\x00"
+    if cursor_topic != topic.encode("utf-8") or (len(start) > 8
+                                                  and not start[8:].startswith(own)):
         raise InvalidArgument("the cursor belongs to another topic")
-    return key
+    return start
+
+
+def resume_after(key: bytes, own: bytes) -> bytes:
+    """The first key at or after which this topic (``own`` = topic NUL) can have keys
+    following ``key``, made of ``key``'s time and ``own`` only."""
+    if key[8:8 + len(own)] == own:
+        return key + b"\x00"
+    if key[8:] < own:
+        return key[:8] + own
+    return time_bound(min(decode_timer_key(key)[0] + 1, MAX_U64))
 
 
 def _shard_keys(store: TimerStore, cf: str, start: bytes, end: bytes | None) -> Iterator[bytes]:
@@ -67,7 +81,7 @@ def list_scheduled(
             raise InvalidArgument(f"{name} must be a time in epoch ms")
     start = time_bound(from_ms or 0)
     if cursor is not None:
-        start = max(start, decode_cursor(cursor, topic) + b"\x00")
+        start = max(start, decode_cursor(cursor, topic))
     end = None if to_ms is None else time_bound(to_ms)
     if end is not None and end <= start:
         return [], None
@@ -90,4 +104,4 @@ def list_scheduled(
             break
     else:
         return page, None  # the range is exhausted
-    return page, encode_cursor(topic, last) if last is not None else None
+    return page, encode_cursor(topic, resume_after(last, wanted)) if last is not None else None

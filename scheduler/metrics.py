@@ -265,6 +265,8 @@ class EngineMetrics:
         self.delivery_queue_messages = Gauge(
             "delivery_queue_messages", "Messages waiting in the delivery queue")
         self.blocked = Gauge("delivery_blocked", "1 while delivery is blocked by failures")
+        self.parked = Gauge("parked_messages", "Due messages parked: undeliverable for a "
+                            "reason of their own (GET /v1/admin/parked)")
         self.watermark_lag_ms = Gauge(
             "watermark_lag_ms", "Now minus the time a shard's scanner has covered", "shard")
         self.lateness_ms = Histogram(

@@ -86,6 +86,7 @@ from storage.timer_store import Batch, TimerStore
 log = logging.getLogger(__name__)
 
 MAX_CHECKS_PER_POLL = 1000
+FILTER_SCAN_BUDGET = 10 * MAX_CHECKS_PER_POLL  # keys a filtered poll reads at most
 
 
 class Committing(Protocol):
@@ -284,11 +285,14 @@ class TransactionManager:
         raise Conflict(f"cannot {action} transaction {tx_id}: it is {entry.state.value}")
 
     # --- check-back -------------------------------------------------------------------------
-    def poll_checks(self, producer_group: str, max_checks: int) -> list[TransactionCheck]:
+    def poll_checks(self, producer_group: str, max_checks: int, *,
+                    may_see: Callable[[str], bool] | None = None) -> list[TransactionCheck]:
         """Claim up to ``max_checks`` of the group's prepared messages whose next check is due
-        (so their immunity has passed), oldest first. Each returned check counts
-        (checkTimes + 1) and the next is due one check interval later; a message already
-        checked the maximum number of times is DISCARDED instead (and not returned)."""
+        (so their immunity has passed), oldest first, and past the first at most
+        ``max_answer_bytes`` of bodies. Each returned check counts (checkTimes + 1) and the
+        next is due one check interval later; a message already checked the maximum number
+        of times is DISCARDED instead (and not returned). With ``may_see``, only messages of
+        the topics it accepts are claimed (or discarded): the others are left as they are."""
         check_group(producer_group)
         if isinstance(max_checks, bool) or not isinstance(max_checks, int) \
                 or not 1 <= max_checks <= MAX_CHECKS_PER_POLL:
@@ -297,17 +301,19 @@ class TransactionManager:
         with committer.lock:
             committer.replay_if_needed()
             now = self._clock.now_ms()
-            due = self._due(producer_group, now, max_checks)
+            due, skipped = self._due(producer_group, now, max_checks, may_see)
             # every key read here moves past now or goes; any further due key is after them
             floor = due[-1][0] + b"\x00" if len(due) == max_checks else time_bound(now + 1)
             if not due:
-                self._floor[producer_group] = floor
+                self._floor[producer_group] = min(floor, skipped or floor)
                 return []
-            checks, discards, batch = self._claim(producer_group, due, now)
+            checks, discards, batch, taken = self._claim(producer_group, due, now)
+            if taken < len(due):  # the answer is full: the rest stays due
+                floor = due[taken][0]
             outcome = committer.commit_immediate(batch, discards) if discards else None
             if outcome is None:
                 committer.commit_plain(batch)
-            self._floor[producer_group] = floor
+            self._floor[producer_group] = min(floor, skipped or floor)
         if outcome is not None:
             self._on_appended(discards, outcome)
             self._metrics.tx_discarded.inc(len(discards))
@@ -317,22 +323,31 @@ class TransactionManager:
         return checks
 
     def _claim(self, group: str, due: list[tuple[bytes, str]], now: int,
-               ) -> tuple[list[TransactionCheck], list[PreparedMessage], Batch]:
+               ) -> tuple[list[TransactionCheck], list[PreparedMessage], Batch, int]:
+        """Claim (or discard) ``due`` in order until the answer holds ``max_answer_bytes``
+        of bodies; also returns how many of ``due`` were taken."""
         halves = self._store.multi_get(CF_HALF, [half_key for half_key, _ in due])
         entries = self._store.multi_get(CF_TX, [entry_key(tx_id) for _, tx_id in due])
         batch = self._store.batch()
         checks: list[TransactionCheck] = []
         discards: list[PreparedMessage] = []
         next_check = now + self._config.transaction_check_interval_ms
+        room = self._config.max_answer_bytes
+        taken = 0
         for (half_key, tx_id), raw_half, raw_entry in zip(due, halves, entries, strict=True):
             if raw_half is None or raw_entry is None:  # cannot happen: written together
                 log.error("transaction %s: dangling check key removed", tx_id)
                 batch.delete(CF_TX, group_key(group, half_key))
+                taken += 1
                 continue
             half, entry = decode_half(raw_half), decode_entry(raw_entry)
             if entry.check_times >= self._config.transaction_check_max:
                 discards.append(self._discard(batch, tx_id, entry, half, now))
+                taken += 1
                 continue
+            if checks and len(half.body) > room:
+                break
+            room -= len(half.body)
             claimed = dataclasses.replace(entry, check_times=entry.check_times + 1,
                                           next_check_at=next_check, updated_at=now)
             new_key = encode_timer_key(next_check, entry.topic, entry.msg_id)
@@ -341,7 +356,8 @@ class TransactionManager:
             batch.put(CF_TX, group_key(group, new_key), tx_id.encode("ascii"))
             batch.put(CF_TX, entry_key(tx_id), encode_entry(claimed))
             checks.append(_check(tx_id, claimed, half))
-        return checks, discards, batch
+            taken += 1
+        return checks, discards, batch, taken
 
     def _discard(self, batch: Batch, tx_id: str, entry: TransactionEntry, half: HalfMessage,
                  now: int) -> PreparedMessage:
@@ -387,13 +403,28 @@ class TransactionManager:
         self.dispatcher.wake()
         return reg
 
-    def _due(self, group: str, now: int, limit: int) -> list[tuple[bytes, str]]:
-        """(half key, transaction id) of the group's keys due at ``now``, by time."""
+    def _due(self, group: str, now: int, limit: int,
+             may_see: Callable[[str], bool] | None = None,
+             ) -> tuple[list[tuple[bytes, str]], bytes | None]:
+        """(half key, transaction id) of the group's keys due at ``now`` whose topic
+        ``may_see`` accepts, by time, and the first half key it refused (None if none).
+        Reads at most ``FILTER_SCAN_BUDGET`` keys when filtering."""
         prefix = group_prefix(group)
         end = time_bound(now + 1)
         start = min(self._floor.get(group, b""), end)
-        rows = self._store.scan(CF_TX, prefix + start, prefix + end, limit=limit)
-        return [(key[len(prefix):], value.decode("ascii")) for key, value in rows]
+        rows = self._store.scan(CF_TX, prefix + start, prefix + end,
+                                limit=limit if may_see is None else FILTER_SCAN_BUDGET)
+        due: list[tuple[bytes, str]] = []
+        skipped = None
+        for key, value in rows:
+            half_key = key[len(prefix):]
+            if may_see is not None and not may_see(decode_timer_key(half_key)[1]):
+                skipped = skipped or half_key
+                continue
+            due.append((half_key, value.decode("ascii")))
+            if len(due) == limit:
+                break
+        return due, skipped
 
     # --- recovery -----------------------------------------------------------------------------
     def on_replayed(self, records: Sequence[LogRecord]) -> None:

@@ -156,7 +156,7 @@ def prefix_end(prefix: bytes) -> bytes:
 
 # --- transaction ids --------------------------------------------------------------------------
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-TX_ID_PATTERN = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+TX_ID_PATTERN = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}\Z")
 
 
 def new_transaction_id(now_ms: int) -> str:
@@ -172,16 +172,18 @@ def is_transaction_id(text: str) -> bool:
 
 
 # --- check immunity (RocketMQ) ----------------------------------------------------------------
-_JAVA_LONG = re.compile(r"[+-]?[0-9]+")
+# sign, leading zeros, then at most the 19 digits of a long: int() never sees an absurd length
+_JAVA_LONG = re.compile(r"([+-]?)0*([0-9]{1,19})")
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def parse_java_long(text: str) -> int | None:
     """``Long.parseLong(text)``, or None where Java throws NumberFormatException
     (a fraction, blanks, an empty string, out of the signed 64-bit range)."""
-    if _JAVA_LONG.fullmatch(text) is None:
+    match = _JAVA_LONG.fullmatch(text)
+    if match is None:
         return None
-    value = int(text)
+    value = int(match[1] + match[2])
     return value if _LONG_MIN <= value <= _LONG_MAX else None
 
 

@@ -19,7 +19,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.sources import LOGICAL_FORMAT, SST_FORMAT
-from storage.snapshots import open_read_only, read_manifest, resolve_db_dir
+from storage.snapshots import check_snapshot_id, open_read_only, read_manifest, resolve_db_dir
 
 EXPORT_MARKER = "snapshot.json"
 EXPORT_FORMAT = 1
@@ -90,10 +90,10 @@ def open_input(path: str | Path) -> SnapshotInput:
             meta = snap.meta()
     if manifest:
         created_at = int(manifest["createdAt"])
-        snapshot_id = str(manifest.get("snapshotId", path.name))
+        snapshot_id = check_snapshot_id(manifest.get("snapshotId", path.name))
     else:  # a bare checkpoint: its CURRENT file was written when it was taken
         created_at = int((db_dir / "CURRENT").stat().st_mtime * 1000)
-        snapshot_id = path.name
+        snapshot_id = path.resolve().name  # the directory's own name: never ".."
     return SnapshotInput(
         snapshot_id=snapshot_id, path=path, kind="snapshot" if manifest else "checkpoint",
         created_at=created_at, manifest=manifest,
@@ -107,7 +107,7 @@ def _from_export(path: Path) -> SnapshotInput:
     if data.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{path}: unknown export format {data.get('format')!r}")
     return SnapshotInput(
-        snapshot_id=data["snapshotId"], path=path, kind="parquet",
+        snapshot_id=check_snapshot_id(data.get("snapshotId")), path=path, kind="parquet",
         created_at=int(data["createdAt"]), manifest=data.get("manifest") or {},
         watermarks={int(k): int(v) for k, v in data.get("watermarks", {}).items()},
         applied_position=data.get("appliedPosition"),
@@ -119,6 +119,8 @@ def export_parquet(spark: SparkSession, source: SnapshotInput, out_dir: str | Pa
     """Write the logical and SST rows of ``source`` as Parquet under ``out_dir/<snapshot id>``
     (replacing an earlier export of the same snapshot); returns that directory."""
     dest = Path(out_dir) / source.snapshot_id
+    if dest.resolve().parent != Path(out_dir).resolve():  # an id is a name, never a path
+        raise ValueError(f"snapshot id {source.snapshot_id!r} is not a plain name")
     source.logical(spark, partitions).write.mode("overwrite").parquet(str(dest / "logical"))
     source.ssts(spark).coalesce(1).write.mode("overwrite").parquet(str(dest / "sst"))
     marker = {"format": EXPORT_FORMAT, **source.describe(), "manifest": source.manifest}

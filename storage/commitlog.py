@@ -47,6 +47,7 @@ from storage.log_format import (
     frame,
     seal,
 )
+from storage.private import FILE_MODE, private_dir
 from storage.segment import NAME_PATTERN, Segment, fsync_dir
 
 FLUSH_POLICIES = ("async", "sync")
@@ -72,7 +73,7 @@ def _lock_directory(directory: Path) -> int:
     """An exclusive flock on ``directory/LOCK``: one writer per log, across processes."""
     fd = -1
     try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, FILE_MODE)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if fd >= 0:
@@ -82,6 +83,7 @@ def _lock_directory(directory: Path) -> int:
 
 
 _REVOKE_PIECE = 1 << 20  # revoke zeroes at most this many bytes at a time
+_UNBOUNDED = 1 << 62  # read_many without max_bytes
 
 
 def _written_end(seg: Segment, off: int) -> int:
@@ -135,7 +137,7 @@ class CommitLog:
         self._end = self._flushed = 0
         try:
             if not read_only:
-                self._dir.mkdir(parents=True, exist_ok=True)
+                private_dir(self._dir)
                 self._lock_fd = _lock_directory(self._dir)
             self._load_segments(repair)
             self._end = self._flushed = self._recover(repair, full_check)
@@ -445,11 +447,14 @@ class CommitLog:
         """The payload of the record at ``position``; CorruptionError if it fails its CRC."""
         return self.read_many((position,))[0]
 
-    def read_many(self, positions: Sequence[int]) -> list[bytes]:
+    def read_many(self, positions: Sequence[int], max_bytes: int | None = None) -> list[bytes]:
         """``[read(p) for p in positions]`` with the same checks, in one tight loop (the pull
-        path reads up to 1000 records a request, mostly from one segment)."""
+        path reads up to 1000 records a request, mostly from one segment). With
+        ``max_bytes``, stops (a prefix of the answer) before the payloads past the first
+        would add up to more than that: a bounded answer."""
         if self._closed:
             raise StorageError("the CommitLog is closed")
+        room = _UNBOUNDED if max_bytes is None else max_bytes
         out: list[bytes] = []
         unpack, header, magic_ok, seed = HEADER.unpack_from, HEADER_SIZE, RECORD_MAGIC, CRC_SEED
         lo = hi = 0
@@ -464,6 +469,9 @@ class CommitLog:
             magic, length, crc = unpack(mm, off)
             if magic != magic_ok:
                 raise InvalidArgument(f"no record at position {position}")
+            if length > room and out:
+                break
+            room -= length
             start = off + header
             payload = mm[start:start + length]
             if len(payload) != length or crc32c(payload, length ^ seed) != crc:
@@ -574,7 +582,7 @@ class CommitLog:
         raw = _CHECKPOINT.pack(position, crc32c(position.to_bytes(8, "little")))
         tmp = self._dir / (CHECKPOINT_NAME + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
             try:
                 os.write(fd, raw)
                 os.fsync(fd)

@@ -39,6 +39,7 @@ META_SHARDS = b"timer_shards"  # the shard count the data was written with
 META_GROUP_ACK_PREFIX = b"gack/"  # + log topic NUL group NUL 8-byte BE offset -> b"" (acked
 #                                   above the committed offset: the gaps not yet filled)
 META_GROUP_STATE_PREFIX = b"gstate/"  # + topic NUL group -> 8-byte BE retries outstanding
+META_PARKED_PREFIX = b"parked/"  # + timer key -> [reason, stored value] (scheduler/poison.py)
 
 # --- transaction keys (CF_TX; see scheduler/tx_records.py) ------------------------------------
 TX_ENTRY_PREFIX = b"t/"  # + transaction id -> encoded TransactionEntry
@@ -46,9 +47,22 @@ TX_GROUP_PREFIX = b"g/"  # + producer group NUL + half key -> transaction id (pe
 TX_CALLBACK_PREFIX = b"c/"  # + producer group -> encoded check-callback registration
 
 # --- topics ---------------------------------------------------------------------------------
-TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
-MSG_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-GROUP_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# Each name pattern as the contract and JSON Schema (ECMA-262) write it, where ^...$ anchors
+# the whole string, and compiled for Python with \Z instead: Python's $ also matches before a
+# final newline, which would let "orders\n" through.
+TOPIC_REGEX = r"^[A-Za-z0-9_.-]{1,127}$"
+MSG_ID_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
+GROUP_REGEX = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+def whole_string(regex: str) -> str:
+    """``^...$`` (ECMA-262) as a Python pattern that matches the whole string only."""
+    return regex.removesuffix("$") + r"\Z"
+
+
+TOPIC_PATTERN = re.compile(whole_string(TOPIC_REGEX))
+MSG_ID_PATTERN = re.compile(whole_string(MSG_ID_REGEX))
+GROUP_PATTERN = re.compile(whole_string(GROUP_REGEX))
 
 TOPIC_SCHEDULE = "SCHEDULE_TOPIC_XXXX"
 TOPIC_TRANS_CHECK_MAX_TIME = "TRANS_CHECK_MAX_TIME_TOPIC"

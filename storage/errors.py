@@ -69,6 +69,12 @@ class Unavailable(HourglassError):
     status = 503
 
 
+class Overloaded(Unavailable):
+    """Too many connections or long polls at once: try again shortly (Retry-After)."""
+
+    retry_after_s = 1
+
+
 class StorageError(Unavailable):
     """A RocksDB or CommitLog operation failed; nothing half-written is visible."""
 

@@ -21,8 +21,9 @@ import threading
 from pathlib import Path
 
 from storage.errors import StorageError
+from storage.private import FILE_MODE
 
-NAME_PATTERN = re.compile(r"^\d{20}$")
+NAME_PATTERN = re.compile(r"^\d{20}\Z")
 _ZERO_CHUNK = bytes(1 << 20)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _MS_SYNC = 4  # <sys/mman.h> on Linux
@@ -63,7 +64,7 @@ class Segment:
         path = directory / segment_name(base)
         fd = -1
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:

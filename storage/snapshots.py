@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from storage.errors import InvalidArgument, NotFound, StorageError
+from storage.private import DIR_MODE, FILE_MODE, private_dir
 from storage.segment import fsync_dir
 from storage.snapshot_manifest import (
     INT_PROPERTIES,
@@ -79,7 +80,7 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
-SNAPSHOT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+SNAPSHOT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,11 +122,11 @@ def create_snapshot(
     created_at = int(time.time() * 1000) if now_ms is None else int(now_ms)
     snapshot_id = _new_id(created_at)
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
     tmp = root / f"{_TMP_PREFIX}{snapshot_id}"
     final = root / snapshot_id
     try:
-        tmp.mkdir()
+        tmp.mkdir(mode=DIR_MODE)
         store.checkpoint(tmp / CHECKPOINT_DIR)
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -154,7 +155,8 @@ def _iso(ms: int) -> str:
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with open(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
@@ -194,7 +196,7 @@ def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
 
 
 def get_snapshot(root: str | Path, snapshot_id: str) -> SnapshotInfo:
-    _check_id(snapshot_id)
+    check_snapshot_id(snapshot_id)
     for info in list_snapshots(root):
         if info.snapshot_id == snapshot_id:
             return info
@@ -209,9 +211,12 @@ def remove_snapshot(root: str | Path, snapshot_id: str) -> None:
     shutil.rmtree(trash)
 
 
-def _check_id(snapshot_id: str) -> None:
-    if not SNAPSHOT_ID_PATTERN.match(snapshot_id):
+def check_snapshot_id(snapshot_id: object) -> str:
+    """``snapshot_id`` if it is a valid id (a plain file name: never ``..`` nor a path),
+    else InvalidArgument (a ValueError)."""
+    if not isinstance(snapshot_id, str) or not SNAPSHOT_ID_PATTERN.match(snapshot_id):
         raise InvalidArgument(f"invalid snapshot id {snapshot_id!r}")
+    return snapshot_id
 
 
 def disk_usage(snapshot: SnapshotInfo | Path, live_db_dir: str | Path | None = None) -> DiskUsage:

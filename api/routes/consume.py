@@ -89,7 +89,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             offset = 0 if group is None else broker.get_group_offset(topic, check_group(group))
         result = broker.pull(topic, offset, max_messages)
         if not result.messages and wait_ms > 0:
-            result = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
+            with notifier.slot():
+                result = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
         return respond(schemas.PullResult(messages=[delivered(m) for m in result.messages],
                                           next_offset=result.next_offset), 200, request)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from api import schemas
@@ -118,8 +119,10 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         ctx.allow(principal, Permission.READ, topic)
         if from_ms is not None and to_ms is not None and from_ms > to_ms:
             raise InvalidArgument(f"from ({from_ms}) is after to ({to_ms})")
-        page, next_cursor = broker.list_scheduled(topic, from_ms=from_ms, to_ms=to_ms,
-                                                  limit=limit, cursor=cursor)
+        # a page reads up to listing_scan_budget keys: off the event loop
+        page, next_cursor = await run_in_threadpool(
+            broker.list_scheduled, topic, from_ms=from_ms, to_ms=to_ms, limit=limit,
+            cursor=cursor)
         return respond(schemas.ScheduledPage(messages=[message_info(m) for m in page],
                                              next_cursor=next_cursor))
 

@@ -57,6 +57,28 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
         ctx.allow(principal, Permission.ADMIN)
         return respond(await run_in_threadpool(broker.stats))
 
+    @router.get("/v1/admin/parked", **operation(
+        "listParked", tag="operations",
+        summary="Due messages parked as undeliverable for a reason of their own",
+        result="ParkedMessages", errors=(503,),
+    ))
+    async def list_parked(principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.ADMIN)
+        parked = await run_in_threadpool(broker.parked)
+        return respond(schemas.ParkedMessages(messages=[schemas.ParkedMessage(
+            topic=p.topic, msg_id=p.msg_id, deliver_at=p.deliver_at, reason=p.reason,
+            size=p.size) for p in parked]))
+
+    @router.post("/v1/admin/parked:redrive", **operation(
+        "redriveParked", tag="operations",
+        summary="Schedule every parked message again, due now (once the cause is fixed)",
+        result="Redriven", errors=(503,),
+    ))
+    async def redrive_parked(principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.ADMIN)
+        return respond(schemas.Redriven(redriven=await run_in_threadpool(
+            broker.redrive_parked)))
+
     @router.post("/v1/admin/snapshots", **operation(
         "createSnapshot", tag="operations", ok=201,
         summary="Consistent RocksDB checkpoint for analytics",

@@ -1,8 +1,9 @@
 """Transactions (half messages): prepare, commit, roll back, check-back polling.
 
-Commit, rollback and check-back polling name no topic, so they are authorised by role only:
-the transactionId is an unguessable capability that only the producer which prepared the
-message received (see docs/api.md).
+Commit, rollback and check-back polling name no topic in their path: commit and rollback
+need the producer role on the transaction's topic (a transaction of a topic the token may not
+use is 404, as if unknown: nothing is revealed), and a check-back poll hands the caller only
+checks of topics it may send to (docs/api.md).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from api import schemas
-from api.auth import Permission
+from api.auth import Permission, Principal
 from api.bodies import decode, read_body, to_send_request
 from api.context import ApiContext, Authenticated, respond
 from api.openapi import operation
 from api.schemas import Topic
+from app.settings import Role
 from scheduler import model
+from storage.errors import NotFound
 
 TransactionId = Annotated[str, Path(alias="transactionId", min_length=1, max_length=256,
                                     description="From the prepare result.")]
@@ -48,6 +51,12 @@ def transaction_check(check: model.TransactionCheck) -> schemas.TransactionCheck
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
 
+    def check_owner(principal: Principal, transaction_id: str) -> None:
+        """NotFound, exactly as for an unknown id, unless the token may use the topic."""
+        ctx.allow(principal, Permission.TRANSACT)
+        if not principal.may_use_topic(broker.transaction_status(transaction_id).topic):
+            raise NotFound(f"unknown transaction {transaction_id!r}")
+
     @router.post("/v1/topics/{topic}/transactions", **operation(
         "prepareTransaction", tag="transactions", ok=201,
         summary="Prepare a half message (invisible until committed)",
@@ -72,7 +81,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     ))
     async def commit_transaction(transaction_id: TransactionId,
                                  principal: Authenticated) -> Response:
-        ctx.allow(principal, Permission.TRANSACT)
+        check_owner(principal, transaction_id)
         return respond(transaction_result(broker.commit_transaction(transaction_id)))
 
     @router.post("/v1/transactions/{transactionId}/rollback", **operation(
@@ -81,7 +90,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     ))
     async def rollback_transaction(transaction_id: TransactionId,
                                    principal: Authenticated) -> Response:
-        ctx.allow(principal, Permission.TRANSACT)
+        check_owner(principal, transaction_id)
         return respond(transaction_result(broker.rollback_transaction(transaction_id)))
 
     @router.get("/v1/producer-groups/{group}/transaction-checks", **operation(
@@ -96,6 +105,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     ) -> Response:
         ctx.allow(principal, Permission.TRANSACT)
         # a poll scans the group's checks under the commit lock: keep the event loop free
-        checks = await run_in_threadpool(broker.poll_transaction_checks, group, max_checks)
+        may_see = None if principal.role is Role.ADMIN else principal.may_use_topic
+        checks = await run_in_threadpool(broker.poll_transaction_checks, group, max_checks,
+                                         may_see=may_see)
         return respond(schemas.TransactionChecks(checks=[transaction_check(c) for c in checks]))
 

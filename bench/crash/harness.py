@@ -98,7 +98,8 @@ class _Run:
         self.server = ServerProcess(
             config.workdir / "data", token=secrets.token_urlsafe(24),
             log_path=config.workdir / "server.log",
-            settings={"segment_size": config.segment_size})
+            # bodies stay small; a segment must hold the largest body (scheduler/broker.py)
+            settings={"segment_size": config.segment_size, "max_body_bytes": "1MiB"})
         self.shared = Shared(self.server, self.ledger, config.max_delay_ms)
         self._storm_threads: list[threading.Thread] = []
 

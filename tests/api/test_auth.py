@@ -62,6 +62,8 @@ TX_CALLS: dict[str, tuple[Call, set[str]]] = {
 TOPICLESS: dict[str, tuple[Callable[[httpx.Client], httpx.Response], set[str]]] = {
     "getStats": (lambda c: c.get("/v1/admin/stats"), {"admin"}),
     "createSnapshot": (lambda c: c.post("/v1/admin/snapshots"), {"admin"}),
+    "listParked": (lambda c: c.get("/v1/admin/parked"), {"admin"}),
+    "redriveParked": (lambda c: c.post("/v1/admin/parked:redrive"), {"admin"}),
     "setCheckCallback": (lambda c: c.put("/v1/producer-groups/pg/check-callback",
                                          json={"url": "https://not-allowed.example/x"}),
                          {"admin"}),

@@ -22,7 +22,8 @@ from storage.timer_store import TimerStore
 def data_dir(tmp_path: Path) -> Path:
     """A data directory holding 30 delivered messages over two topics, 10 still pending."""
     clock = FakeClock()
-    broker = Broker(EngineConfig(data_dir=tmp_path, segment_size=4096), clock)
+    broker = Broker(EngineConfig(data_dir=tmp_path, segment_size=4096, max_body_bytes=1024),
+                    clock)
     broker.start()
     try:
         for i in range(40):

@@ -59,6 +59,7 @@ def serve_faulty(data_dir: Path, **engine: Any) -> Iterator[FaultyServer]:
     settings = load_settings(cli={"data_dir": str(data_dir)})
     settings = replace(settings, tokens=(TokenSpec(token=TOKEN, role=Role.ADMIN, name="admin"),),
                        engine=replace(settings.engine, segment_size=1 << 20,
+                                      max_body_bytes=512 << 10,
                                       flush_interval_ms=50, retry_max_backoff_ms=300, **engine))
     parts: dict[str, Any] = {}
 

@@ -15,6 +15,7 @@ RocksDB really meets ENOSPC; the reserve's own test refuses writes before it doe
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,8 +29,9 @@ from tests.disk import fill_disk
 from tests.faults.conftest import TOKEN
 
 TOPIC = "disk.a"
-SETTINGS = {"segment_size": "2MiB", "flush_interval_ms": "50ms", "retry_max_backoff_ms": "500ms",
-            "disk_reserve_bytes": "0", "disk_retry_interval_ms": "200ms"}
+SETTINGS = {"segment_size": "2MiB", "max_body_bytes": "1MiB", "flush_interval_ms": "50ms",
+            "retry_max_backoff_ms": "500ms", "disk_reserve_bytes": "0",
+            "disk_retry_interval_ms": "200ms"}
 KIB = 1024
 
 
@@ -59,14 +61,21 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
     return True
 
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/\w")
+
+
 def ready(client: httpx.Client) -> int:
     return client.get("/readyz").status_code
 
 
 def unavailable(r: httpx.Response) -> bool:
-    return (r.status_code == 503
-            and r.headers["content-type"].startswith("application/problem+json")
-            and r.json()["code"] == "UNAVAILABLE")
+    """A 503 problem, whose detail names no file (issue 12: no paths to the network)."""
+    ok = (r.status_code == 503
+          and r.headers["content-type"].startswith("application/problem+json")
+          and r.json()["code"] == "UNAVAILABLE")
+    if ok:
+        assert ABSOLUTE_PATH.search(r.json()["detail"]) is None, r.json()["detail"]
+    return ok
 
 
 def send(client: httpx.Client, msg_id: str, body: str = "x", **timing: int) -> httpx.Response:

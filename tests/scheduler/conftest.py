@@ -57,8 +57,8 @@ class FlakyLog:
     def read(self, position: int) -> bytes:
         return self.inner.read(position)
 
-    def read_many(self, positions: Sequence[int]) -> list[bytes]:
-        return self.inner.read_many(positions)
+    def read_many(self, positions: Sequence[int], max_bytes: int | None = None) -> list[bytes]:
+        return self.inner.read_many(positions, max_bytes)
 
     def iter_from(self, position: int) -> Any:
         return self.inner.iter_from(position)
@@ -105,6 +105,7 @@ class FlakyStore(TimerStore):
 def make_config(data_dir: Path, **overrides: Any) -> EngineConfig:
     settings: dict[str, Any] = {
         "data_dir": data_dir, "timer_shards": 2, "segment_size": 1 << 20,
+        "max_body_bytes": 512 << 10,
         "flush_interval_ms": 50, "scan_interval_ms": 0,  # pacing: test_frontier.py
     }
     settings.update(overrides)

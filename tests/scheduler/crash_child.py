@@ -35,8 +35,8 @@ class DieAfterAppend:
     def read(self, position: int) -> bytes:
         return self.inner.read(position)
 
-    def read_many(self, positions: Sequence[int]) -> list[bytes]:
-        return self.inner.read_many(positions)
+    def read_many(self, positions: Sequence[int], max_bytes: int | None = None) -> list[bytes]:
+        return self.inner.read_many(positions, max_bytes)
 
     def iter_from(self, position: int) -> Iterable[tuple[int, bytes]]:
         return self.inner.iter_from(position)
@@ -56,7 +56,8 @@ def main(data_dir: str, mode: str, count: int) -> None:
         return holder[0]
 
     clock = FakeClock(1_700_000_000_000)
-    config = EngineConfig(data_dir=Path(data_dir), segment_size=1 << 20, timer_shards=2,
+    config = EngineConfig(data_dir=Path(data_dir), segment_size=1 << 20,
+                          max_body_bytes=512 << 10, timer_shards=2,
                           scan_batch_size=100, delivery_batch_max=300)
     broker = Broker(config, clock, log_factory=factory)
     broker.start()

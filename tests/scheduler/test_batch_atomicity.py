@@ -236,7 +236,8 @@ def child(data_dir: str) -> None:
         holder.append(DieAfterAppend(open_commitlog(directory, cfg)))
         return holder[0]
 
-    config = EngineConfig(data_dir=Path(data_dir), segment_size=1 << 20, timer_shards=2)
+    config = EngineConfig(data_dir=Path(data_dir), segment_size=1 << 20,
+                          max_body_bytes=512 << 10, timer_shards=2)
     broker = Broker(config, FakeClock(START_MS), log_factory=factory)
     broker.start()
     broker.send(SendRequest(topic="t", body=b"x", msg_id="before"))

@@ -156,6 +156,7 @@ def test_a_reopen_needs_room_for_the_wal_replay(fs: Path) -> None:
 def test_readiness_is_503_while_writes_are_refused_though_nothing_is_due(fs: Path) -> None:
     clock = FakeClock()
     config = EngineConfig(data_dir=fs / "data", timer_shards=1, segment_size=1 * MIB,
+                          max_body_bytes=MIB // 2,
                           disk_reserve_bytes=0, disk_retry_interval_ms=0)
     with Broker(config, clock) as broker:
         assert broker.ready

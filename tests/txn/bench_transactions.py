@@ -65,7 +65,7 @@ def _prepare_many(broker: Broker, prefix: str, n: int, group: str = "pg",
 
 def run(n: int, workdir: Path) -> dict[str, Any]:
     clock = FakeClock(START_MS)
-    config = EngineConfig(data_dir=workdir, transaction_callback_allowed_hosts=("127.0.0.1",),
+    config = EngineConfig(data_dir=workdir, transaction_callback_allowed_hosts=("127.0.0.1:*",),
                           transaction_check_max=1)
     broker = Broker(config, clock)
     broker.start()

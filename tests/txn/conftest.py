@@ -14,7 +14,7 @@ __all__ = ["START_MS", "Harness", "clock", "harness", "prepare"]  # clock, harne
 
 @pytest.fixture
 def broker(harness: Harness) -> Broker:
-    return harness.open(transaction_callback_allowed_hosts=("127.0.0.1",),
+    return harness.open(transaction_callback_allowed_hosts=("127.0.0.1:*",),
                         transaction_callback_timeout_ms=500)
 
 

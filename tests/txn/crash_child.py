@@ -28,7 +28,8 @@ START_MS = 1_700_000_000_000
 
 
 def config(data_dir: Path, *, transaction_check_max: int = 15) -> EngineConfig:
-    return EngineConfig(data_dir=data_dir, segment_size=1 << 20, timer_shards=2,
+    return EngineConfig(data_dir=data_dir, segment_size=1 << 20, max_body_bytes=512 << 10,
+                        timer_shards=2,
                         transaction_check_max=transaction_check_max)
 
 

@@ -65,7 +65,7 @@ def test_answers_are_applied(broker: Broker, clock: FakeClock) -> None:
 
 
 def test_unanswered_checks_end_in_a_discard(harness: Harness, clock: FakeClock) -> None:
-    broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1",),
+    broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1:*",),
                           transaction_check_max=3)
     producer = Producer(default="UNKNOWN")
     with producer_endpoint(producer) as url:
@@ -107,12 +107,12 @@ def test_only_registered_groups_get_callbacks(broker: Broker, clock: FakeClock) 
 
 def test_registration_is_admin_configured_and_persistent(
         harness: Harness, clock: FakeClock) -> None:
-    broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1",))
+    broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1:*",))
     with pytest.raises(InvalidArgument, match="allow-list"):
         broker.set_check_callback("pg", "http://10.0.0.1/check")
     broker.set_check_callback("pg", "http://127.0.0.1:1/check")
     broker.close()
-    broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1",))
+    broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1:*",))
     assert broker.get_check_callback("pg").url == "http://127.0.0.1:1/check"
     broker.close()
     # the allow-list shrank: the registration is kept (and shown) but never called

@@ -29,7 +29,7 @@ from storage.errors import InvalidArgument, NotFound
 from storage.timer_store import TimerStore
 from tests.txn.callback_server import Producer, producer_endpoint
 
-ALLOWED = ("127.0.0.1", "*.internal.example", "Checks.Example.COM")
+ALLOWED = ("127.0.0.1:*", "*.internal.example:8443", "Checks.Example.COM")
 
 
 @pytest.mark.parametrize(("host", "ok"), [
@@ -62,6 +62,22 @@ def test_host_allow_list(host: str, ok: bool) -> None:
 def test_bad_or_forbidden_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidArgument):
         validate_callback_url(url, ALLOWED)
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("http://checks.example.com/x", True),  # 80
+    ("https://checks.example.com/x", True),  # 443
+    ("http://checks.example.com:8443/x", True),  # a port the allow-list names
+    ("http://checks.example.com:6379/x", False),  # any other port: refused
+    ("https://checks.example.com:22/x", False),
+    ("http://127.0.0.1:6379/x", True),  # "127.0.0.1:*": any port of that host
+])
+def test_port_allow_list(url: str, ok: bool) -> None:
+    if ok:
+        assert validate_callback_url(url, ALLOWED) == url
+    else:
+        with pytest.raises(InvalidArgument, match="port"):
+            validate_callback_url(url, ALLOWED)
 
 
 def test_no_allow_list_means_no_callbacks() -> None:

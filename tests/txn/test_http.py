@@ -130,7 +130,7 @@ def test_discarded_messages_are_readable_by_an_admin(start: Callable[..., Live])
 
 
 def test_check_callback_routes_and_a_callback_commit(start: Callable[..., Live]) -> None:
-    live = start(transaction_callback_allowed_hosts=("127.0.0.1",))
+    live = start(transaction_callback_allowed_hosts=("127.0.0.1:*",))
     path = "/v1/producer-groups/pg/check-callback"
     producer_app = Producer(default="COMMIT")
     with live.client(PRODUCER) as producer, live.client(ADMIN) as admin, \

@@ -1,0 +1,141 @@
+"""Connection limits, at the HTTP layer: uvicorn's httptools protocol with three guards.
+
+- At most ``max_connections`` open connections: one more is answered 503 ``UNAVAILABLE``
+  with ``Retry-After`` and closed at once (before it can send anything).
+- A request's line and headers hold at most ``max_header_bytes``: more is 431 and the
+  connection is closed (httptools itself takes headers of any size).
+- A request's headers must arrive within ``header_timeout_ms`` of the connection, or of the
+  request's first byte on a kept-alive connection; else the connection is closed (uvicorn
+  times out idle kept-alive connections, not a request whose headers never end). One sweep
+  per quarter of the timeout looks at the open connections, so a request pays a time stamp,
+  not a timer.
+
+The guards cost about 5–8 µs of CPU a request and nothing per byte of body
+(``python -m bench.http_guards``; docs/api.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from api.problems import PROBLEM_CONTENT_TYPE, problem_body
+
+log = logging.getLogger("hourglass.api")
+
+
+def _raw_response(status: int, reason: str, code: str, detail: str,
+                  extra: bytes = b"") -> bytes:
+    status, body = problem_body(code, detail, status)
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {PROBLEM_CONTENT_TYPE}\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n").encode() + extra \
+        + b"\r\n" + body
+
+
+class ConnectionLimits:
+    """The limits, and the protocol factory uvicorn's ``Config(http=...)`` takes."""
+
+    def __init__(self, *, max_connections: int, max_header_bytes: int,
+                 header_timeout_ms: int) -> None:
+        self.max_connections = max_connections
+        self.max_header_bytes = max_header_bytes
+        self.header_timeout_s = header_timeout_ms / 1000
+        self._sweeping: asyncio.AbstractEventLoop | None = None
+        self.busy = _raw_response(
+            503, "Service Unavailable", "UNAVAILABLE",
+            f"more than {max_connections} connections are open; try again shortly",
+            b"retry-after: 1\r\n")
+        self.too_large = _raw_response(
+            431, "Request Header Fields Too Large", "INVALID_ARGUMENT",
+            f"the request line and headers exceed {max_header_bytes} bytes")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GuardedHttpToolsProtocol:
+        return GuardedHttpToolsProtocol(self, *args, **kwargs)
+
+    def watch(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        """Sweep ``connections`` on ``loop`` from now on (once per loop)."""
+        if self._sweeping is not loop:
+            self._sweeping = loop
+            loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        if loop.is_closed():
+            return
+        too_old = loop.time() - self.header_timeout_s
+        for protocol in list(connections):
+            since = getattr(protocol, "header_since", None)
+            if since is not None and since < too_old and not protocol.transport.is_closing():
+                log.info("closing a connection whose request headers did not arrive in "
+                         "%.1f s", self.header_timeout_s)
+                protocol.transport.close()
+        loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    def __init__(self, limits: ConnectionLimits, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = limits
+        # bytes of the chunks read while in a request's headers (they may never end)
+        self._raw_header_bytes = 0
+        self._in_headers = True  # the next bytes are (still) a request's line and headers
+        self._refused = False  # answered 503 or 431 and closing: nothing more is parsed
+        self._completed = False  # a request's headers ended in the chunk being parsed
+        self.header_since: float | None = None  # loop time the awaited headers began
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        limits = self._limits
+        if len(self.connections) >= limits.max_connections:
+            self.transport = transport
+            self._refuse(limits.busy)
+            return
+        super().connection_made(transport)
+        self.header_since = self.loop.time()
+        limits.watch(self.loop, self.connections)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        began_in_headers, self._completed = self._in_headers, False
+        super().data_received(data)
+        if began_in_headers and not self._completed and not self._refused:
+            # no headers ended within the chunk, which began inside them: all of it was headers
+            self._raw_header_bytes += len(data)
+            if self._raw_header_bytes > self._limits.max_header_bytes:
+                self._refuse(self._limits.too_large)
+
+    # --- parser callbacks -------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+        self._raw_header_bytes = 0
+        if self.header_since is None:
+            self.header_since = self.loop.time()
+
+    def on_headers_complete(self) -> None:
+        self._in_headers, self._completed = False, True
+        self.header_since = None
+        # counted once here, not per header: the parser hands over complete headers only
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self._limits.max_header_bytes:
+            self._refuse(self._limits.too_large)
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_headers = True  # what follows is the next request
+        if not self._refused:
+            super().on_message_complete()
+
+    # --- guards -----------------------------------------------------------------------------
+    def _refuse(self, response: bytes) -> None:
+        """Answer ``response`` and close; nothing more of this connection is parsed."""
+        self._refused = True
+        self.transport.write(response)
+        self.transport.close()
