@@ -252,7 +252,8 @@ class TransactionManager:
         self._metrics.tx_prepared_pending.dec()
         return TransactionResult(transaction_id=transaction_id, msg_id=entry.msg_id,
                                  topic=entry.topic, status=TransactionState.COMMITTED.value,
-                                 deliver_at=sent.deliver_at)
+                                 deliver_at=sent.deliver_at,
+                                 cancel=sent.cancel or None)  # a cancel marker: what it did
 
     def rollback(self, transaction_id: str) -> TransactionResult:
         """The half message is removed and never delivered. Idempotent; Conflict after a

@@ -1,0 +1,196 @@
+"""RocketMQ fidelity (issue 15) over real HTTP and a real Broker: delay properties cleared on
+delivery, cancel by message (TIMER_DEL_UNIQKEY), backlog gauges, checks without a producer."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import httpx
+
+from tests.api.conftest import T0, Live
+
+TOPIC = "orders.eu"
+
+
+def send(client: httpx.Client, topic: str = TOPIC, **message: object) -> httpx.Response:
+    return client.post(f"/v1/topics/{topic}/messages", json={"body": "hello", **message})
+
+
+def pull(client: httpx.Client, topic: str = TOPIC) -> list[dict]:
+    r = client.get(f"/v1/topics/{topic}/messages", params={"offset": 0, "max": 1000})
+    assert r.status_code == 200, r.text
+    return r.json()["messages"]
+
+
+# --- 2. delay properties cleared on delivery ---------------------------------------------------
+def test_delay_properties_are_cleared_on_delivery(live: Live) -> None:
+    with live.client() as c:
+        by_level = send(c, msgId="lvl", properties={"DELAY": "2", "TIMER_DELAY_SEC": "60",
+                                                    "order": "42"})
+        assert by_level.json()["deliverAt"] == T0 + 5_000  # a level wins
+        timer = send(c, msgId="tmr", properties={"TIMER_DELAY_SEC": "3", "TIMER_DELAY_MS": "9",
+                                                 "TIMER_DELIVER_MS": "1", "DELAYED": "kept"})
+        assert timer.json()["deliverAt"] == T0 + 3_000
+        past = send(c, msgId="now", properties={"TIMER_DELIVER_MS": str(T0 - 1), "k": "v"})
+        assert past.json()["status"] == "DELIVERED"
+        plain = send(c, msgId="plain", delayMs=1_000, properties={"p": "v"})
+        assert plain.status_code == 201
+        live.advance(5_000)
+        delivered = {m["msgId"]: m for m in pull(c)}
+        assert delivered["lvl"]["properties"] == {"order": "42"}
+        assert delivered["lvl"]["deliverAt"] == T0 + 5_000  # the original time stays known
+        assert delivered["tmr"]["properties"] == {"DELAYED": "kept"}
+        assert delivered["now"]["properties"] == {"k": "v"}
+        assert delivered["plain"]["properties"] == {"p": "v"}
+        # a consumer re-sending what it received is not delayed again
+        again = send(c, msgId="lvl-again", properties=delivered["lvl"]["properties"])
+        assert again.json()["status"] == "DELIVERED"
+
+
+def test_a_committed_delayed_transaction_is_delivered_without_delay_properties(
+        live: Live) -> None:
+    with live.client() as c:
+        r = c.post(f"/v1/topics/{TOPIC}/transactions", json={
+            "body": "tx", "msgId": "tx-1", "producerGroup": "pg",
+            "properties": {"TIMER_DELAY_SEC": "2", "x": "y"}})
+        assert r.status_code == 201, r.text
+        tx = r.json()["transactionId"]
+        assert c.post(f"/v1/transactions/{tx}/commit").json()["deliverAt"] == T0 + 2_000
+        live.advance(2_000)
+        (msg,) = pull(c)
+        assert (msg["msgId"], msg["properties"]) == ("tx-1", {"x": "y"})
+
+
+# --- 1. cancel by message (RIP-43's TIMER_DEL_UNIQKEY) -----------------------------------------
+def marker(target: str, **message: object) -> dict:
+    return {"body": "", "properties": {"TIMER_DEL_UNIQKEY": target}, **message}
+
+
+def test_a_marker_cancels_its_target_and_is_never_delivered(live: Live) -> None:
+    with live.client() as c:
+        send(c, msgId="t-1", delayMs=5_000)
+        r = c.post(f"/v1/topics/{TOPIC}/messages", json=marker("t-1", msgId="del-1"))
+        assert r.status_code == 201, r.text
+        result = r.json()
+        assert result["cancel"] == {"msgId": "t-1", "status": "CANCELLED"}
+        assert (result["msgId"], result["status"]) == ("del-1", "CANCELLED")
+        again = c.post(f"/v1/topics/{TOPIC}/messages", json=marker("t-1", msgId="del-1"))
+        assert again.json()["cancel"] == {"msgId": "t-1", "status": "CANCELLED"}  # idempotent
+        assert c.get(f"/v1/topics/{TOPIC}/messages/t-1").json()["status"] == "CANCELLED"
+        problem = c.get(f"/v1/topics/{TOPIC}/messages/del-1")
+        assert problem.status_code == 404  # the marker is not stored
+        assert live.broker.stats()["pending"] == 0
+        assert live.broker.stats()["cancelled"] == 1
+        live.advance(10_000)
+        assert pull(c) == []  # neither the target nor the marker
+
+
+def test_marker_outcomes_are_a_cancel_by_ids_in_a_batch(live: Live) -> None:
+    with live.client() as c:
+        send(c, msgId="later", delayMs=60_000)
+        send(c, msgId="gone")  # delivered at once
+        send(c, msgId="other", delayMs=60_000)
+        tx = c.post(f"/v1/topics/{TOPIC}/transactions",
+                    json={"body": "h", "msgId": "half", "producerGroup": "pg"})
+        assert tx.status_code == 201
+        live.broker.drain()
+        r = c.post(f"/v1/topics/{TOPIC}/messages:batch", json={"messages": [
+            {"body": "plain", "msgId": "p-1", "delayMs": 1_000},
+            marker("later"),
+            marker(f"{TOPIC}+other"),  # RocketMQ 5's topic+uniqKey form
+            marker("gone"),
+            marker("never-sent"),
+            marker("half"),
+            marker("later"),  # twice in one batch: one cancel
+        ]})
+        assert r.status_code == 201, r.text
+        results = r.json()["results"]
+        assert results[0]["status"] == "SCHEDULED" and "cancel" not in results[0]
+        assert [x["cancel"] for x in results[1:]] == [
+            {"msgId": "later", "status": "CANCELLED"},
+            {"msgId": "other", "status": "CANCELLED"},
+            {"msgId": "gone", "status": "ALREADY_DELIVERED"},
+            {"msgId": "never-sent", "status": "NOT_FOUND"},
+            {"msgId": "half", "status": "CONFLICT"},
+            {"msgId": "later", "status": "CANCELLED"},
+        ]
+        assert {x["status"] for x in results[1:]} == {"CANCELLED"}
+        assert live.broker.stats()["cancelled"] == 2
+        assert live.broker.stats()["pending"] == 1  # p-1
+        live.advance(120_000)
+        assert [m["msgId"] for m in pull(c)] == ["gone", "p-1"]
+
+
+def test_bad_markers_are_400_and_change_nothing(live: Live) -> None:
+    with live.client() as c:
+        send(c, msgId="keep", delayMs=5_000)
+        for value in ("other.topic+keep", "bad id", "", f"{TOPIC}+"):
+            r = c.post(f"/v1/topics/{TOPIC}/messages:batch", json={"messages": [
+                {"body": "x", "msgId": "first"}, marker(value)]})
+            assert r.status_code == 400, value
+            assert r.json()["code"] == "INVALID_ARGUMENT"
+        assert c.get(f"/v1/topics/{TOPIC}/messages/keep").json()["status"] == "SCHEDULED"
+        assert c.get(f"/v1/topics/{TOPIC}/messages/first").status_code == 404
+
+
+def test_a_committed_transactional_marker_cancels(live: Live) -> None:
+    with live.client() as c:
+        send(c, msgId="target", delayMs=5_000)
+        r = c.post(f"/v1/topics/{TOPIC}/transactions",
+                   json={**marker("target", msgId="tx-del"), "producerGroup": "pg"})
+        assert r.status_code == 201, r.text
+        tx = r.json()["transactionId"]
+        assert c.get(f"/v1/topics/{TOPIC}/messages/target").json()["status"] == "SCHEDULED"
+        done = c.post(f"/v1/transactions/{tx}/commit").json()
+        assert done["status"] == "COMMITTED"
+        assert done["cancel"] == {"msgId": "target", "status": "CANCELLED"}
+        assert c.get(f"/v1/topics/{TOPIC}/messages/tx-del").json()["status"] == "CANCELLED"
+        live.advance(10_000)
+        assert pull(c) == []
+
+
+def test_markers_racing_the_delivery_of_their_targets(live: Live) -> None:
+    """Markers sent from many threads while the clock moves through their targets' deliver
+    times: each target is either delivered once (ALREADY_DELIVERED) or never (CANCELLED)."""
+    n, threads = 240, 6
+    with live.client() as c:
+        r = c.post(f"/v1/topics/{TOPIC}/messages:batch", json={"messages": [
+            {"body": str(i), "msgId": f"r-{i}", "deliverAt": T0 + 1 + i} for i in range(n)]})
+        assert r.status_code == 201
+    outcomes: dict[str, str] = {}
+    lock = threading.Lock()
+    start = threading.Barrier(threads + 1)
+
+    def cancel_some(k: int) -> None:
+        ids = [f"r-{i}" for i in range(k, n, threads)]
+        random.Random(k).shuffle(ids)
+        with live.client() as client:
+            start.wait()
+            for msg_id in ids:
+                res = client.post(f"/v1/topics/{TOPIC}/messages", json=marker(msg_id))
+                assert res.status_code == 201, res.text
+                with lock:
+                    outcomes[msg_id] = res.json()["cancel"]["status"]
+
+    workers = [threading.Thread(target=cancel_some, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    while any(w.is_alive() for w in workers):
+        live.fake_clock.advance(1)
+        time.sleep(0.001)  # let the scanners and the markers interleave (not for timing)
+    for w in workers:
+        w.join()
+    live.advance(n + 10)
+    with live.client() as c:
+        delivered = [m["msgId"] for m in pull(c)]
+    assert len(delivered) == len(set(delivered))  # never twice, markers never
+    assert len(outcomes) == n
+    assert {msg_id for msg_id, status in outcomes.items()
+            if status == "ALREADY_DELIVERED"} == set(delivered)
+    assert set(outcomes.values()) <= {"ALREADY_DELIVERED", "CANCELLED"}
+    stats = live.broker.stats()
+    assert stats["pending"] == 0
+    assert stats["cancelled"] == n - len(delivered)
