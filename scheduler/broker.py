@@ -25,8 +25,10 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from scheduler.backlog import Backlog
 from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
+from scheduler.codec import message_level
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
@@ -69,6 +71,7 @@ from storage.keys import (
 )
 from storage.records import (
     FLAG_IMMEDIATE,
+    FLAG_LEVEL_SHIFT,
     LogRecord,
     decode_index,
     decode_log_records,
@@ -104,7 +107,8 @@ def check_config(config: EngineConfig) -> DelayLevels:
     levels = DelayLevels.parse(config.message_delay_level)
     positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
                 "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
-                "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms")
+                "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms",
+                "backlog_topic_labels")
     for name in positive:
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
@@ -145,6 +149,7 @@ class Broker:
         self._maintenance: Maintenance | None = None
         self._transactions: TransactionManager | None = None
         self._writes: WritePaths | None = None
+        self._backlog: Backlog  # set by start
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -173,12 +178,19 @@ class Broker:
             if replayed:
                 log.info("recovery applied %d log records to RocksDB", len(replayed))
             self._shards = [ShardState(s, store.frontier(s)) for s in range(cfg.timer_shards)]
+            self._backlog = backlog = Backlog(store, [st.cf for st in self._shards],
+                                              top=cfg.backlog_topic_labels)
             self._writes = WritePaths(
                 store=store, committer=self._committer, shards=self._shards, clock=self.clock,
-                metrics=self.metrics, retention_ms=cfg.retention_ms,
+                metrics=self.metrics, backlog=backlog, retention_ms=cfg.retention_ms,
                 check_running=self._check_running, notify=self._notify)
-            self.metrics.pending.set(sum(
-                sum(1 for _ in store.scan(st.cf, st.frontier_key)) for st in self._shards))
+            self.metrics.pending.set(backlog.rebuild(store))  # the one scan of pending keys
+            self.metrics.pending_by_topic.set_label_function(
+                lambda: {t: n for t, (n, _) in backlog.labelled().items()})
+            self.metrics.oldest_pending_ms.set_label_function(
+                lambda: {t: at for t, (_, at) in backlog.labelled().items()})
+            self.metrics.pending_by_level.set_label_function(
+                lambda: {str(level): n for level, n in backlog.by_level().items()})
             self._delivery = DeliveryStage(
                 committer=self._committer, clock=self.clock, metrics=self.metrics,
                 progress=self._progress, queue_batches=cfg.delivery_queue_batches,
@@ -481,7 +493,18 @@ class Broker:
             "latenessP50Ms": lateness.quantile(0.5),
             "latenessP99Ms": lateness.quantile(0.99),
             "transactionsPrepared": int(m.tx_prepared_pending.value),
+            **self._backlog_stats(),
             **self._positions(),
+        }
+
+    def _backlog_stats(self) -> dict[str, Any]:
+        """The backlog per topic (capped as in /metrics) and per delay level."""
+        topics = self._backlog.labelled()
+        return {
+            "pendingByTopic": {t: n for t, (n, _) in topics.items()},
+            "oldestPendingByTopic": {t: at for t, (_, at) in topics.items()},
+            "pendingByLevel": {str(level): n for level, n in sorted(
+                self._backlog.by_level().items())},
         }
 
     def _positions(self) -> dict[str, Any]:
@@ -539,6 +562,10 @@ class Broker:
         if n:
             m.delivered.inc(n)
             m.pending.dec(n)
+            backlog = self._backlog
+            backlog.delivered([d[0] for d in outcome.delivered],
+                              [message_level(v) for v in outcome.values]
+                              if backlog.has_levels else ())
             m.lateness_ms.observe_many(outcome.lateness_ms)
             m.commit_batch_size.observe(n)
         if self._maintenance is not None:
@@ -553,7 +580,10 @@ class Broker:
             self._transactions.on_replayed(records)
         if runtime:  # a failed commit's records, now applied: they count as delivered
             self.metrics.delivered.inc(len(records))
-            self.metrics.pending.dec(sum(1 for r in records if not r.flags & FLAG_IMMEDIATE))
+            scheduled = [r for r in records if not r.flags & FLAG_IMMEDIATE]
+            self.metrics.pending.dec(len(scheduled))
+            self._backlog.delivered([r.topic for r in scheduled],
+                                    [r.flags >> FLAG_LEVEL_SHIFT for r in scheduled])
             self._notify({r.topic for r in records})
 
 

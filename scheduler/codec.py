@@ -17,7 +17,13 @@ from typing import Any
 import msgspec
 
 from storage.constants import PROP_DELAY_LEVEL, PROP_TIMER_PREFIX
-from storage.records import FORMAT_VERSION, MessageStatus, decode_message, mapping_hook
+from storage.records import (
+    FLAG_LEVEL_SHIFT,
+    FORMAT_VERSION,
+    MessageStatus,
+    decode_message,
+    mapping_hook,
+)
 
 #: The bytes msgpack.packb(use_bin_type=True) gives; other Mappings of properties (the API
 #: passes a read-only MappingProxyType) are encoded as dicts through the hook. The common
@@ -85,6 +91,27 @@ def log_payload_from_value(value: bytes, topic: str, msg_id: str, queue_offset: 
     return _pack([_V, topic, msg_id, queue_offset, m.body, m.tags, m.keys,
                   delivered_properties(props) if props else props,
                   m.born_at, deliver_at, stored_at, m.flags])
+
+
+class _Flags(msgspec.Struct, array_like=True, gc=False):
+    """A MessageRecord value read for its flags only (the rest is skipped, not decoded)."""
+
+    version: int
+    body: msgspec.Raw
+    tags: msgspec.Raw
+    keys: msgspec.Raw
+    properties: msgspec.Raw
+    born_at: msgspec.Raw
+    deliver_at: int = 0
+    flags: int = 0
+
+
+_flags_decoder = msgspec.msgpack.Decoder(_Flags)
+
+
+def message_level(value: bytes) -> int:
+    """The delay level (0: none) in the flags of a stored MessageRecord value."""
+    return _flags_decoder.decode(value).flags >> FLAG_LEVEL_SHIFT
 
 
 _keys_decoder = msgspec.msgpack.Decoder(list[bytes])

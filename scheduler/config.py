@@ -39,6 +39,8 @@ class EngineConfig:
     cleanup_interval_ms: int = 60_000  #                ms; a shard's delivered prefix is cleaned
     #                                                   at least this often while it grows
     retry_max_backoff_ms: int = 60_000  #               ms; back-off = min(n * 100 ms, this)
+    backlog_topic_labels: int = 50  #                   topics with their own backlog label in
+    #                                                   /metrics and stats; the rest: "__other__"
     transaction_timeout_ms: int = 6_000  #              ms; minimum check immunity
     transaction_check_interval_ms: int = 30_000  #      ms between check-backs of one message
     transaction_check_max: int = 15  #                  checks before DISCARDED

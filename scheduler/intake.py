@@ -27,7 +27,7 @@ from storage.constants import (
 )
 from storage.errors import InvalidArgument, PayloadTooLarge, TopicInvalid
 from storage.keys import SEP, pack_u64, topic_shard
-from storage.records import MessageRecord
+from storage.records import FLAG_LEVEL_SHIFT, MessageRecord
 
 
 class MessageIdGenerator:
@@ -162,6 +162,8 @@ class Intake:
                 deliver_at=at, delay_ms=request.delay_ms, delay_level=request.delay_level,
                 properties=props)
             at, level = timing.deliver_at, timing.level
+            if level is not None:  # kept with the message (scheduler/backlog.py)
+                flags |= level << FLAG_LEVEL_SHIFT
         if request.msg_id is None:
             msg_id, generated = self._ids.next(now_ms), cancels is None
         else:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import NamedTuple
 
 from msgspec.structs import replace
 
+from scheduler.backlog import Backlog
 from scheduler.clock import Clock
-from scheduler.codec import cancel_handle, index_value, scheduled_values
+from scheduler.codec import cancel_handle, index_value, message_level, scheduled_values
 from scheduler.committer import CommitOutcome, Committer
 from scheduler.intake import PreparedMessage, expiry_key, topic_shard
 from scheduler.metrics import EngineMetrics
@@ -32,7 +34,7 @@ from storage.timer_store import Batch, TimerStore
 class WritePaths:
     def __init__(
         self, *, store: TimerStore, committer: Committer, shards: list[ShardState],
-        clock: Clock, metrics: EngineMetrics, retention_ms: int,
+        clock: Clock, metrics: EngineMetrics, backlog: Backlog, retention_ms: int,
         check_running: Callable[[], None], notify: Callable[[Collection[str]], None],
     ) -> None:
         self._store = store
@@ -40,6 +42,7 @@ class WritePaths:
         self._shards = shards
         self._clock = clock
         self._metrics = metrics
+        self._backlog = backlog
         self._retention_ms = retention_ms
         self._check_running = check_running
         self._notify = notify
@@ -90,7 +93,7 @@ class WritePaths:
             if later:
                 self._add_scheduled(batch, later, later_stored, len(shards) == 1)
             outcome = None
-            cancelled: list[tuple[ShardState, bytes]] = []
+            cancelled: list[_Cancel] = []
             try:
                 if due or extra is not None or markers:
                     with committer.lock:
@@ -103,9 +106,8 @@ class WritePaths:
                         # with scheduled siblings in ``batch``, the due ones count only with
                         # that one write: all or nothing (scheduler/committer.py)
                         outcome = committer.commit_immediate(batch, due, atomic=bool(later))
-                        for state, timer_key in cancelled:  # maybe queued for delivery
-                            if state.below_frontier(timer_key):
-                                committer.skip(timer_key)
+                        if cancelled:
+                            self._cancelled(cancelled)
                 else:
                     store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
@@ -117,9 +119,6 @@ class WritePaths:
                 for shard, deliver_at in first_due.items():
                     self._shards[shard].note_scheduled(deliver_at)
         self.count_sent(later, due, duplicates, outcome)
-        if cancelled:
-            self._metrics.cancelled.inc(len(cancelled))
-            self._metrics.pending.dec(len(cancelled))
         return self._results(messages, results, {m.index_key for m in due},
                              duplicates + len(markers))
 
@@ -160,17 +159,16 @@ class WritePaths:
 
     def _cancel_marked(self, batch: Batch, messages: Sequence[PreparedMessage],
                        markers: list[int], results: list[SendResult | None],
-                       now: int) -> list[tuple[ShardState, bytes]]:
+                       now: int) -> list[_Cancel]:
         """Stage in ``batch`` what the cancel markers do (every lock held): each cancels the
         message it names as ``cancel`` would, and its result says how; the marker itself is
         not stored (a committed transactional one: its index entry becomes CANCELLED). A
-        marker sees the messages stored before its batch. Returns (shard, timer key) of the
-        messages cancelled."""
+        marker sees the messages stored before its batch. Returns the cancels staged."""
         store = self._store
         targets = [index_key(messages[i].topic, messages[i].cancels or "") for i in markers]
         entries = store.multi_get(CF_INDEX, targets)
         done: dict[bytes, str] = {}  # target -> outcome: twice in one batch, once
-        cancelled: list[tuple[ShardState, bytes]] = []
+        cancelled: list[_Cancel] = []
         expires = now + self._retention_ms
         for i, ikey, raw in zip(markers, targets, entries, strict=True):
             m = messages[i]
@@ -180,9 +178,8 @@ class WritePaths:
                 outcome = done[ikey] = _cancel_outcome(entry)
                 if outcome == _TO_CANCEL:
                     assert entry is not None and m.cancels is not None
-                    shard = self._shards[m.shard]  # a marker cancels in its own topic
-                    cancelled.append((shard, self._stage_cancel(
-                        batch, shard, m.topic, m.cancels, ikey, entry, now)))
+                    cancelled.append(self._stage_cancel(  # (in the marker's own topic)
+                        batch, self._shards[m.shard], m.topic, m.cancels, ikey, entry, now))
                     outcome = done[ikey] = _CANCELLED
             if m.tx_id is not None:  # its PREPARED entry: never delivered
                 batch.put(CF_INDEX, m.index_key, index_value(
@@ -195,14 +192,28 @@ class WritePaths:
         return cancelled
 
     def _stage_cancel(self, batch: Batch, shard: ShardState, topic: str, msg_id: str,
-                      ikey: bytes, entry: IndexEntry, now: int) -> bytes:
-        """Stage the cancel of a SCHEDULED message; returns its timer key."""
+                      ikey: bytes, entry: IndexEntry, now: int) -> _Cancel:
+        """Stage the cancel of a SCHEDULED message."""
         timer_key = encode_timer_key(entry.deliver_at, topic, msg_id)
+        level = 0
+        if self._backlog.has_levels:  # its level is in its stored value
+            value = self._store.get(shard.cf, timer_key)
+            level = 0 if value is None else message_level(value)
         batch.delete(shard.cf, timer_key)
         batch.put(CF_INDEX, ikey, encode_index(replace(
             entry, status=MessageStatus.CANCELLED, updated_at=now)))
         batch.put(CF_EXPIRY, expiry_key(now + self._retention_ms, ikey), b"")
-        return timer_key
+        return _Cancel(shard, timer_key, topic, entry.deliver_at, level)
+
+    def _cancelled(self, cancels: list[_Cancel]) -> None:
+        """After the write of staged cancels (commit lock held): a cancelled message the
+        scanner may already have handed on is filtered out of delivery; metrics, backlog."""
+        for c in cancels:
+            if c.shard.below_frontier(c.timer_key):
+                self._committer.skip(c.timer_key)
+            self._backlog.cancelled(c.topic, c.deliver_at, c.level)
+        self._metrics.cancelled.inc(len(cancels))
+        self._metrics.pending.dec(len(cancels))
 
     def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
                        stored: list[tuple[bytes, bytes]], one_shard: bool) -> None:
@@ -255,6 +266,7 @@ class WritePaths:
         if later:
             metrics.scheduled.inc(len(later))
             metrics.pending.inc(len(later))
+            self._backlog.scheduled(later)
             for m in later:
                 if m.level is not None:
                     metrics.scheduled_by_level.labels(m.level).inc()
@@ -293,14 +305,21 @@ class WritePaths:
                 raise Conflict(f"message {msg_id!r} of topic {topic!r} is a transactional "
                                f"message ({entry.status}); use its transaction instead")
             batch = store.batch()
-            timer_key = self._stage_cancel(batch, shard, topic, msg_id, ikey, entry,
-                                           self._clock.now_ms())
+            staged = self._stage_cancel(batch, shard, topic, msg_id, ikey, entry,
+                                        self._clock.now_ms())
             committer.commit_plain(batch)
-            if shard.below_frontier(timer_key):  # maybe queued for delivery: filter it out
-                committer.skip(timer_key)
-        self._metrics.cancelled.inc()
-        self._metrics.pending.dec()
+            self._cancelled([staged])
         return result
+
+
+class _Cancel(NamedTuple):
+    """A cancel staged in a batch, to finish once the batch is written."""
+
+    shard: ShardState
+    timer_key: bytes
+    topic: str
+    deliver_at: int
+    level: int
 
 
 _PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,

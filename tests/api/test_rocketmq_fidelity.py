@@ -3,13 +3,21 @@ delivery, cancel by message (TIMER_DEL_UNIQKEY), backlog gauges, checks without 
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import re
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
-from tests.api.conftest import T0, Live
+from scheduler.broker import Broker
+from scheduler.clock import FakeClock
+from storage.constants import timer_cf
+from storage.keys import decode_timer_key
+from storage.records import decode_message
+from tests.api.conftest import T0, Live, make_settings, serve
 
 TOPIC = "orders.eu"
 
@@ -194,3 +202,101 @@ def test_markers_racing_the_delivery_of_their_targets(live: Live) -> None:
     stats = live.broker.stats()
     assert stats["pending"] == 0
     assert stats["cancelled"] == n - len(delivered)
+
+
+# --- 3. backlog per topic and per delay level --------------------------------------------------
+def direct_backlog(broker: Broker) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Pending per topic, oldest deliverAt per topic and pending per level, counted from the
+    timer column families (every key at or above a shard's persisted frontier)."""
+    store = broker._store
+    assert store is not None
+    topics: dict[str, int] = {}
+    oldest: dict[str, int] = {}
+    levels: dict[str, int] = {}
+    for shard in range(store.timer_shards):
+        for key, value in store.scan(timer_cf(shard), store.frontier(shard)):
+            at, topic, _ = decode_timer_key(key)
+            topics[topic] = topics.get(topic, 0) + 1
+            oldest[topic] = min(oldest.get(topic, at), at)
+            level = decode_message(value).flags >> 8
+            if level:
+                levels[str(level)] = levels.get(str(level), 0) + 1
+    return topics, oldest, levels
+
+
+def scraped(client: httpx.Client, name: str, label: str) -> dict[str, float]:
+    pattern = re.compile(rf'^hourglass_{name}{{{label}="([^"]+)"}} (\S+)$', re.M)
+    return {k: float(v) for k, v in pattern.findall(client.get("/metrics").text)}
+
+
+def assert_backlog_exact(live: Live) -> None:
+    topics, oldest, levels = direct_backlog(live.broker)
+    with live.client() as c:
+        stats = c.get("/v1/admin/stats").json()
+        assert stats["pendingByTopic"] == topics
+        assert stats["oldestPendingByTopic"] == oldest
+        assert stats["pendingByLevel"] == levels
+        assert stats["pending"] == sum(topics.values())
+        assert scraped(c, "pending_by_topic", "topic") == {t: float(n) for t, n in
+                                                           topics.items()}
+        assert scraped(c, "oldest_pending_deliver_at_ms", "topic") == {
+            t: float(at) for t, at in oldest.items()}
+        assert scraped(c, "pending_by_level", "level") == {k: float(n) for k, n in
+                                                           levels.items()}
+
+
+def test_backlog_gauges_equal_a_direct_count_after_a_mixed_workload_and_a_restart(
+        tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "data")
+    clock = FakeClock(T0)
+    with serve(settings, clock) as live:
+        with live.client() as c:
+            for i, topic in enumerate(("orders.a", "orders.b", "orders.c")):
+                r = c.post(f"/v1/topics/{topic}/messages:batch", json={"messages": [
+                    {"body": "l", "msgId": f"{topic}-l{j}", "delayLevel": 1 + j % 4}
+                    for j in range(12)] + [
+                    {"body": "p", "msgId": f"{topic}-p{j}",
+                     "properties": {"DELAY": str(2 + i)}} for j in range(5)] + [
+                    {"body": "d", "msgId": f"{topic}-d{j}", "delayMs": 500 * (j + 1)}
+                    for j in range(20)] + [
+                    {"body": "now", "msgId": f"{topic}-n{j}"} for j in range(3)]})
+                assert r.status_code == 201, r.text
+            assert_backlog_exact(live)
+            # cancels: by id (the topic's oldest, and a level one), by handle, by a marker
+            assert c.delete("/v1/topics/orders.a/messages/orders.a-d0").status_code == 200
+            assert c.delete("/v1/topics/orders.a/messages/orders.a-l3").status_code == 200
+            handle = c.get("/v1/topics/orders.b/scheduled", params={"limit": 1}).json()
+            first_b = handle["messages"][0]["msgId"]
+            r = c.post("/v1/topics/orders.b/messages", json=marker(first_b))
+            assert r.json()["cancel"]["status"] == "CANCELLED"
+            tx = c.post("/v1/topics/orders.c/transactions", json={
+                "body": "t", "producerGroup": "pg", "delayLevel": 2}).json()["transactionId"]
+            assert_backlog_exact(live)  # a half message is not pending
+            assert c.post(f"/v1/transactions/{tx}/commit").status_code == 200
+            live.advance(1_000)  # level 1, the first delays
+            assert_backlog_exact(live)
+            live.advance(4_000)  # levels 1, 2 and the "DELAY: 2" ones
+            assert_backlog_exact(live)
+    with serve(settings, clock) as again:  # restart: rebuilt by the start-up scan
+        assert_backlog_exact(again)
+        assert again.broker.stats()["pendingByLevel"] != {}
+        again.advance(30_000)
+        assert_backlog_exact(again)
+        stats = again.broker.stats()
+        assert (stats["pendingByTopic"], stats["pendingByLevel"]) == ({}, {})
+
+
+def test_topic_labels_are_capped(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "data")
+    settings = dataclasses.replace(settings, engine=dataclasses.replace(
+        settings.engine, backlog_topic_labels=2))
+    with serve(settings, FakeClock(T0)) as live, live.client() as c:
+        for topic, n in (("orders.a", 3), ("orders.b", 2), ("orders.c", 1), ("orders.d", 1)):
+            for j in range(n):
+                assert send(c, topic, delayMs=1_000 * (5 - j) + n).status_code == 201
+        stats = c.get("/v1/admin/stats").json()
+        assert stats["pendingByTopic"] == {"orders.a": 3, "orders.b": 2, "__other__": 2}
+        oldest = stats["oldestPendingByTopic"]
+        assert oldest["__other__"] == T0 + 5_001  # the oldest of orders.c and orders.d
+        assert scraped(c, "pending_by_topic", "topic") == {
+            "orders.a": 3.0, "orders.b": 2.0, "__other__": 2.0}
