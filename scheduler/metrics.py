@@ -37,6 +37,7 @@ tx_committed                   counter    transactions committed (by the produce
 tx_rolled_back                 counter    transactions rolled back
 tx_discarded                   counter    half messages discarded into TRANS_CHECK_MAX_TIME_TOPIC
 tx_checks_sent                 counter    check-backs handed out (polls and callback POSTs)
+tx_checks_unanswered           counter    check-backs counted with nobody to ask (RocketMQ's rule)
 tx_check_answers               counter    check-callback answers (label ``answer``)
 tx_prepared_pending            gauge      half messages waiting for commit, rollback or discard
 =============================  =========  =========================================================
@@ -286,6 +287,9 @@ class EngineMetrics:
             "transactions_discarded_total", "Half messages discarded after the maximum checks")
         self.tx_checks_sent = Counter(
             "transaction_checks_sent_total", "Check-backs handed out (polls and callbacks)")
+        self.tx_checks_unanswered = Counter(
+            "transaction_checks_unanswered_total",
+            "Check-back rounds counted with no poll and no callback to take them")
         self.tx_check_answers = Counter(
             "transaction_check_answers_total", "Check-callback answers", "answer")
         self.tx_prepared_pending = Gauge(

@@ -86,6 +86,9 @@ from storage.timer_store import Batch, TimerStore
 log = logging.getLogger(__name__)
 
 MAX_CHECKS_PER_POLL = 1000
+#: ``EngineConfig.transaction_unanswered_checks``: RocketMQ's rule, or a check counts only
+#: when a poll or a callback takes it
+COUNT_UNANSWERED, WAIT_FOR_POLLS = "count", "wait"
 
 
 class Committing(Protocol):
@@ -128,6 +131,14 @@ class TransactionManager:
                 or config.transaction_check_max < 0:
             raise InvalidArgument("transaction settings: the check interval must be >= 1 ms, "
                                   "the timeout and the check maximum >= 0")
+        if config.transaction_unanswered_checks not in (COUNT_UNANSWERED, WAIT_FOR_POLLS):
+            raise InvalidArgument(f"transaction_unanswered_checks must be {COUNT_UNANSWERED!r} "
+                                  f"or {WAIT_FOR_POLLS!r}, got "
+                                  f"{config.transaction_unanswered_checks!r}")
+        self.counts_unanswered = config.transaction_unanswered_checks == COUNT_UNANSWERED
+        self._polled: dict[str, int] = {}  # group -> when it last polled (engine clock)
+        self._started_at = clock.now_ms()
+        self._unanswered_floor = b""  # no half key below it is due for an unanswered round
         self._store = store
         self._config = config
         self._clock = clock
@@ -202,7 +213,7 @@ class TransactionManager:
                 self._floor[producer_group] = min(self._floor[producer_group], half_key)
         self._metrics.tx_prepared.inc()
         self._metrics.tx_prepared_pending.inc()
-        if self.callbacks.has(producer_group):
+        if self.counts_unanswered or self.callbacks.has(producer_group):
             self.dispatcher.wake()
         return _result(tx_id, entry)
 
@@ -298,6 +309,7 @@ class TransactionManager:
         with committer.lock:
             committer.replay_if_needed()
             now = self._clock.now_ms()
+            self._polled[producer_group] = now
             due = self._due(producer_group, now, max_checks)
             # every key read here moves past now or goes; any further due key is after them
             floor = due[-1][0] + b"\x00" if len(due) == max_checks else time_bound(now + 1)
@@ -316,6 +328,66 @@ class TransactionManager:
         if checks:
             self._metrics.tx_checks_sent.inc(len(checks))
         return checks
+
+    def claim_unanswered(self, limit: int = MAX_CHECKS_PER_POLL) -> int | None:
+        """RocketMQ's rule (``transaction_unanswered_checks = "count"``): its broker counts a
+        check-back round whether a producer answers it or not, so a half message whose
+        producer is gone is discarded after the maximum number of checks. Here a group with
+        a check callback is checked by the dispatcher; any other group's due check, while
+        the group has not polled for two check intervals (a poller polls at least once an
+        interval; one more of slack), is claimed as a poll would claim it (it counts; past
+        the maximum: DISCARDED) and sent to nobody.
+
+        Called by the check-back dispatcher; returns when to call again (None: never)."""
+        if not self.counts_unanswered:
+            return None
+        interval = self._config.transaction_check_interval_ms
+        committer = self._committer
+        with committer.lock:
+            committer.replay_if_needed()
+            now = self._clock.now_ms()
+            callbacks = self.callbacks.active()
+            by_group: dict[str, list[tuple[bytes, str]]] = {}
+            again: int | None = None  # when a group that still polls may not any more
+            floor: bytes | None = None  # the first due key left for a poller
+            claimed = 0
+            end = time_bound(now + 1)
+            for half_key, raw in self._store.scan(CF_HALF, self._unanswered_floor, end):
+                half = decode_half(raw)
+                group = half.producer_group
+                if group in callbacks:  # the dispatcher's (and if the callback goes: ours)
+                    floor = floor or half_key
+                    continue
+                present_until = self._polled.get(group, self._started_at) + 2 * interval
+                if present_until > now:  # it polled lately: its poller may still take it
+                    again = present_until if again is None else min(again, present_until)
+                    floor = floor or half_key
+                    continue
+                by_group.setdefault(group, []).append((half_key, half.tx_id))
+                claimed += 1
+                if claimed >= limit:
+                    floor = floor or half_key
+                    again = now
+                    break
+            self._unanswered_floor = floor or time_bound(now)
+            results = []
+            for group, due in by_group.items():
+                checks, discards, batch = self._claim(group, due, now)
+                outcome = committer.commit_immediate(batch, discards) if discards else None
+                if outcome is None:
+                    committer.commit_plain(batch)
+                results.append((len(checks), discards, outcome))
+            following = next(iter(self._store.scan(CF_HALF, end, limit=1)), None)
+        for unanswered, discards, outcome in results:
+            self._metrics.tx_checks_unanswered.inc(unanswered)
+            if outcome is not None:
+                self._on_appended(discards, outcome)
+                self._metrics.tx_discarded.inc(len(discards))
+                self._metrics.tx_prepared_pending.dec(len(discards))
+        if following is not None:
+            at = decode_timer_key(following[0])[0]
+            again = at if again is None else min(again, at)
+        return again
 
     def _claim(self, group: str, due: list[tuple[bytes, str]], now: int,
                ) -> tuple[list[TransactionCheck], list[PreparedMessage], Batch]:

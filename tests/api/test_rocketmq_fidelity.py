@@ -11,10 +11,14 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
+from scheduler.config import EngineConfig
 from storage.constants import timer_cf
+from storage.errors import InvalidArgument
 from storage.keys import decode_timer_key
 from storage.records import decode_message
 from tests.api.conftest import T0, Live, make_settings, serve
@@ -300,3 +304,84 @@ def test_topic_labels_are_capped(tmp_path: Path) -> None:
         assert oldest["__other__"] == T0 + 5_001  # the oldest of orders.c and orders.d
         assert scraped(c, "pending_by_topic", "topic") == {
             "orders.a": 3.0, "orders.b": 2.0, "__other__": 2.0}
+
+
+# --- 4. check-back rounds count without a producer ---------------------------------------------
+INTERVAL = 30_000
+
+
+def engine_settings(tmp_path: Path, **engine: object) -> Settings:
+    settings = make_settings(tmp_path / "data")
+    return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, **engine))
+
+
+def prepare_half(client: httpx.Client, msg_id: str) -> str:
+    r = client.post(f"/v1/topics/{TOPIC}/transactions",
+                    json={"body": msg_id, "msgId": msg_id, "producerGroup": "pg"})
+    assert r.status_code == 201, r.text
+    return r.json()["transactionId"]
+
+
+def rounds(live: Live, n: int) -> None:
+    """``n`` check intervals pass, each followed by the check-back dispatcher's round."""
+    for _ in range(n):
+        live.advance(INTERVAL)
+        live.broker.transactions.dispatcher.join()
+
+
+def checks(client: httpx.Client) -> list[int]:
+    r = client.get("/v1/producer-groups/pg/transaction-checks", params={"max": 10})
+    assert r.status_code == 200, r.text
+    return [c["checkTimes"] for c in r.json()["checks"]]
+
+
+def test_a_half_message_nobody_checks_is_discarded_after_15_rounds(tmp_path: Path) -> None:
+    with serve(engine_settings(tmp_path), FakeClock(T0)) as live, live.client() as c:
+        tx = prepare_half(c, "orphan")
+        rounds(live, 2)  # nobody polled for two intervals: from now on rounds count
+        status = c.get(f"/v1/topics/{TOPIC}/messages/orphan").json()["status"]
+        assert status == "PREPARED"
+        rounds(live, 14)  # 15 rounds counted
+        assert c.get(f"/v1/topics/{TOPIC}/messages/orphan").json()["status"] == "PREPARED"
+        rounds(live, 1)  # the 16th: discarded, as RocketMQ does
+        assert c.get(f"/v1/topics/{TOPIC}/messages/orphan").json()["status"] == "DISCARDED"
+        assert c.post(f"/v1/transactions/{tx}/commit").status_code == 409
+        live.broker.drain()
+        (discarded,) = pull(c, "TRANS_CHECK_MAX_TIME_TOPIC")
+        assert discarded["msgId"] == tx
+        assert discarded["properties"]["TRANSACTION_CHECK_TIMES"] == "15"
+        metrics = c.get("/metrics").text
+        assert "hourglass_transaction_checks_unanswered_total 15.0" in metrics
+        assert c.get("/v1/admin/stats").json()["transactionsPrepared"] == 0
+
+
+def test_a_polling_producer_gets_every_round_and_its_absence_counts(tmp_path: Path) -> None:
+    with serve(engine_settings(tmp_path), FakeClock(T0)) as live, live.client() as c:
+        prepare_half(c, "polled")
+        live.advance(6_000)
+        seen = checks(c)
+        for _ in range(4):  # a poller polling once an interval loses no round
+            rounds(live, 1)
+            seen += checks(c)
+        assert seen == [1, 2, 3, 4, 5]
+        assert "hourglass_transaction_checks_unanswered_total 0.0" in c.get("/metrics").text
+        rounds(live, 2)  # the producer is gone: rounds count without it
+        assert "hourglass_transaction_checks_unanswered_total 1.0" in c.get("/metrics").text
+        assert checks(c) == []  # (a producer back again gets the next due round)
+        rounds(live, 1)
+        assert checks(c) == [7]
+
+
+def test_the_old_rule_waits_for_a_poll(tmp_path: Path) -> None:
+    settings = engine_settings(tmp_path, transaction_unanswered_checks="wait")
+    with serve(settings, FakeClock(T0)) as live, live.client() as c:
+        prepare_half(c, "waiting")
+        rounds(live, 40)
+        assert c.get(f"/v1/topics/{TOPIC}/messages/waiting").json()["status"] == "PREPARED"
+        assert checks(c) == [1]
+
+
+def test_the_rule_is_validated(tmp_path: Path) -> None:
+    config = EngineConfig(data_dir=tmp_path / "data", transaction_unanswered_checks="never")
+    with pytest.raises(InvalidArgument, match="transaction_unanswered_checks"):
+        Broker(config, FakeClock(T0)).start()
