@@ -3,8 +3,9 @@ deliverAt per topic (RocketMQ monitors SCHEDULE_TOPIC_XXXX per delay level; RIP-
 per-topic timer metrics).
 
 Exact, and cheap. The counts are kept incrementally by whoever changes the backlog: a send
-that schedules (scheduler/writes.py), a cancel, a delivery commit and a run-time replay
-(scheduler/broker.py); on start they are rebuilt by the Broker's one scan over the pending
+that schedules (scheduler/writes.py, under the shard locks, so before any scan or cancel
+sees the message), a cancel, a delivery commit and a run-time replay (scheduler/broker.py);
+on start they are rebuilt by the Broker's one scan over the pending
 keys (``rebuild``), so they survive restarts. A message's delay level is kept in its stored
 flags (``storage.records.FLAG_LEVEL_SHIFT``): the engine reads the level of a delivered or
 cancelled message only while some message sent with a level is pending (``has_levels``).
@@ -75,8 +76,10 @@ class Backlog:
         return sum(topics.values())
 
     def scheduled(self, messages: Iterable[PreparedMessage]) -> None:
+        """Messages just stored for later; called under their shards' locks, so that no
+        scan (hence no delivery) and no cancel of them comes before."""
         with self._lock:
-            topics, oldest, levels = self._topics, self._oldest, self._levels
+            topics, oldest = self._topics, self._oldest
             for m in messages:
                 topic, at = m.topic, m.deliver_at
                 count = topics.get(topic)
@@ -90,7 +93,7 @@ class Backlog:
                         if topic in self._refreshing:  # what it finds may be later
                             self._stale.add(topic)
                 if m.level is not None:
-                    levels[m.level] = levels.get(m.level, 0) + 1
+                    self._add_level(m.level, 1)
 
     @property
     def has_levels(self) -> bool:
@@ -109,7 +112,7 @@ class Backlog:
                     self._stale.add(topic)
             for level in levels:
                 if level:
-                    self._remove_level(level)
+                    self._add_level(level, -1)
 
     def cancelled(self, topic: str, deliver_at: int, level: int) -> None:
         """A message (sent with ``level``, 0: none) left the backlog by a cancel."""
@@ -118,7 +121,7 @@ class Backlog:
             if self._oldest.get(topic) == deliver_at:
                 self._stale.add(topic)
             if level:
-                self._remove_level(level)
+                self._add_level(level, -1)
 
     def _remove(self, topic: str, n: int) -> None:
         left = self._topics.get(topic, 0) - n
@@ -129,10 +132,10 @@ class Backlog:
             self._oldest.pop(topic, None)
             self._stale.discard(topic)
 
-    def _remove_level(self, level: int) -> None:
-        left = self._levels.get(level, 0) - 1
-        if left > 0:
-            self._levels[level] = left
+    def _add_level(self, level: int, n: int) -> None:
+        count = self._levels.get(level, 0) + n
+        if count > 0:
+            self._levels[level] = count
         else:
             self._levels.pop(level, None)
 

@@ -103,9 +103,10 @@ class WritePaths:
                                                             now)
                         if extra is not None:
                             extra(batch)
-                        # with scheduled siblings in ``batch``, the due ones count only with
-                        # that one write: all or nothing (scheduler/committer.py)
-                        outcome = committer.commit_immediate(batch, due, atomic=bool(later))
+                        # with scheduled siblings (or cancels) in ``batch``, the due ones
+                        # count only with that one write: all or nothing (committer.py)
+                        outcome = committer.commit_immediate(batch, due,
+                                                             atomic=bool(later or cancelled))
                         if cancelled:
                             self._cancelled(cancelled)
                 else:
@@ -118,6 +119,8 @@ class WritePaths:
                         first_due[m.shard] = m.deliver_at
                 for shard, deliver_at in first_due.items():
                     self._shards[shard].note_scheduled(deliver_at)
+            if later:  # before any scan or cancel can see them (they take these locks)
+                self._backlog.scheduled(later)
         self.count_sent(later, due, duplicates, outcome)
         return self._results(messages, results, {m.index_key for m in due},
                              duplicates + len(markers))
@@ -266,7 +269,6 @@ class WritePaths:
         if later:
             metrics.scheduled.inc(len(later))
             metrics.pending.inc(len(later))
-            self._backlog.scheduled(later)
             for m in later:
                 if m.level is not None:
                     metrics.scheduled_by_level.labels(m.level).inc()
