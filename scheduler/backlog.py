@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from scheduler.intake import PreparedMessage
     from storage.timer_store import TimerStore
 
+_DELIVER_AT = attrgetter("deliver_at")
 OTHER = "__other__"  # the label of the topics past the cap ("__": no client topic has it)
 
 
@@ -53,8 +55,9 @@ class Backlog:
         self._refreshing: frozenset[str] = frozenset()  # topics ``_refresh`` is looking up
 
     # --- keeping it --------------------------------------------------------------------------
-    def rebuild(self, store: TimerStore) -> int:
+    def rebuild(self) -> int:
         """The start-up scan: every pending key of every shard; returns their number."""
+        store = self._store
         topics: Counter[bytes] = Counter()
         oldest: dict[bytes, int] = {}
         levels: Counter[int] = Counter()
@@ -75,25 +78,36 @@ class Backlog:
             self._levels = dict(levels)
         return sum(topics.values())
 
-    def scheduled(self, messages: Iterable[PreparedMessage]) -> None:
+    def scheduled(self, messages: Sequence[PreparedMessage]) -> None:
         """Messages just stored for later; called under their shards' locks, so that no
-        scan (hence no delivery) and no cancel of them comes before."""
+        scan (hence no delivery) and no cancel of them comes before. (Loops in C: a send
+        batch is usually of one topic.)"""
+        names = {m.topic for m in messages}
+        groups: Mapping[str, Sequence[PreparedMessage]]
+        if len(names) == 1:
+            groups = {names.pop(): messages}
+        else:
+            lists: dict[str, list[PreparedMessage]] = {}
+            for m in messages:
+                lists.setdefault(m.topic, []).append(m)
+            groups = lists
+        firsts = {topic: min(map(_DELIVER_AT, group)) for topic, group in groups.items()}
+        levels = [m.level for m in messages if m.level is not None]
         with self._lock:
             topics, oldest = self._topics, self._oldest
-            for m in messages:
-                topic, at = m.topic, m.deliver_at
-                count = topics.get(topic)
+            for topic, group in groups.items():
+                first, count = firsts[topic], topics.get(topic)
                 if count is None:
-                    topics[topic] = 1
-                    oldest[topic] = at
+                    topics[topic] = len(group)
+                    oldest[topic] = first
                 else:
-                    topics[topic] = count + 1
-                    if at < oldest[topic]:
-                        oldest[topic] = at
+                    topics[topic] = count + len(group)
+                    if first < oldest[topic]:
+                        oldest[topic] = first
                         if topic in self._refreshing:  # what it finds may be later
                             self._stale.add(topic)
-                if m.level is not None:
-                    self._add_level(m.level, 1)
+            for level in levels:
+                self._add_level(level, 1)
 
     @property
     def has_levels(self) -> bool:

@@ -184,7 +184,7 @@ class Broker:
                 store=store, committer=self._committer, shards=self._shards, clock=self.clock,
                 metrics=self.metrics, backlog=backlog, retention_ms=cfg.retention_ms,
                 check_running=self._check_running, notify=self._notify)
-            self.metrics.pending.set(backlog.rebuild(store))  # the one scan of pending keys
+            self.metrics.pending.set(backlog.rebuild())  # the one scan of pending keys
             self.metrics.pending_by_topic.set_label_function(
                 lambda: {t: n for t, (n, _) in backlog.labelled().items()})
             self.metrics.oldest_pending_ms.set_label_function(

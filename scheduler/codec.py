@@ -93,25 +93,9 @@ def log_payload_from_value(value: bytes, topic: str, msg_id: str, queue_offset: 
                   m.born_at, deliver_at, stored_at, m.flags])
 
 
-class _Flags(msgspec.Struct, array_like=True, gc=False):
-    """A MessageRecord value read for its flags only (the rest is skipped, not decoded)."""
-
-    version: int
-    body: msgspec.Raw
-    tags: msgspec.Raw
-    keys: msgspec.Raw
-    properties: msgspec.Raw
-    born_at: msgspec.Raw
-    deliver_at: int = 0
-    flags: int = 0
-
-
-_flags_decoder = msgspec.msgpack.Decoder(_Flags)
-
-
 def message_level(value: bytes) -> int:
     """The delay level (0: none) in the flags of a stored MessageRecord value."""
-    return _flags_decoder.decode(value).flags >> FLAG_LEVEL_SHIFT
+    return decode_message(value).flags >> FLAG_LEVEL_SHIFT
 
 
 _keys_decoder = msgspec.msgpack.Decoder(list[bytes])
