@@ -138,7 +138,12 @@ class TransactionManager:
         self.counts_unanswered = config.transaction_unanswered_checks == COUNT_UNANSWERED
         self._polled: dict[str, int] = {}  # group -> when it last polled (engine clock)
         self._started_at = clock.now_ms()
-        self._unanswered_floor = b""  # no half key below it is due for an unanswered round
+        # claim_unanswered: every half key below the floor was looked at; the keys it left to
+        # pollers and callbacks are looked at again from recheck[1] at recheck[0]; the next
+        # time it must run (None: when woken)
+        self._unanswered_floor = b""
+        self._recheck: tuple[int, bytes] | None = None
+        self._unanswered_next: int | None = None
         self._store = store
         self._config = config
         self._clock = clock
@@ -211,9 +216,13 @@ class TransactionManager:
             committer.commit_plain(batch)
             if producer_group in self._floor:
                 self._floor[producer_group] = min(self._floor[producer_group], half_key)
+            if half_key < self._unanswered_floor:  # (no immunity: due at once)
+                self._unanswered_floor = half_key
         self._metrics.tx_prepared.inc()
         self._metrics.tx_prepared_pending.inc()
-        if self.counts_unanswered or self.callbacks.has(producer_group):
+        unanswered_at = self._unanswered_next  # (set under the commit lock: see above)
+        if self.callbacks.has(producer_group) or (self.counts_unanswered and (
+                unanswered_at is None or entry.next_check_at < unanswered_at)):
             self.dispatcher.wake()
         return _result(tx_id, entry)
 
@@ -347,29 +356,34 @@ class TransactionManager:
             committer.replay_if_needed()
             now = self._clock.now_ms()
             callbacks = self.callbacks.active()
+            start, recheck = self._unanswered_floor, self._recheck
+            if recheck is not None and recheck[0] <= now:  # some group may have gone since
+                start, recheck = min(start, recheck[1]), None
             by_group: dict[str, list[tuple[bytes, str]]] = {}
-            again: int | None = None  # when a group that still polls may not any more
-            floor: bytes | None = None  # the first due key left for a poller
+            left: tuple[int, bytes] | None = None  # (look again at, first key) left to others
             claimed = 0
             end = time_bound(now + 1)
-            for half_key, raw in self._store.scan(CF_HALF, self._unanswered_floor, end):
+            resume = end
+            for half_key, raw in self._store.scan(CF_HALF, start, end):
                 half = decode_half(raw)
                 group = half.producer_group
-                if group in callbacks:  # the dispatcher's (and if the callback goes: ours)
-                    floor = floor or half_key
-                    continue
-                present_until = self._polled.get(group, self._started_at) + 2 * interval
-                if present_until > now:  # it polled lately: its poller may still take it
-                    again = present_until if again is None else min(again, present_until)
-                    floor = floor or half_key
+                # a callback group is the dispatcher's; a group that polled lately, its
+                # poller's: look again when it may have gone (or its callback)
+                until = now + 2 * interval if group in callbacks else \
+                    self._polled.get(group, self._started_at) + 2 * interval
+                if until > now:
+                    left = (until, half_key) if left is None else (min(left[0], until), left[1])
                     continue
                 by_group.setdefault(group, []).append((half_key, half.tx_id))
                 claimed += 1
                 if claimed >= limit:
-                    floor = floor or half_key
-                    again = now
+                    resume = half_key + b"\x00"
                     break
-            self._unanswered_floor = floor or time_bound(now)
+            self._unanswered_floor = resume
+            if left is not None:
+                recheck = left if recheck is None else (min(recheck[0], left[0]),
+                                                        min(recheck[1], left[1]))
+            self._recheck = recheck
             results = []
             for group, due in by_group.items():
                 checks, discards, batch = self._claim(group, due, now)
@@ -377,16 +391,19 @@ class TransactionManager:
                 if outcome is None:
                     committer.commit_plain(batch)
                 results.append((len(checks), discards, outcome))
-            following = next(iter(self._store.scan(CF_HALF, end, limit=1)), None)
+            again = now if claimed >= limit else None
+            for at in (None if recheck is None else recheck[0],
+                       next((decode_timer_key(k)[0] for k, _ in self._store.scan(
+                           CF_HALF, max(end, resume), limit=1)), None)):
+                if at is not None and (again is None or at < again):
+                    again = at
+            self._unanswered_next = again
         for unanswered, discards, outcome in results:
             self._metrics.tx_checks_unanswered.inc(unanswered)
             if outcome is not None:
                 self._on_appended(discards, outcome)
                 self._metrics.tx_discarded.inc(len(discards))
                 self._metrics.tx_prepared_pending.dec(len(discards))
-        if following is not None:
-            at = decode_timer_key(following[0])[0]
-            again = at if again is None else min(again, at)
         return again
 
     def _claim(self, group: str, due: list[tuple[bytes, str]], now: int,
