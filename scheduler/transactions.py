@@ -391,12 +391,11 @@ class TransactionManager:
                 if outcome is None:
                     committer.commit_plain(batch)
                 results.append((len(checks), discards, outcome))
-            again = now if claimed >= limit else None
-            for at in (None if recheck is None else recheck[0],
-                       next((decode_timer_key(k)[0] for k, _ in self._store.scan(
-                           CF_HALF, max(end, resume), limit=1)), None)):
-                if at is not None and (again is None or at < again):
-                    again = at
+            following = next(iter(self._store.scan(CF_HALF, end, limit=1)), None)
+            again = min((at for at in (
+                now if claimed >= limit else None, recheck[0] if recheck else None,
+                decode_timer_key(following[0])[0] if following else None) if at is not None),
+                default=None)
             self._unanswered_next = again
         for unanswered, discards, outcome in results:
             self._metrics.tx_checks_unanswered.inc(unanswered)
