@@ -105,6 +105,16 @@ class GroupOffsetIn(_In, kw_only=True):
     offset: Offset
 
 
+class CancelOutcome(_Out, kw_only=True):
+    """What a cancel marker did to the message its `TIMER_DEL_UNIQKEY` property names."""
+
+    msg_id: MsgId
+    status: Annotated[str, Meta(
+        description="As a cancel by id would answer: CANCELLED (it will never be delivered), "
+                    "ALREADY_DELIVERED, NOT_FOUND, or CONFLICT (a transactional message).",
+        examples=["CANCELLED", "ALREADY_DELIVERED", "NOT_FOUND", "CONFLICT"])]
+
+
 class SendResult(_Out, kw_only=True):
     msg_id: MsgId
     topic: str
@@ -113,6 +123,11 @@ class SendResult(_Out, kw_only=True):
     cancel_handle: Annotated[str, Meta(description="Opaque; DELETE /v1/scheduled/{handle}.")]
     duplicate: Annotated[bool, Meta(
         description="True when (topic, msgId) was sent before: this is the first result.")]
+    cancel: Annotated[CancelOutcome, Meta(
+        description="Only for a cancel marker (a message whose property TIMER_DEL_UNIQKEY "
+                    "names a msgId, or topic+msgId, of the same topic): what it did to that "
+                    "message. The marker itself is never stored nor delivered (status "
+                    "CANCELLED).")] | UnsetType = UNSET
 
 
 class BatchResult(_Out, kw_only=True):
@@ -258,6 +273,9 @@ class TransactionResult(_Out, kw_only=True):
     duplicate: Annotated[bool, Meta(
         description="True when this prepare repeats an earlier one of the same producer group "
                     "(answered 200 with the first transaction).")] = False
+    cancel: Annotated[CancelOutcome, Meta(
+        description="The commit of a cancel marker: what it did to the message it names."
+    )] | UnsetType = UNSET
 
 
 class TransactionCheck(_Out, kw_only=True):
@@ -319,7 +337,8 @@ class Problem(msgspec.Struct, kw_only=True):
 
 #: Every Struct that appears in the OpenAPI document (the rest are reached through these).
 COMPONENTS: tuple[Any, ...] = (
-    MessageIn, BatchIn, TransactionIn, GroupOffsetIn, SendResult, BatchResult, CancelResult,
+    MessageIn, BatchIn, TransactionIn, GroupOffsetIn, CancelOutcome, SendResult, BatchResult,
+    CancelResult,
     MessageInfo, ScheduledPage, PullResult, GroupOffset, TransactionResult,
     TransactionChecks, Snapshot, Health, Problem, ReceiveIn, AckIn, NackIn, RedriveIn,
     ReceiveResult, AckResult, NackResult, GroupState, DeadLetterPage, RedriveResult,

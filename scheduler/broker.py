@@ -25,8 +25,10 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from scheduler.backlog import Backlog
 from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
+from scheduler.codec import message_level
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import RECORD_SLACK, EngineConfig
 from scheduler.delivery import DeliveryStage
@@ -72,6 +74,7 @@ from storage.log_format import HEADER_SIZE
 from storage.private import private_dir
 from storage.records import (
     FLAG_IMMEDIATE,
+    FLAG_LEVEL_SHIFT,
     LogRecord,
     decode_index,
     decode_log_records,
@@ -108,7 +111,8 @@ def check_config(config: EngineConfig) -> DelayLevels:
     positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
                 "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
                 "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms",
-                "group_lease_window", "listing_scan_budget", "max_answer_bytes")
+                "group_lease_window", "listing_scan_budget", "max_answer_bytes",
+                "backlog_topic_labels")
     for name in positive:
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
@@ -164,6 +168,7 @@ class Broker:
         self._writes: WritePaths | None = None
         self._groups: GroupManager | None = None
         self._quarantine: Quarantine | None = None
+        self._backlog: Backlog  # set by start
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -193,12 +198,19 @@ class Broker:
             if replayed:
                 log.info("recovery applied %d log records to RocksDB", len(replayed))
             self._shards = [ShardState(s, store.frontier(s)) for s in range(cfg.timer_shards)]
+            self._backlog = backlog = Backlog(store, [st.cf for st in self._shards],
+                                              top=cfg.backlog_topic_labels)
             self._writes = WritePaths(
                 store=store, committer=self._committer, shards=self._shards, clock=self.clock,
-                metrics=self.metrics, retention_ms=cfg.retention_ms,
+                metrics=self.metrics, backlog=backlog, retention_ms=cfg.retention_ms,
                 check_running=self._check_running, notify=self._notify)
-            self.metrics.pending.set(sum(
-                sum(1 for _ in store.scan(st.cf, st.frontier_key)) for st in self._shards))
+            self.metrics.pending.set(backlog.rebuild())  # the one scan of pending keys
+            self.metrics.pending_by_topic.set_label_function(
+                lambda: {t: n for t, (n, _) in backlog.labelled().items()})
+            self.metrics.oldest_pending_ms.set_label_function(
+                lambda: {t: at for t, (_, at) in backlog.labelled().items()})
+            self.metrics.pending_by_level.set_label_function(
+                lambda: {str(level): n for level, n in backlog.by_level().items()})
             self._quarantine = Quarantine(
                 committer=self._committer, store=store, shards=self._shards,
                 max_payload=cfg.segment_size - HEADER_SIZE, clock=self.clock,
@@ -531,7 +543,18 @@ class Broker:
             "transactionsPrepared": int(m.tx_prepared_pending.value),
             "groups": self.groups.stats(),
             "parked": int(m.parked.value),
+            **self._backlog_stats(),
             **self._positions(),
+        }
+
+    def _backlog_stats(self) -> dict[str, Any]:
+        """The backlog per topic (capped as in /metrics) and per delay level."""
+        topics = self._backlog.labelled()
+        return {
+            "pendingByTopic": {t: n for t, (n, _) in topics.items()},
+            "oldestPendingByTopic": {t: at for t, (_, at) in topics.items()},
+            "pendingByLevel": {str(level): n for level, n in sorted(
+                self._backlog.by_level().items())},
         }
 
     def _positions(self) -> dict[str, Any]:
@@ -589,6 +612,10 @@ class Broker:
         if n:
             m.delivered.inc(n)
             m.pending.dec(n)
+            backlog = self._backlog
+            backlog.delivered([d[0] for d in outcome.delivered],
+                              [message_level(v) for v in outcome.values]
+                              if backlog.has_levels else ())
             m.lateness_ms.observe_many(outcome.lateness_ms)
             m.commit_batch_size.observe(n)
         if self._maintenance is not None:
@@ -603,7 +630,10 @@ class Broker:
             self._transactions.on_replayed(records)
         if runtime:  # a failed commit's records, now applied: they count as delivered
             self.metrics.delivered.inc(len(records))
-            self.metrics.pending.dec(sum(1 for r in records if not r.flags & FLAG_IMMEDIATE))
+            scheduled = [r for r in records if not r.flags & FLAG_IMMEDIATE]
+            self.metrics.pending.dec(len(scheduled))
+            self._backlog.delivered([r.topic for r in scheduled],
+                                    [r.flags >> FLAG_LEVEL_SHIFT for r in scheduled])
             self._notify({r.topic for r in records})
 
 

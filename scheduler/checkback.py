@@ -39,6 +39,7 @@ from storage.timer_store import TimerStore
 
 log = logging.getLogger(__name__)
 
+MAX_UNANSWERED_PER_ROUND = 1000  # unanswered checks claimed per dispatch round at most
 SIGNATURE_HEADER = "X-Hourglass-Signature"
 TIMESTAMP_HEADER = "X-Hourglass-Timestamp"
 _FORMAT_VERSION = 1
@@ -326,6 +327,8 @@ class CheckSource(Protocol):
 
     def apply_answer(self, transaction_id: str, answer: CheckAnswer) -> None: ...
 
+    def claim_unanswered(self, limit: int) -> int | None: ...
+
 
 class CheckbackDispatcher:
     """One thread that sleeps on the clock until a callback group's next check is due, then
@@ -412,6 +415,11 @@ class CheckbackDispatcher:
             next_at = self._source.next_check_at(group)
             if next_at is not None:
                 deadline = next_at if deadline is None else min(deadline, next_at)
+        unanswered = self._source.claim_unanswered(MAX_UNANSWERED_PER_ROUND)
+        if unanswered is not None:  # the other groups' checks nobody takes
+            deadline = unanswered if deadline is None else min(deadline, unanswered)
+            if unanswered <= now:  # more than one round's worth: go again now
+                return now, False
         if deadline is not None and deadline <= now:  # more due than there was room for
             # with room left (discards freed it), go again now; else a finishing POST wakes us
             return (now if self._room() > 0 else None), False

@@ -16,7 +16,14 @@ from typing import Any
 
 import msgspec
 
-from storage.records import FORMAT_VERSION, MessageStatus, decode_message, mapping_hook
+from storage.constants import PROP_DELAY_LEVEL, PROP_TIMER_PREFIX
+from storage.records import (
+    FLAG_LEVEL_SHIFT,
+    FORMAT_VERSION,
+    MessageStatus,
+    decode_message,
+    mapping_hook,
+)
 
 #: The bytes msgpack.packb(use_bin_type=True) gives; other Mappings of properties (the API
 #: passes a read-only MappingProxyType) are encoded as dicts through the hook. The common
@@ -53,21 +60,42 @@ def scheduled_values(messages: Sequence[Any], at: int) -> list[tuple[bytes, byte
             if m.deliver_at > at else None for m in messages]
 
 
+def delivered_properties(properties: Mapping[str, str]) -> Mapping[str, str]:
+    """The properties a message is delivered with: without ``DELAY`` and the ``TIMER_*``
+    properties, as RocketMQ clears them when a delayed message falls due (4.x
+    ``messageTimeup``, 5.x ``TimerMessageStore``), so that a consumer re-sending it does not
+    delay it again. ``properties`` itself when it holds none of them (no copy)."""
+    for name in properties:
+        if name == PROP_DELAY_LEVEL or name.startswith(PROP_TIMER_PREFIX):
+            return {k: v for k, v in properties.items()
+                    if k != PROP_DELAY_LEVEL and not k.startswith(PROP_TIMER_PREFIX)}
+    return properties
+
+
 def log_payload(topic: str, msg_id: str, queue_offset: int, body: bytes, tags: str | None,
                 keys: tuple[str, ...], properties: Mapping[str, str], born_at: int,
                 deliver_at: int, stored_at: int, flags: int) -> bytes:
-    """== encode_log_record(LogRecord(...))."""
-    return _pack([_V, topic, msg_id, queue_offset, body, tags, keys, properties or _EMPTY,
-                   born_at, deliver_at, stored_at, flags])
+    """== encode_log_record(LogRecord(...)), with ``delivered_properties``."""
+    return _pack([_V, topic, msg_id, queue_offset, body, tags, keys,
+                  delivered_properties(properties) if properties else _EMPTY,
+                  born_at, deliver_at, stored_at, flags])
 
 
 def log_payload_from_value(value: bytes, topic: str, msg_id: str, queue_offset: int,
                            deliver_at: int, stored_at: int) -> bytes:
     """The LogRecord payload of a stored MessageRecord value (a timer CF value), as
-    ``encode_log_record`` would write it after ``decode_message`` (which checks the value)."""
+    ``encode_log_record`` would write it after ``decode_message`` (which checks the value),
+    with ``delivered_properties`` (nothing to do for a message without properties)."""
     m = decode_message(value)
-    return _pack([_V, topic, msg_id, queue_offset, m.body, m.tags, m.keys, m.properties,
+    props = m.properties
+    return _pack([_V, topic, msg_id, queue_offset, m.body, m.tags, m.keys,
+                  delivered_properties(props) if props else props,
                   m.born_at, deliver_at, stored_at, m.flags])
+
+
+def message_level(value: bytes) -> int:
+    """The delay level (0: none) in the flags of a stored MessageRecord value."""
+    return decode_message(value).flags >> FLAG_LEVEL_SHIFT
 
 
 _keys_decoder = msgspec.msgpack.Decoder(list[bytes])

@@ -118,6 +118,7 @@ class CommitOutcome:
     lateness_ms: list[int] = field(default_factory=list)
     skipped: int = 0
     removed_by_shard: dict[int, int] = field(default_factory=dict)  # timer keys deleted
+    values: list[bytes] = field(default_factory=list)  # delivered MessageRecord values (due)
 
     @property
     def topics(self) -> set[str]:
@@ -289,6 +290,7 @@ class Committer:
             for scan in scans:
                 removed[scan.shard] = removed.get(scan.shard, 0) + len(scan.items)
             outcome.lateness_ms = [now - at for at in pending.deliver_ats]
+            outcome.values = pending.extra
             return outcome
 
     def commit_immediate(self, batch: Batch, messages: Sequence[PreparedMessage], *,

@@ -44,9 +44,15 @@ class EngineConfig:
     cleanup_interval_ms: int = 60_000  #                ms; a shard's delivered prefix is cleaned
     #                                                   at least this often while it grows
     retry_max_backoff_ms: int = 60_000  #               ms; back-off = min(n * 100 ms, this)
+    backlog_topic_labels: int = 50  #                   topics with their own backlog label in
+    #                                                   /metrics and stats; the rest: "__other__"
     transaction_timeout_ms: int = 6_000  #              ms; minimum check immunity
     transaction_check_interval_ms: int = 30_000  #      ms between check-backs of one message
     transaction_check_max: int = 15  #                  checks before DISCARDED
+    transaction_unanswered_checks: str = "count"  #     a check due with no callback that no poll
+    #                                                   takes: "count" (RocketMQ: a round counts
+    #                                                   whether a producer answers or not) |
+    #                                                   "wait" (counts only when taken)
     transaction_callback_allowed_hosts: tuple[str, ...] = ()  # check-callback URL hosts
     #                                                   ("*.example.com": subdomains); () = none
     transaction_callback_timeout_ms: int = 3_000  #     ms per check-callback POST; past it: UNKNOWN

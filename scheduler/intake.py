@@ -19,10 +19,15 @@ from scheduler.codec import message_value
 from scheduler.levels import DelayLevels
 from scheduler.model import SendRequest
 from scheduler.timing import resolve_timing
-from storage.constants import MSG_ID_PATTERN, TOPIC_PATTERN, is_system_topic
+from storage.constants import (
+    MSG_ID_PATTERN,
+    PROP_TIMER_DEL_UNIQKEY,
+    TOPIC_PATTERN,
+    is_system_topic,
+)
 from storage.errors import InvalidArgument, PayloadTooLarge, TopicInvalid
 from storage.keys import SEP, pack_u64, topic_shard
-from storage.records import MessageRecord
+from storage.records import FLAG_LEVEL_SHIFT, MessageRecord
 
 
 class MessageIdGenerator:
@@ -46,7 +51,11 @@ class MessageIdGenerator:
 
 class PreparedMessage(msgspec.Struct, kw_only=True, gc=False):
     """A validated send, ready to store. ``generated_id``: the engine made the msgId up, so
-    it cannot be a re-send and needs no idempotency look-up. ``record`` is the stored
+    it cannot be a re-send and needs no idempotency look-up (always False for a cancel
+    marker: the send path sorts the markers out of the messages it looks up, so that
+    messages without properties pay nothing for them). ``cancels``: the msgId, in the same
+    topic, that this message cancels (RocketMQ's TIMER_DEL_UNIQKEY); such a marker is never
+    stored nor delivered itself (scheduler/writes.py). ``record`` is the stored
     MessageRecord, built on demand (the hot paths encode the fields directly). A Struct: a
     batch builds one per message, and its constructor runs in C."""
 
@@ -65,6 +74,7 @@ class PreparedMessage(msgspec.Struct, kw_only=True, gc=False):
     index_key: bytes
     shard: int
     tx_id: str | None = None
+    cancels: str | None = None
 
     @property
     def record(self) -> MessageRecord:
@@ -136,12 +146,15 @@ class Intake:
         if len(body) > self._max_body:
             raise PayloadTooLarge(f"body is {len(body)} bytes; the maximum is {self._max_body}")
         tags, keys, props = request.tags, request.keys, request.properties
+        cancels = None
         if tags is not None or keys or props:
             _check_attributes(tags, keys, props)
             size = len(body) + _attribute_bytes(tags, keys, props)
             if size > self._max_record:
                 raise PayloadTooLarge(f"body and attributes are {size} bytes; a message holds "
                                       f"at most {self._max_record}")
+            if props and not allow_system:  # (the engine's own system-topic sends: never)
+                cancels = _cancel_target(topic, props)
         at, delay, level = request.deliver_at, request.delay_ms, None
         # the common cases, checked inline: no timing (now), deliverAt, or delayMs in range
         if request.delay_level is None and not props and (
@@ -155,16 +168,21 @@ class Intake:
                 deliver_at=at, delay_ms=request.delay_ms, delay_level=request.delay_level,
                 properties=props)
             at, level = timing.deliver_at, timing.level
+            if level is not None:  # kept with the message (scheduler/backlog.py)
+                flags |= level << FLAG_LEVEL_SHIFT
         if request.msg_id is None:
-            msg_id, generated = self._ids.next(now_ms), True
+            msg_id, generated = self._ids.next(now_ms), cancels is None
         else:
             msg_id, generated = check_msg_id(request.msg_id), False
         index_key = known[0] + msg_id.encode("utf-8")
-        return PreparedMessage(
+        prepared = PreparedMessage(
             topic=topic, msg_id=msg_id, generated_id=generated, deliver_at=at, level=level,
             body=body, tags=tags, keys=keys if type(keys) is tuple else tuple(keys),
             properties=props, born_at=now_ms, flags=flags, timer_key=pack_u64(at) + index_key,
             index_key=index_key, shard=known[1], tx_id=tx_id)
+        if cancels is not None:
+            prepared.cancels = cancels
+        return prepared
 
 
 def _check_attributes(tags: object, keys: object, props: object) -> None:
@@ -184,6 +202,21 @@ def _attribute_bytes(tags: str | None, keys: object, props: Mapping[str, str]) -
     assert isinstance(keys, tuple | list)
     return (len((tags or "").encode()) + sum(len(k.encode()) + 5 for k in keys)
             + sum(len(k.encode()) + len(v.encode()) + 10 for k, v in props.items()))
+def _cancel_target(topic: str, properties: Mapping[str, str]) -> str | None:
+    """The msgId a TIMER_DEL_UNIQKEY property names: the bare msgId, or RocketMQ 5's
+    ``topic+msgId`` (the topic must be the send's own: a marker cancels in its topic only)."""
+    value = properties.get(PROP_TIMER_DEL_UNIQKEY)
+    if value is None:
+        return None
+    named, plus, msg_id = value.rpartition("+")
+    if plus and named != topic:
+        raise InvalidArgument(f"{PROP_TIMER_DEL_UNIQKEY} {value!r} names topic {named!r}; a "
+                              f"cancel marker cancels a message of its own topic {topic!r}")
+    try:
+        return check_msg_id(msg_id)
+    except InvalidArgument:
+        raise InvalidArgument(f"{PROP_TIMER_DEL_UNIQKEY} {value!r} is not a msgId nor "
+                              f"topic+msgId") from None
 
 
 def expiry_key(expires_at: int, index_key: bytes) -> bytes:

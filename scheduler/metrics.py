@@ -21,6 +21,10 @@ replayed                       counter    log records applied to RocksDB by reco
 retries                        counter    failed delivery attempts that were retried (back-off)
 storage_errors                 counter    storage failures seen by the engine (any path)
 pending                        gauge      messages scheduled and not yet delivered or cancelled
+pending_by_topic               gauge      the same per topic (label topic: the backlog_topic_labels
+                                          topics with most, the rest as ``__other__``)
+oldest_pending_ms              gauge      per topic (same labels): oldest pending deliverAt, ms
+pending_by_level               gauge      pending messages sent with a delay level (label level)
 delivery_queue_batches         gauge      scan batches waiting in the bounded delivery queue
 delivery_queue_messages        gauge      messages in those batches
 blocked                        gauge      1 while delivery is blocked by failures (not ready)
@@ -33,6 +37,7 @@ tx_committed                   counter    transactions committed (by the produce
 tx_rolled_back                 counter    transactions rolled back
 tx_discarded                   counter    half messages discarded into TRANS_CHECK_MAX_TIME_TOPIC
 tx_checks_sent                 counter    check-backs handed out (polls and callback POSTs)
+tx_checks_unanswered           counter    check-backs counted with nobody to ask (RocketMQ's rule)
 tx_check_answers               counter    check-callback answers (label ``answer``)
 tx_prepared_pending            gauge      half messages waiting for commit, rollback or discard
 group_backlog                  gauge      per group (label ``group`` = "topic/group"): end offset
@@ -260,6 +265,14 @@ class EngineMetrics:
         self.retries = Counter("delivery_retries_total", "Failed delivery attempts retried")
         self.storage_errors = Counter("storage_errors_total", "Storage failures seen")
         self.pending = Gauge("pending", "Messages scheduled, not yet delivered or cancelled")
+        self.pending_by_topic = Gauge(
+            "pending_by_topic", "Pending messages per topic (top topics, the rest: __other__)",
+            "topic")
+        self.oldest_pending_ms = Gauge(
+            "oldest_pending_deliver_at_ms", "Oldest pending deliverAt per topic, epoch ms",
+            "topic")
+        self.pending_by_level = Gauge(
+            "pending_by_level", "Pending messages sent with a RocketMQ delay level", "level")
         self.delivery_queue_batches = Gauge(
             "delivery_queue_batches", "Scan batches waiting in the delivery queue")
         self.delivery_queue_messages = Gauge(
@@ -285,6 +298,9 @@ class EngineMetrics:
             "transactions_discarded_total", "Half messages discarded after the maximum checks")
         self.tx_checks_sent = Counter(
             "transaction_checks_sent_total", "Check-backs handed out (polls and callbacks)")
+        self.tx_checks_unanswered = Counter(
+            "transaction_checks_unanswered_total",
+            "Check-back rounds counted with no poll and no callback to take them")
         self.tx_check_answers = Counter(
             "transaction_check_answers_total", "Check-callback answers", "answer")
         self.tx_prepared_pending = Gauge(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from storage.records import LogRecord, MessageStatus
 
@@ -33,16 +34,27 @@ class SendRequest(_Record, frozen=True, kw_only=True, gc=False):
     delay_level: int | None = None
 
 
+class CancelOutcome(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
+    """What a cancel marker (a send with TIMER_DEL_UNIQKEY) did to the message it names: the
+    answer a cancel by id would give, CANCELLED, ALREADY_DELIVERED, NOT_FOUND or CONFLICT (a
+    transactional message)."""
+
+    msg_id: str
+    status: str
+
+
 class SendResult(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
     """Encodes (msgspec, camelCase) exactly as the API's ``SendResult`` schema: the send
-    routes answer with it as it is, not with a copy per message."""
+    routes answer with it as it is, not with a copy per message. ``cancel`` only for a
+    cancel marker (UNSET, so left out of the encoding, otherwise)."""
 
     msg_id: str
     topic: str
     deliver_at: int
-    status: MessageStatus  # SCHEDULED or DELIVERED
+    status: MessageStatus  # SCHEDULED or DELIVERED; CANCELLED for a cancel marker
     cancel_handle: str
     duplicate: bool = False
+    cancel: CancelOutcome | UnsetType = UNSET
 
 
 class CancelResult(_Record, frozen=True, kw_only=True, gc=False):
@@ -71,6 +83,7 @@ class TransactionResult(_Record, frozen=True, kw_only=True, gc=False):
     status: str  # PREPARED, COMMITTED, ROLLED_BACK, DISCARDED
     deliver_at: int | None = None  # set once committed
     duplicate: bool = False  # a re-sent prepare of the same (topic, msgId): the first result
+    cancel: CancelOutcome | None = None  # a committed cancel marker: what it did
 
 
 class TransactionCheck(_Record, frozen=True, kw_only=True, gc=False):

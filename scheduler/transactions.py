@@ -87,6 +87,9 @@ log = logging.getLogger(__name__)
 
 MAX_CHECKS_PER_POLL = 1000
 FILTER_SCAN_BUDGET = 10 * MAX_CHECKS_PER_POLL  # keys a filtered poll reads at most
+#: ``EngineConfig.transaction_unanswered_checks``: RocketMQ's rule, or a check counts only
+#: when a poll or a callback takes it
+COUNT_UNANSWERED, WAIT_FOR_POLLS = "count", "wait"
 
 
 class Committing(Protocol):
@@ -129,6 +132,19 @@ class TransactionManager:
                 or config.transaction_check_max < 0:
             raise InvalidArgument("transaction settings: the check interval must be >= 1 ms, "
                                   "the timeout and the check maximum >= 0")
+        if config.transaction_unanswered_checks not in (COUNT_UNANSWERED, WAIT_FOR_POLLS):
+            raise InvalidArgument(f"transaction_unanswered_checks must be {COUNT_UNANSWERED!r} "
+                                  f"or {WAIT_FOR_POLLS!r}, got "
+                                  f"{config.transaction_unanswered_checks!r}")
+        self.counts_unanswered = config.transaction_unanswered_checks == COUNT_UNANSWERED
+        self._polled: dict[str, int] = {}  # group -> when it last polled (engine clock)
+        self._started_at = clock.now_ms()
+        # claim_unanswered: every half key below the floor was looked at; the keys it left to
+        # pollers and callbacks are looked at again from recheck[1] at recheck[0]; the next
+        # time it must run (None: when woken)
+        self._unanswered_floor = b""
+        self._recheck: tuple[int, bytes] | None = None
+        self._unanswered_next: int | None = None
         self._store = store
         self._config = config
         self._clock = clock
@@ -201,9 +217,13 @@ class TransactionManager:
             committer.commit_plain(batch)
             if producer_group in self._floor:
                 self._floor[producer_group] = min(self._floor[producer_group], half_key)
+            if half_key < self._unanswered_floor:  # (no immunity: due at once)
+                self._unanswered_floor = half_key
         self._metrics.tx_prepared.inc()
         self._metrics.tx_prepared_pending.inc()
-        if self.callbacks.has(producer_group):
+        unanswered_at = self._unanswered_next  # (set under the commit lock: see above)
+        if self.callbacks.has(producer_group) or (self.counts_unanswered and (
+                unanswered_at is None or entry.next_check_at < unanswered_at)):
             self.dispatcher.wake()
         return _result(tx_id, entry)
 
@@ -253,7 +273,8 @@ class TransactionManager:
         self._metrics.tx_prepared_pending.dec()
         return TransactionResult(transaction_id=transaction_id, msg_id=entry.msg_id,
                                  topic=entry.topic, status=TransactionState.COMMITTED.value,
-                                 deliver_at=sent.deliver_at)
+                                 deliver_at=sent.deliver_at,
+                                 cancel=sent.cancel or None)  # a cancel marker: what it did
 
     def rollback(self, transaction_id: str) -> TransactionResult:
         """The half message is removed and never delivered. Idempotent; Conflict after a
@@ -301,6 +322,7 @@ class TransactionManager:
         with committer.lock:
             committer.replay_if_needed()
             now = self._clock.now_ms()
+            self._polled[producer_group] = now
             due, skipped = self._due(producer_group, now, max_checks, may_see)
             # every key read here moves past now or goes; any further due key is after them
             floor = due[-1][0] + b"\x00" if len(due) == max_checks else time_bound(now + 1)
@@ -322,17 +344,86 @@ class TransactionManager:
             self._metrics.tx_checks_sent.inc(len(checks))
         return checks
 
-    def _claim(self, group: str, due: list[tuple[bytes, str]], now: int,
+    def claim_unanswered(self, limit: int = MAX_CHECKS_PER_POLL) -> int | None:
+        """RocketMQ's rule (``transaction_unanswered_checks = "count"``): its broker counts a
+        check-back round whether a producer answers it or not, so a half message whose
+        producer is gone is discarded after the maximum number of checks. Here a group with
+        a check callback is checked by the dispatcher; any other group's due check, while
+        the group has not polled for two check intervals (a poller polls at least once an
+        interval; one more of slack), is claimed as a poll would claim it (it counts; past
+        the maximum: DISCARDED) and sent to nobody.
+
+        Called by the check-back dispatcher; returns when to call again (None: never)."""
+        if not self.counts_unanswered:
+            return None
+        interval = self._config.transaction_check_interval_ms
+        committer = self._committer
+        with committer.lock:
+            committer.replay_if_needed()
+            now = self._clock.now_ms()
+            callbacks = self.callbacks.active()
+            start, recheck = self._unanswered_floor, self._recheck
+            if recheck is not None and recheck[0] <= now:  # some group may have gone since
+                start, recheck = min(start, recheck[1]), None
+            by_group: dict[str, list[tuple[bytes, str]]] = {}
+            left: tuple[int, bytes] | None = None  # (look again at, first key) left to others
+            claimed = 0
+            end = time_bound(now + 1)
+            resume = end
+            for half_key, raw in self._store.scan(CF_HALF, start, end):
+                half = decode_half(raw)
+                group = half.producer_group
+                # a callback group is the dispatcher's; a group that polled lately, its
+                # poller's: look again when it may have gone (or its callback)
+                until = now + 2 * interval if group in callbacks else \
+                    self._polled.get(group, self._started_at) + 2 * interval
+                if until > now:
+                    left = (until, half_key) if left is None else (min(left[0], until), left[1])
+                    continue
+                by_group.setdefault(group, []).append((half_key, half.tx_id))
+                claimed += 1
+                if claimed >= limit:
+                    resume = half_key + b"\x00"
+                    break
+            self._unanswered_floor = resume
+            if left is not None:
+                recheck = left if recheck is None else (min(recheck[0], left[0]),
+                                                        min(recheck[1], left[1]))
+            self._recheck = recheck
+            results = []
+            for group, due in by_group.items():
+                checks, discards, batch, _ = self._claim(group, due, now, answered=False)
+                outcome = committer.commit_immediate(batch, discards) if discards else None
+                if outcome is None:
+                    committer.commit_plain(batch)
+                results.append((len(checks), discards, outcome))
+            following = next(iter(self._store.scan(CF_HALF, end, limit=1)), None)
+            again = min((at for at in (
+                now if claimed >= limit else None, recheck[0] if recheck else None,
+                decode_timer_key(following[0])[0] if following else None) if at is not None),
+                default=None)
+            self._unanswered_next = again
+        for unanswered, discards, outcome in results:
+            self._metrics.tx_checks_unanswered.inc(unanswered)
+            if outcome is not None:
+                self._on_appended(discards, outcome)
+                self._metrics.tx_discarded.inc(len(discards))
+                self._metrics.tx_prepared_pending.dec(len(discards))
+        return again
+
+    def _claim(self, group: str, due: list[tuple[bytes, str]], now: int, *,
+               answered: bool = True,
                ) -> tuple[list[TransactionCheck], list[PreparedMessage], Batch, int]:
         """Claim (or discard) ``due`` in order until the answer holds ``max_answer_bytes``
-        of bodies; also returns how many of ``due`` were taken."""
+        of bodies (``answered``: the checks go to a poller; else all of ``due``); also
+        returns how many of ``due`` were taken."""
         halves = self._store.multi_get(CF_HALF, [half_key for half_key, _ in due])
         entries = self._store.multi_get(CF_TX, [entry_key(tx_id) for _, tx_id in due])
         batch = self._store.batch()
         checks: list[TransactionCheck] = []
         discards: list[PreparedMessage] = []
         next_check = now + self._config.transaction_check_interval_ms
-        room = self._config.max_answer_bytes
+        room = self._config.max_answer_bytes if answered else None
         taken = 0
         for (half_key, tx_id), raw_half, raw_entry in zip(due, halves, entries, strict=True):
             if raw_half is None or raw_entry is None:  # cannot happen: written together
@@ -345,9 +436,10 @@ class TransactionManager:
                 discards.append(self._discard(batch, tx_id, entry, half, now))
                 taken += 1
                 continue
-            if checks and len(half.body) > room:
-                break
-            room -= len(half.body)
+            if room is not None:
+                if checks and len(half.body) > room:
+                    break
+                room -= len(half.body)
             claimed = dataclasses.replace(entry, check_times=entry.check_times + 1,
                                           next_check_at=next_check, updated_at=now)
             new_key = encode_timer_key(next_check, entry.topic, entry.msg_id)

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import NamedTuple
 
 from msgspec.structs import replace
 
+from scheduler.backlog import Backlog
 from scheduler.clock import Clock
-from scheduler.codec import cancel_handle, scheduled_values
+from scheduler.codec import cancel_handle, index_value, message_level, scheduled_values
 from scheduler.committer import CommitOutcome, Committer
 from scheduler.intake import PreparedMessage, expiry_key, topic_shard
 from scheduler.metrics import EngineMetrics
-from scheduler.model import CancelResult, SendResult
+from scheduler.model import CancelOutcome, CancelResult, SendResult
 from scheduler.scanner import ShardState
 from storage.constants import CF_EXPIRY, CF_INDEX
 from storage.errors import AlreadyDelivered, Conflict, NotFound
@@ -32,7 +34,7 @@ from storage.timer_store import Batch, TimerStore
 class WritePaths:
     def __init__(
         self, *, store: TimerStore, committer: Committer, shards: list[ShardState],
-        clock: Clock, metrics: EngineMetrics, retention_ms: int,
+        clock: Clock, metrics: EngineMetrics, backlog: Backlog, retention_ms: int,
         check_running: Callable[[], None], notify: Callable[[Collection[str]], None],
     ) -> None:
         self._store = store
@@ -40,6 +42,7 @@ class WritePaths:
         self._shards = shards
         self._clock = clock
         self._metrics = metrics
+        self._backlog = backlog
         self._retention_ms = retention_ms
         self._check_running = check_running
         self._notify = notify
@@ -72,7 +75,8 @@ class WritePaths:
             if committer.needs_replay:
                 with committer.lock:
                     committer.replay_if_needed()
-            duplicates = self._find_duplicates(store, messages, results, replace_prepared)
+            duplicates, markers = self._find_duplicates(store, messages, results,
+                                                        replace_prepared)
             now = self._clock.now_ms()
             due: list[PreparedMessage] = []
             later: list[PreparedMessage] = []
@@ -90,16 +94,22 @@ class WritePaths:
             if later:
                 self._add_scheduled(batch, later, later_stored, len(shards) == 1)
             outcome = None
+            cancelled: list[_Cancel] = []
             try:
-                if due or extra is not None:
+                if due or extra is not None or markers:
                     with committer.lock:
                         committer.replay_if_needed()
+                        if markers:
+                            cancelled = self._cancel_marked(batch, messages, markers, results,
+                                                            now)
                         if extra is not None:
                             extra(batch)
-                        # with scheduled siblings in ``batch``, the due ones count only with
-                        # that one write: all or nothing (scheduler/committer.py)
-                        outcome = committer.commit_immediate(batch, due,
-                                                             atomic=atomic or bool(later))
+                        # with scheduled siblings (or cancels) in ``batch``, the due ones
+                        # count only with that one write: all or nothing (committer.py)
+                        outcome = committer.commit_immediate(
+                            batch, due, atomic=atomic or bool(later or cancelled))
+                        if cancelled:
+                            self._cancelled(cancelled)
                 else:
                     store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
@@ -110,17 +120,27 @@ class WritePaths:
                         first_due[m.shard] = m.deliver_at
                 for shard, deliver_at in first_due.items():
                     self._shards[shard].note_scheduled(deliver_at)
+            if later:  # before any scan or cancel can see them (they take these locks)
+                self._backlog.scheduled(later)
         self.count_sent(later, due, duplicates, outcome)
-        return self._results(messages, results, {m.index_key for m in due}, duplicates)
+        return self._results(messages, results, {m.index_key for m in due},
+                             duplicates + len(markers))
 
     def _find_duplicates(
         self, store: TimerStore, messages: Sequence[PreparedMessage],
         results: list[SendResult | None], replace_prepared: bool,
-    ) -> int:
-        """Fill ``results`` for re-sends (stored before, or earlier in this batch)."""
+    ) -> tuple[int, list[int]]:
+        """Fill ``results`` for re-sends (stored before, or earlier in this batch); returns
+        their number and the positions of the cancel markers (their results: placeholders
+        until ``_cancel_marked``)."""
         lookup = [i for i, m in enumerate(messages) if not m.generated_id]
         if not lookup:
-            return 0
+            return 0, _NO_MARKERS
+        markers = [i for i in lookup if messages[i].cancels is not None]
+        if markers:
+            lookup = [i for i in lookup if messages[i].cancels is None]
+            for i in markers:
+                results[i] = _PENDING_MARKER
         found = store.multi_get(CF_INDEX, [messages[i].index_key for i in lookup])
         count = 0
         for i, raw in zip(lookup, found, strict=True):
@@ -139,7 +159,65 @@ class WritePaths:
             if j != i:  # the second occurrence in one batch is a duplicate of the first
                 results[i] = _PENDING_DUPLICATE
                 count += 1
-        return count
+        return count, markers or _NO_MARKERS
+
+    def _cancel_marked(self, batch: Batch, messages: Sequence[PreparedMessage],
+                       markers: list[int], results: list[SendResult | None],
+                       now: int) -> list[_Cancel]:
+        """Stage in ``batch`` what the cancel markers do (every lock held): each cancels the
+        message it names as ``cancel`` would, and its result says how; the marker itself is
+        not stored (a committed transactional one: its index entry becomes CANCELLED). A
+        marker sees the messages stored before its batch. Returns the cancels staged."""
+        store = self._store
+        targets = [index_key(messages[i].topic, messages[i].cancels or "") for i in markers]
+        entries = store.multi_get(CF_INDEX, targets)
+        done: dict[bytes, str] = {}  # target -> outcome: twice in one batch, once
+        cancelled: list[_Cancel] = []
+        expires = now + self._retention_ms
+        for i, ikey, raw in zip(markers, targets, entries, strict=True):
+            m = messages[i]
+            outcome = done.get(ikey)
+            if outcome is None:
+                entry = None if raw is None else decode_index(raw)
+                outcome = done[ikey] = _cancel_outcome(entry)
+                if outcome == _TO_CANCEL:
+                    assert entry is not None and m.cancels is not None
+                    cancelled.append(self._stage_cancel(  # (in the marker's own topic)
+                        batch, self._shards[m.shard], m.topic, m.cancels, ikey, entry, now))
+                    outcome = done[ikey] = _CANCELLED
+            if m.tx_id is not None:  # its PREPARED entry: never delivered
+                batch.put(CF_INDEX, m.index_key, index_value(
+                    _CANCELLED, m.deliver_at, now, tx_id=m.tx_id))
+                batch.put(CF_EXPIRY, expiry_key(expires, m.index_key), b"")
+            results[i] = SendResult(
+                msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
+                status=MessageStatus.CANCELLED, cancel_handle=cancel_handle(m.timer_key),
+                cancel=CancelOutcome(msg_id=m.cancels or "", status=outcome))
+        return cancelled
+
+    def _stage_cancel(self, batch: Batch, shard: ShardState, topic: str, msg_id: str,
+                      ikey: bytes, entry: IndexEntry, now: int) -> _Cancel:
+        """Stage the cancel of a SCHEDULED message."""
+        timer_key = encode_timer_key(entry.deliver_at, topic, msg_id)
+        level = 0
+        if self._backlog.has_levels:  # its level is in its stored value
+            value = self._store.get(shard.cf, timer_key)
+            level = 0 if value is None else message_level(value)
+        batch.delete(shard.cf, timer_key)
+        batch.put(CF_INDEX, ikey, encode_index(replace(
+            entry, status=MessageStatus.CANCELLED, updated_at=now)))
+        batch.put(CF_EXPIRY, expiry_key(now + self._retention_ms, ikey), b"")
+        return _Cancel(shard, timer_key, topic, entry.deliver_at, level)
+
+    def _cancelled(self, cancels: list[_Cancel]) -> None:
+        """After the write of staged cancels (commit lock held): a cancelled message the
+        scanner may already have handed on is filtered out of delivery; metrics, backlog."""
+        for c in cancels:
+            if c.shard.below_frontier(c.timer_key):
+                self._committer.skip(c.timer_key)
+            self._backlog.cancelled(c.topic, c.deliver_at, c.level)
+        self._metrics.cancelled.inc(len(cancels))
+        self._metrics.pending.dec(len(cancels))
 
     def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
                        stored: list[tuple[bytes, bytes]], one_shard: bool) -> None:
@@ -214,34 +292,60 @@ class WritePaths:
             committer.replay_if_needed()  # a message in the log is delivered, whatever RocksDB says
             raw = store.get(CF_INDEX, ikey)
             entry = None if raw is None else decode_index(raw)
-            if entry is None or (handle_at is not None and entry.deliver_at != handle_at):
-                raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+            if entry is not None and handle_at is not None and entry.deliver_at != handle_at:
+                entry = None
+            outcome = _cancel_outcome(entry)
             result = CancelResult(msg_id=msg_id, topic=topic, status=MessageStatus.CANCELLED)
-            if entry.status is MessageStatus.CANCELLED:
+            if outcome == _CANCELLED:
                 return result
-            if entry.status is MessageStatus.DELIVERED:
+            if outcome == _NOT_FOUND:
+                raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
+            assert entry is not None
+            if outcome == _ALREADY_DELIVERED:
                 raise AlreadyDelivered(f"message {msg_id!r} of topic {topic!r} was delivered "
                                        f"at queue offset {entry.queue_offset}")
-            if entry.status is not MessageStatus.SCHEDULED:
+            if outcome == _CONFLICT:
                 raise Conflict(f"message {msg_id!r} of topic {topic!r} is a transactional "
                                f"message ({entry.status}); use its transaction instead")
-            now = self._clock.now_ms()
-            timer_key = encode_timer_key(entry.deliver_at, topic, msg_id)
             batch = store.batch()
-            batch.delete(shard.cf, timer_key)
-            batch.put(CF_INDEX, ikey, encode_index(replace(
-                entry, status=MessageStatus.CANCELLED, updated_at=now)))
-            batch.put(CF_EXPIRY, expiry_key(now + self._retention_ms, ikey), b"")
+            staged = self._stage_cancel(batch, shard, topic, msg_id, ikey, entry,
+                                        self._clock.now_ms())
             committer.commit_plain(batch)
-            if shard.below_frontier(timer_key):  # maybe queued for delivery: filter it out
-                committer.skip(timer_key)
-        self._metrics.cancelled.inc()
-        self._metrics.pending.dec()
+            self._cancelled([staged])
         return result
+
+
+class _Cancel(NamedTuple):
+    """A cancel staged in a batch, to finish once the batch is written."""
+
+    shard: ShardState
+    timer_key: bytes
+    topic: str
+    deliver_at: int
+    level: int
 
 
 _PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
                                 status=MessageStatus.SCHEDULED, cancel_handle="")
+_PENDING_MARKER = replace(_PENDING_DUPLICATE, status=MessageStatus.CANCELLED)
+_NO_MARKERS: list[int] = []  # never mutated
+
+# a cancel's outcome, by the target's index entry (the API's codes; "SCHEDULED": cancel it)
+_CANCELLED, _ALREADY_DELIVERED, _NOT_FOUND, _CONFLICT, _TO_CANCEL = (
+    MessageStatus.CANCELLED.value, "ALREADY_DELIVERED", "NOT_FOUND", "CONFLICT",
+    MessageStatus.SCHEDULED.value)
+
+
+def _cancel_outcome(entry: IndexEntry | None) -> str:
+    if entry is None:
+        return _NOT_FOUND
+    if entry.status is MessageStatus.SCHEDULED:
+        return _TO_CANCEL
+    if entry.status is MessageStatus.CANCELLED:
+        return _CANCELLED
+    if entry.status is MessageStatus.DELIVERED:
+        return _ALREADY_DELIVERED
+    return _CONFLICT  # a transactional message: PREPARED, ROLLED_BACK, DISCARDED
 
 
 def _duplicate_result(m: PreparedMessage, entry: IndexEntry) -> SendResult:

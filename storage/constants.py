@@ -84,6 +84,10 @@ PROP_DELAY_LEVEL = "DELAY"
 PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROP_TIMER_DELAY_MS = "TIMER_DELAY_MS"
 PROP_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+# RocketMQ 5 (RIP-43): a message carrying it cancels the timer message it names, and is never
+# delivered itself; its value is the target's msgId, or "topic+msgId"
+PROP_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+PROP_TIMER_PREFIX = "TIMER_"  # with DELAY: the properties cleared on delivery
 PROP_CHECK_IMMUNITY_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # a half message's immunity
 # set on a half message discarded into TOPIC_TRANS_CHECK_MAX_TIME, as RocketMQ names them
 PROP_REAL_TOPIC = "REAL_TOPIC"

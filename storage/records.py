@@ -41,6 +41,7 @@ FLAG_TRANSACTIONAL = 2  # came from a committed half message
 FLAG_DISCARDED = 4  # a half message discarded into TRANS_CHECK_MAX_TIME_TOPIC
 FLAG_BATCH = 8  # due on arrival in a send batch that also stored scheduled messages: it
 # counts only with that batch's RocksDB write, never by replay (scheduler/committer.py)
+FLAG_LEVEL_SHIFT = 8  # flags >> 8: the RocketMQ delay level the message was sent with (0: none)
 
 
 class _Record(msgspec.Struct, frozen=True, kw_only=True, array_like=True, gc=False):

@@ -35,6 +35,9 @@ def transaction_result(result: model.TransactionResult) -> schemas.TransactionRe
                                     duplicate=result.duplicate)
     if result.deliver_at is not None:
         out.deliver_at = result.deliver_at
+    if result.cancel is not None:
+        out.cancel = schemas.CancelOutcome(msg_id=result.cancel.msg_id,
+                                           status=result.cancel.status)
     return out
 
 

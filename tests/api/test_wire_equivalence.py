@@ -16,13 +16,20 @@ names = st.text(max_size=20)
 
 @given(msg_id=names, topic=names, deliver_at=st.integers(0, 2**63),
        status=st.sampled_from([MessageStatus.SCHEDULED, MessageStatus.DELIVERED]),
-       handle=names, duplicate=st.booleans())
+       handle=names, duplicate=st.booleans(),
+       cancel=st.none() | st.tuples(names, st.sampled_from(["CANCELLED", "NOT_FOUND"])))
 def test_the_engine_result_encodes_as_the_schema(msg_id: str, topic: str, deliver_at: int,
                                                  status: MessageStatus, handle: str,
-                                                 duplicate: bool) -> None:
+                                                 duplicate: bool,
+                                                 cancel: tuple[str, str] | None) -> None:
     fields = {"msg_id": msg_id, "topic": topic, "deliver_at": deliver_at, "status": status,
               "cancel_handle": handle, "duplicate": duplicate}
     engine, wire = model.SendResult(**fields), schemas.SendResult(**fields)
+    if cancel is not None:  # a cancel marker's result
+        engine = model.SendResult(**fields, cancel=model.CancelOutcome(
+            msg_id=cancel[0], status=cancel[1]))
+        wire = schemas.SendResult(**fields, cancel=schemas.CancelOutcome(
+            msg_id=cancel[0], status=cancel[1]))
     for encode in (msgspec.json.encode, msgspec.msgpack.encode):
         assert encode(engine) == encode(wire)
         assert encode({"results": [engine]}) == encode(schemas.BatchResult(results=[wire]))

@@ -336,3 +336,28 @@ def test_revoke_drops_a_spare_segment_that_would_no_longer_follow_on(tmp_path: P
 
 if __name__ == "__main__":
     child(sys.argv[1])
+
+
+def test_a_batch_whose_marker_cancels_is_all_or_nothing(harness: Harness,
+                                                         clock: FakeClock) -> None:
+    """A due-now message and a cancel marker (TIMER_DEL_UNIQKEY) in one batch: when the
+    write fails, neither the delivery nor the cancel happens, also after a restart."""
+    broker = harness.open(flaky=True)
+    log, store = flaky_parts(harness)
+    broker.send(SendRequest(topic="t", body=b"x", msg_id="target", delay_ms=LATER_MS))
+    batch = [SendRequest(topic="t", body=b"now", msg_id="now-1"),
+             SendRequest(topic="t", body=b"", properties={"TIMER_DEL_UNIQKEY": "target"})]
+    store.fail_writes = 1
+    with pytest.raises(StorageError):
+        broker.send_batch(batch)
+    assert log.end_position == 0  # the due-now record was revoked, not left to replay
+    broker.close()
+    broker = harness.open()
+    with pytest.raises(NotFound):
+        broker.status("t", "now-1")
+    assert broker.status("t", "target").status is MessageStatus.SCHEDULED
+    results = broker.send_batch(batch)  # the retry does both
+    assert results[1].cancel is not None and results[1].cancel.status == "CANCELLED"
+    clock.advance(LATER_MS)
+    broker.drain()
+    assert [m.msg_id for m in read_topic(broker, "t")] == ["now-1"]

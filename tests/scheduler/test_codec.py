@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from scheduler.codec import (
     cancel_handle,
+    delivered_properties,
     index_value,
     log_payload,
     log_payload_from_value,
@@ -32,7 +33,10 @@ ints = st.integers(min_value=0, max_value=(1 << 64) - 1)
 records = st.builds(
     MessageRecord, body=st.binary(max_size=300), tags=st.none() | st.text(max_size=10),
     keys=st.lists(st.text(max_size=8), max_size=3).map(tuple),
-    properties=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=4),
+    properties=st.dictionaries(
+        st.text(max_size=8) | st.sampled_from(["DELAY", "TIMER_DELAY_SEC", "TIMER_DELIVER_MS",
+                                               "TIMER_X"]),
+        st.text(max_size=8), max_size=4),
     born_at=ints, deliver_at=ints, flags=st.integers(min_value=0, max_value=7))
 
 
@@ -75,9 +79,12 @@ def test_index_value(status: MessageStatus, deliver_at: int, updated_at: int,
        stored_at=ints)
 def test_log_payloads(record: MessageRecord, topic: str, msg_id: str, queue_offset: int,
                       deliver_at: int, stored_at: int) -> None:
+    """The log record, with DELAY and every TIMER_* property cleared (as RocketMQ delivers)."""
+    delivered = {k: v for k, v in record.properties.items()
+                 if k != "DELAY" and not k.startswith("TIMER_")}
     expected = encode_log_record(LogRecord(
         topic=topic, msg_id=msg_id, queue_offset=queue_offset, body=record.body,
-        tags=record.tags, keys=record.keys, properties=record.properties,
+        tags=record.tags, keys=record.keys, properties=delivered,
         born_at=record.born_at, deliver_at=deliver_at, stored_at=stored_at, flags=record.flags))
     assert log_payload(topic, msg_id, queue_offset, record.body, record.tags, record.keys,
                        record.properties, record.born_at, deliver_at, stored_at,
@@ -86,6 +93,12 @@ def test_log_payloads(record: MessageRecord, topic: str, msg_id: str, queue_offs
                                         deliver_at, stored_at)
     assert from_value == expected
     assert decode_log_record(from_value).body == record.body
+
+
+def test_delivered_properties_keeps_the_mapping_without_delay_properties() -> None:
+    props = {"a": "1", "DELAYED": "x", "TIMERS": "y"}  # near misses stay
+    assert delivered_properties(props) is props
+    assert delivered_properties({"DELAY": "3", "TIMER_DELAY_SEC": "9", "k": "v"}) == {"k": "v"}
 
 
 def test_log_payload_from_an_older_shorter_value() -> None:
