@@ -6,22 +6,27 @@
   move at each threshold;
 - topic skew and shard balance; message states; rows and bytes per column family.
 
-"Waiting messages" are the keys of the timer shards (``timer.*``); their value is the encoded
-message, the bytes RocksDB carries through every compaction. Seconds are wall-clock seconds
-(``deliverAt // 1000``), the precision users ask for.
+"Waiting messages" are the keys of each timer shard (``timer.N``) at or above that shard's
+persisted scan watermark: the scanner has handed on everything below it, so a key below is
+delivered but not yet deleted (the engine deletes delivered keys in periodic clean-ups below
+the watermark) and is counted apart (``shards.rows[].belowWatermark``). Their value is the
+encoded message, the bytes RocksDB carries through every compaction. Seconds are wall-clock
+seconds (``deliverAt // 1000``), the precision users ask for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from spark_jobs.keyspace import CfKind
+from spark_jobs.skew import shard_what_if
 from storage.constants import CF_TIMER_PREFIX
 
 BLOB_THRESHOLDS = (256, 1024, 4096, 65536)
@@ -162,7 +167,9 @@ def gini(values: list[int]) -> float:
     return (2 * weighted) / (n * total) - (n + 1) / n
 
 
-def topics(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
+def topics(waiting: DataFrame, *, timer_shards: int, top: int = 20) -> dict[str, Any]:
+    """Messages and bytes per topic (top ``top``), skew figures, and what each timer shard
+    count would give with the engine's placement (spark_jobs/skew.py)."""
     rows = (waiting.groupBy("topic")
             .agg(F.count("*").alias("n"), F.sum("value_size").alias("b")).collect())
     ranked = sorted(((str(r["topic"]), int(r["n"]), int(r["b"])) for r in rows),
@@ -170,6 +177,9 @@ def topics(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
     total = sum(n for _, n, _ in ranked)
     return {
         "count": len(ranked),
+        "messages": total,
+        "meanMessages": total / len(ranked) if ranked else 0.0,
+        "shardWhatIf": shard_what_if({t: n for t, n, _ in ranked}, timer_shards),
         "top": [{"topic": t, "messages": n, "bytes": b, "share": n / total if total else 0.0}
                 for t, n, b in ranked[:top]],
         "topShare": ranked[0][1] / total if total else 0.0,
@@ -178,26 +188,35 @@ def topics(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
     }
 
 
-def shards(counts: dict[str, Any]) -> dict[str, Any]:
-    """Waiting messages per timer shard, from the per-CF counts."""
-    rows = sorted((int(cf[len(CF_TIMER_PREFIX):]), c["rows"], c["valueBytes"])
-                  for cf, c in counts["byCf"].items() if cf.startswith(CF_TIMER_PREFIX))
-    total = sum(n for _, n, _ in rows)
+def shards(per_shard: list[Any], timer_shards: int) -> dict[str, Any]:
+    """Waiting messages per timer shard (at or above its watermark), and the delivered keys
+    below the watermark not yet deleted."""
+    acc: dict[int, dict[str, int]] = {
+        s: {"shard": s, "messages": 0, "bytes": 0, "belowWatermark": 0}
+        for s in range(timer_shards)}
+    for r in per_shard:
+        row = acc.setdefault(int(r["shard"]), {"shard": int(r["shard"]), "messages": 0,
+                                               "bytes": 0, "belowWatermark": 0})
+        if r["pending"]:
+            row["messages"] += int(r["n"])
+            row["bytes"] += int(r["v"])
+        else:
+            row["belowWatermark"] += int(r["n"])
+    rows = [acc[s] for s in sorted(acc)]
+    total = sum(r["messages"] for r in rows)
     return {
-        "rows": [{"shard": s, "messages": n, "bytes": b} for s, n, b in rows],
-        "maxToMean": max(n for _, n, _ in rows) / (total / len(rows)) if total else 0.0,
+        "rows": rows,
+        "maxToMean": max(r["messages"] for r in rows) / (total / len(rows)) if total else 0.0,
     }
 
 
-def column_families(timers: DataFrame, others: DataFrame) -> dict[str, Any]:
+def column_families(per_shard: list[Any], others: DataFrame) -> dict[str, Any]:
     """Rows, key and value bytes per column family; index entries per status."""
     groups = (others.groupBy("cf", "state").agg(F.count("*").alias("n"),
                                                 F.sum("key_size").alias("k"),
                                                 F.sum("value_size").alias("v")).collect())
-    shards = (timers.groupBy("shard").agg(F.count("*").alias("n"), F.sum("key_size").alias("k"),
-                                          F.sum("value_size").alias("v")).collect())
     rows = [(str(r["cf"]), r["state"], r["n"], r["k"], r["v"]) for r in groups]
-    rows += [(f"{CF_TIMER_PREFIX}{r['shard']}", None, r["n"], r["k"], r["v"]) for r in shards]
+    rows += [(f"{CF_TIMER_PREFIX}{r['shard']}", None, r["n"], r["k"], r["v"]) for r in per_shard]
     by_cf: dict[str, dict[str, int]] = {}
     states: dict[str, int] = {}
     for cf, state, n, k, v in sorted(rows, key=lambda r: (r[0], str(r[1]))):
@@ -210,21 +229,36 @@ def column_families(timers: DataFrame, others: DataFrame) -> dict[str, Any]:
     return {"byCf": by_cf, "indexStates": states}
 
 
-def logical_figures(timers: DataFrame, others: DataFrame, now_ms: int,
-                    horizons: Horizons) -> dict[str, Any]:
+def pending_flag(watermarks: Mapping[int, int]) -> Column:
+    """True for a timer key at or above its shard's watermark (a shard without one: 0)."""
+    if not watermarks:
+        return F.lit(True)
+    marks = F.create_map(*(x for s, w in sorted(watermarks.items())
+                           for x in (F.lit(s), F.lit(w).cast("bigint"))))
+    return F.col("key_time") >= F.coalesce(marks[F.col("shard")], F.lit(0).cast("bigint"))
+
+
+def logical_figures(timers: DataFrame, others: DataFrame, now_ms: int, horizons: Horizons,
+                    watermarks: Mapping[int, int], timer_shards: int) -> dict[str, Any]:
     """Every logical figure of one snapshot from its hourglass_logical rows, split in two:
     ``timers`` (the timer shards, cached: every figure but the counts reads them) and
-    ``others`` (every other column family, read once for the counts)."""
-    waiting = (timers.select("shard", "deliver_at", "topic", "key_size", "value_size")
-               .persist(StorageLevel.MEMORY_AND_DISK))
+    ``others`` (every other column family, read once for the counts). Only timer keys at or
+    above their shard's watermark are waiting messages."""
+    slim = (timers.select("shard", "deliver_at", "topic", "key_size", "value_size",
+                          pending_flag(watermarks).alias("pending"))
+            .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        counts = column_families(waiting, others)
+        per_shard = (slim.groupBy("shard", "pending")
+                     .agg(F.count("*").alias("n"), F.sum("key_size").alias("k"),
+                          F.sum("value_size").alias("v")).collect())
+        waiting = slim.where(F.col("pending"))
+        by_shard = shards(per_shard, timer_shards)
         return {
-            "counts": counts,
+            "counts": column_families(per_shard, others),
             "dueLoad": due_load(waiting, now_ms, horizons),
             "valueSizes": value_sizes(waiting),
-            "topics": topics(waiting),
-            "shards": shards(counts),
+            "topics": topics(waiting, timer_shards=len(by_shard["rows"])),
+            "shards": by_shard,
         }
     finally:
-        waiting.unpersist()
+        slim.unpersist()

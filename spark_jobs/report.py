@@ -36,6 +36,10 @@ def key_figures(r: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("reclaimable", _bytes(ph["space"]["reclaimableBytes"])),
         ("due-scan SSTs (max shard)", f"{ph['readAmplification']['max']} "
                                       f"(from key 0: {_from_start(ph)})"),
+        ("due-scan skipped keys / range tombstones",
+         "not measured" if ph["readAmplification"]["internalKeysSkippedMax"] is None else
+         f"{ph['readAmplification']['internalKeysSkippedMax']:,} / "
+         f"{ph['readAmplification']['rangeTombstonesMax']:,}"),
         ("write amplification since open", "n/a" if wa is None else f"{wa:.2f}x"),
         ("topics / top share", f"{lg['topics']['count']:,} / {lg['topics']['topShare']:.1%}"),
     ]
@@ -130,12 +134,13 @@ def write_html(report: Mapping[str, Any], images: Mapping[str, bytes], out_dir: 
              f"{charts.utc_label(latest['snapshot']['createdAt'])}.</p>",
              f"<h2>Recommendations ({len(fired)})</h2>"]
     parts += [f"<div class='rec'><b>{html.escape(f['title'])}</b> "
-              f"<span class='muted'>[{html.escape(f['rule'])}: {html.escape(str(f['value']))} "
-              f"vs {html.escape(str(f['threshold']))}]</span><br>{html.escape(f['advice'])}</div>"
-              for f in fired] or ["<p class='ok'>No rule fired: nothing to change.</p>"]
-    parts.append(_table(("check", "rule", "value", "threshold", "result"), [
-        (f["title"], f["rule"], f["value"], f["threshold"], "FIRED" if f["fired"] else "ok")
-        for f in report["rules"]]))
+              f"<span class='muted'>[{html.escape(f['rule'])}]</span><br>"
+              + "<br>".join(html.escape(f[k]) for k in ("measured", "advice", "whatIf", "basis")
+                            if f[k])
+              + "</div>" for f in fired] or ["<p class='ok'>No rule fired: nothing to change.</p>"]
+    parts.append(_table(("check", "result", "measured", "threshold"), [
+        (f"{f['title']} ({f['rule']})", "FIRED" if f["fired"] else "ok", f["measured"],
+         f["basis"]) for f in report["rules"]]))
     parts.append("<h2>Key figures (latest snapshot)</h2>")
     parts.append(_table(("figure", "value"), key_figures(latest)))
     captions = {"due_load": "Due load", "value_sizes": "Value sizes and blob separation",
@@ -177,5 +182,7 @@ def console_summary(report: Mapping[str, Any]) -> str:
                      f"{' (counters reset: restart in between)' if i.get('counterReset') else ''}")
     fired = report["recommendations"]
     lines.append(f"recommendations: {len(fired)} of {len(report['rules'])} rules fired")
-    lines += [f"  * [{f['rule']}] {f['advice']}" for f in fired]
+    for f in fired:
+        lines.append(f"  * [{f['rule']}] {f['measured']}")
+        lines += [f"      {f[k]}" for k in ("advice", "whatIf") if f[k]]
     return "\n".join(lines)
