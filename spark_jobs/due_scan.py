@@ -5,8 +5,8 @@ The engine's scanner seeks to its shard's persisted watermark and reads forward 
 statistics on, and reads RocksDB's own counters around each scan:
 
 - ``rocksdb.number.iter.skip``: internal keys the iterator stepped over without returning
-  them: point tombstones and the older versions they hide (a deleted key whose put and
-  delete sit in different files costs two). Keys hidden by a *range* tombstone are not in it
+  them: at least one per point tombstone, plus older versions it had to step over (between
+  one and two per deleted key here). Keys hidden by a *range* tombstone are not in it
   (RocksDB seeks past them);
 - range tombstones: RocksDB keeps no per-scan counter readable here, so the figure is the
   ``# range deletions`` of the table properties of each level the scan's key range overlaps
