@@ -117,7 +117,8 @@ def open_input(path: str | Path) -> SnapshotInput:
                 for f in snap.db.live_files()]}})
             shard_cfs = sum(1 for n in snap.cf_names if n.startswith(CF_TIMER_PREFIX))
     except StorageError as exc:
-        raise DamagedSnapshot(f"{path}: RocksDB cannot open it: {exc.detail}") from exc
+        why = " ".join(exc.detail.split())  # RocksDB's message may span lines
+        raise DamagedSnapshot(f"{path}: RocksDB cannot open it: {why}") from exc
     if manifest:
         created_at = int(manifest["createdAt"])
         snapshot_id = str(manifest.get("snapshotId", path.name))

@@ -119,7 +119,8 @@ def open_read_only(path: str | Path, *, statistics: bool = False) -> Iterator[Re
                 access_type=rocksdict.AccessType.read_only(),
             )
         except Exception as exc:  # rocksdict raises plain Exception subclasses
-            raise StorageError(f"cannot open snapshot {db_dir} read-only: {exc}") from exc
+            why = str(exc).replace(str(shadow), str(db_dir))  # name the snapshot's own files
+            raise StorageError(f"cannot open snapshot {db_dir} read-only: {why}") from exc
         try:
             yield ReadOnlyCheckpoint(db=db, cf_names=names, options=opts)
         finally:

@@ -37,7 +37,7 @@ def _checkpoint(path: Path, deleted_at: list[int], ranges: int) -> Path:
     for i, at in enumerate(deleted_at):
         cf[_key(at, LIVE + i)] = b"v" * 100
     below = [_key(WATERMARK - 60_000 + i, 900_000 + i) for i in range(2 * ranges)]
-    for i, key in enumerate(below):
+    for key in below:
         cf[key] = b"v"
     db.flush()
     for i, at in enumerate(deleted_at):
