@@ -89,7 +89,8 @@ def render_charts(report: Mapping[str, Any], ssts: Sequence[Mapping[str, Any]]
     out: dict[str, Callable[[], bytes]] = {
         "due_load": lambda: charts.due_load(latest["logical"]["dueLoad"]),
         "value_sizes": lambda: charts.value_sizes(latest["logical"]["valueSizes"]),
-        "lsm_map": lambda: charts.lsm_map(ssts, watermarks, snap["createdAt"]),
+        "lsm_map": lambda: charts.lsm_map(ssts, watermarks, snap["createdAt"],
+                                          _lsm_horizon(latest["logical"]["dueLoad"])),
         "levels": lambda: charts.levels(latest["physical"]["sst"]),
         "topics": lambda: charts.topics(latest["logical"]["topics"]),
     }
@@ -97,6 +98,13 @@ def render_charts(report: Mapping[str, Any], ssts: Sequence[Mapping[str, Any]]
         created = [s["snapshot"]["createdAt"] for s in report["snapshots"]]
         out["trends"] = lambda: charts.trends(report["series"], created)
     return {name: make() for name, make in out.items()}
+
+
+def _lsm_horizon(due: Mapping[str, Any]) -> int:
+    """How far past the snapshot the SST map looks: where 99 % of the waiting messages are
+    due (an hour when none is), so a few far-future messages do not stretch it over years."""
+    p99 = due["delayPercentilesMs"].get("p99")
+    return int(p99) if p99 else 3_600_000
 
 
 _CSS = """
@@ -107,6 +115,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding
 font-size:.9em;text-align:left}th{background:#f4f4f4}.rec{border-left:4px solid #c23b3b;
 background:#fdf3f3;padding:.5em 1em;margin:.6em 0}.ok{color:#3a9a5b}.fired{color:#c23b3b}
 img{max-width:100%;margin:.5em 0}.muted{color:#777;font-size:.85em}
+.wide{overflow-x:auto;max-width:100%}
 """
 
 
@@ -114,7 +123,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='wide'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -156,12 +165,13 @@ def write_html(report: Mapping[str, Any], images: Mapping[str, bytes], out_dir: 
             (i["from"], i["to"], _dur(i["elapsedMs"]),
              "n/a" if i.get("writeAmplification") is None else f"{i['writeAmplification']:.2f}",
              i.get("counterReset", "n/a")) for i in report["series"]["intervals"]]))
-    if len(report["snapshots"]) > 1:
+    if len(report["snapshots"]) > 1:  # one column per snapshot, one row per figure: fits
         parts.append("<h2>Every snapshot</h2>")
-        labels = [label for label, _ in key_figures(latest)]
-        parts.append(_table(("snapshot", *labels), [
-            (s["snapshot"]["snapshotId"], *(v for _, v in key_figures(s)))
-            for s in report["snapshots"]]))
+        columns = [dict(key_figures(s)) for s in report["snapshots"]]
+        parts.append(_table(("figure", *(s["snapshot"]["snapshotId"]
+                                          for s in report["snapshots"])),
+                            [(label, *(c[label] for c in columns))
+                             for label, _ in key_figures(latest)]))
     parts.append("<p class='muted'>Every figure is in report.json; definitions and rule "
                  "thresholds: docs/analysis.md.</p></body></html>")
     path = out_dir / "report.html"
