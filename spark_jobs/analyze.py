@@ -94,9 +94,8 @@ def analyse_snapshot(spark: Any, source: Any, *, partitions: int, window_ms: int
         ssts = [r.asDict() for r in source.ssts(spark).collect()]
     with progress.stage(f"{source.snapshot_id}/logical",
                         f"{index} logical rows: due load, value sizes, topics (Spark)"):
-        timers = f"{CF_TIMER_PREFIX}*"
-        logical = logical_figures(source.logical(spark, partitions, timers),
-                                  source.logical(spark, partitions, f"!{timers}"),
+        logical = logical_figures(source.timers(spark, partitions),
+                                  source.cf_counts(spark, partitions, f"!{CF_TIMER_PREFIX}*"),
                                   source.created_at, Horizons(), source.watermarks,
                                   source.timer_shards)
     with progress.stage(f"{source.snapshot_id}/due-scan",

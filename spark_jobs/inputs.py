@@ -18,7 +18,13 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.sources import LOGICAL_FORMAT, SST_FORMAT
+from spark_jobs.sources import (
+    COUNTS_FORMAT,
+    LOGICAL_FORMAT,
+    SST_FORMAT,
+    TIMERS_FORMAT,
+    TIMERS_SCHEMA,
+)
 from storage.constants import CF_TIMER_PREFIX
 from storage.errors import StorageError
 from storage.snapshots import open_read_only, read_manifest, resolve_db_dir
@@ -61,6 +67,24 @@ class SnapshotInput:
         if cf:
             reader = reader.option("cf", cf)
         return reader.load(str(self.path))
+
+    def timers(self, spark: SparkSession, partitions: int) -> DataFrame:
+        """The timer shards' slim rows: shard, deliver_at, topic, key_size, value_size."""
+        if self.kind == "parquet":
+            return (self.logical(spark, partitions, f"{CF_TIMER_PREFIX}*")
+                    .select(*TIMERS_SCHEMA.names))
+        return (spark.read.format(TIMERS_FORMAT).option("partitions", str(partitions))
+                .load(str(self.path)))
+
+    def cf_counts(self, spark: SparkSession, partitions: int, cf: str) -> DataFrame:
+        """Rows, key and value bytes per column family and state of the CFs ``cf`` picks,
+        summed in the tasks (one small row per partition and state, not one per key)."""
+        if self.kind == "parquet":
+            return (self.logical(spark, partitions, cf).groupBy("cf", "state")
+                    .agg(F.count("*").alias("rows"), F.sum("key_size").alias("key_bytes"),
+                         F.sum("value_size").alias("value_bytes")))
+        return (spark.read.format(COUNTS_FORMAT).option("partitions", str(partitions))
+                .option("cf", cf).load(str(self.path)))
 
     def ssts(self, spark: SparkSession) -> DataFrame:
         if self.kind == "parquet":

@@ -211,10 +211,11 @@ def shards(per_shard: list[Any], timer_shards: int) -> dict[str, Any]:
 
 
 def column_families(per_shard: list[Any], others: DataFrame) -> dict[str, Any]:
-    """Rows, key and value bytes per column family; index entries per status."""
-    groups = (others.groupBy("cf", "state").agg(F.count("*").alias("n"),
-                                                F.sum("key_size").alias("k"),
-                                                F.sum("value_size").alias("v")).collect())
+    """Rows, key and value bytes per column family; index entries per status. ``others``:
+    the other CFs' counts per partition (cf, state, rows, key_bytes, value_bytes)."""
+    groups = (others.groupBy("cf", "state").agg(F.sum("rows").alias("n"),
+                                                F.sum("key_bytes").alias("k"),
+                                                F.sum("value_bytes").alias("v")).collect())
     rows = [(str(r["cf"]), r["state"], r["n"], r["k"], r["v"]) for r in groups]
     rows += [(f"{CF_TIMER_PREFIX}{r['shard']}", None, r["n"], r["k"], r["v"]) for r in per_shard]
     by_cf: dict[str, dict[str, int]] = {}
@@ -224,8 +225,8 @@ def column_families(per_shard: list[Any], others: DataFrame) -> dict[str, Any]:
         acc["rows"] += int(n)
         acc["keyBytes"] += int(k)
         acc["valueBytes"] += int(v)
-        if cf == CfKind.INDEX.value:
-            states[str(state)] = int(n)
+        if cf == CfKind.INDEX.value and n:
+            states[str(state)] = states.get(str(state), 0) + int(n)
     return {"byCf": by_cf, "indexStates": states}
 
 
@@ -235,15 +236,15 @@ def pending_flag(watermarks: Mapping[int, int]) -> Column:
         return F.lit(True)
     marks = F.create_map(*(x for s, w in sorted(watermarks.items())
                            for x in (F.lit(s), F.lit(w).cast("bigint"))))
-    return F.col("key_time") >= F.coalesce(marks[F.col("shard")], F.lit(0).cast("bigint"))
+    return F.col("deliver_at") >= F.coalesce(marks[F.col("shard")], F.lit(0).cast("bigint"))
 
 
 def logical_figures(timers: DataFrame, others: DataFrame, now_ms: int, horizons: Horizons,
                     watermarks: Mapping[int, int], timer_shards: int) -> dict[str, Any]:
-    """Every logical figure of one snapshot from its hourglass_logical rows, split in two:
-    ``timers`` (the timer shards, cached: every figure but the counts reads them) and
-    ``others`` (every other column family, read once for the counts). Only timer keys at or
-    above their shard's watermark are waiting messages."""
+    """Every logical figure of one snapshot: ``timers``, the timer shards' slim rows (shard,
+    deliver_at, topic, key_size, value_size; cached: every figure but the counts reads them),
+    and ``others``, every other column family's counts (SnapshotInput.cf_counts). Only timer
+    keys at or above their shard's watermark are waiting messages."""
     slim = (timers.select("shard", "deliver_at", "topic", "key_size", "value_size",
                           pending_flag(watermarks).alias("pending"))
             .persist(StorageLevel.MEMORY_AND_DISK))
