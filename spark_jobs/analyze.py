@@ -94,10 +94,9 @@ def analyse_snapshot(spark: Any, source: Any, *, partitions: int, window_ms: int
         ssts = [r.asDict() for r in source.ssts(spark).collect()]
     with progress.stage(f"{source.snapshot_id}/logical",
                         f"{index} logical rows: due load, value sizes, topics (Spark)"):
-        logical = logical_figures(source.timers(spark, partitions),
+        logical = logical_figures(source.timer_aggregates(spark, partitions),
                                   source.cf_counts(spark, partitions, f"!{CF_TIMER_PREFIX}*"),
-                                  source.created_at, Horizons(), source.watermarks,
-                                  source.timer_shards)
+                                  source.created_at, Horizons(), source.timer_shards)
     with progress.stage(f"{source.snapshot_id}/due-scan",
                         f"{index} one due scan per shard, with RocksDB's counters"):
         due_scans = source.due_scans(window_ms)

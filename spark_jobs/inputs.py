@@ -25,6 +25,7 @@ from spark_jobs.sources import (
     TIMERS_FORMAT,
     TIMERS_SCHEMA,
 )
+from spark_jobs.timer_aggregates import AGG_DDL, aggregate, encode_watermarks
 from storage.constants import CF_TIMER_PREFIX
 from storage.errors import StorageError
 from storage.snapshots import open_read_only, read_manifest, resolve_db_dir
@@ -74,6 +75,18 @@ class SnapshotInput:
             return (self.logical(spark, partitions, f"{CF_TIMER_PREFIX}*")
                     .select(*TIMERS_SCHEMA.names))
         return (spark.read.format(TIMERS_FORMAT).option("partitions", str(partitions))
+                .load(str(self.path)))
+
+    def timer_aggregates(self, spark: SparkSession, partitions: int) -> DataFrame:
+        """The timer shards folded into partial aggregates inside the tasks
+        (spark_jobs/timer_aggregates.py): a few rows per task, not one per key."""
+        if self.kind == "parquet":
+            now, marks = self.created_at, dict(self.watermarks)
+            return self.timers(spark, partitions).mapInArrow(
+                lambda batches: aggregate(batches, now, marks), AGG_DDL)
+        return (spark.read.format(TIMERS_FORMAT).option("partitions", str(partitions))
+                .option("aggregate", str(self.created_at))
+                .option("watermarks", encode_watermarks(self.watermarks))
                 .load(str(self.path)))
 
     def cf_counts(self, spark: SparkSession, partitions: int, cf: str) -> DataFrame:

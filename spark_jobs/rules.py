@@ -164,7 +164,8 @@ def due_scan_range_tombstones(r: Mapping[str, Any], _s: Any, t: Thresholds) -> F
 def due_scan_ssts(r: Mapping[str, Any], _s: Any, t: Thresholds) -> Finding:
     ra = r["physical"]["readAmplification"]
     worst = _worst_shard(ra, "ssts")
-    shard, v = worst if worst else ("-", {"ssts": 0, "byLevel": {}, "fromStart": {"ssts": 0}})
+    empty: Mapping[str, Any] = {"ssts": 0, "byLevel": {}, "fromStart": {"ssts": 0}}
+    shard, v = worst if worst else ("-", empty)
     n = v["ssts"]
     levels = ", ".join(f"L{lv}: {c}" for lv, c in v["byLevel"].items()) or "no files"
     return Finding(

@@ -36,6 +36,7 @@ from spark_jobs.keyspace import (
     select_cfs,
     timer_shard,
 )
+from spark_jobs.timer_aggregates import AGG_DDL, aggregate, decode_watermarks
 from storage.constants import CF_TIMER_PREFIX
 from storage.errors import CorruptionError
 from storage.records import (
@@ -310,7 +311,7 @@ def _chunks(snap: Any, rng: KeyRange) -> Iterator[tuple[tuple[bytes, ...], tuple
     it = cf.items(from_key=rng.start or b"", read_opt=ro)
     while chunk := list(itertools.islice(it, BATCH_ROWS)):
         keys, values = zip(*chunk, strict=True)
-        yield keys, values  # type: ignore[misc]
+        yield keys, values
     del it, cf
 
 
@@ -397,21 +398,29 @@ class LogicalSource(DataSource):
 class TimersReader(LogicalReader):
     def __init__(self, options: Any) -> None:
         super().__init__({**dict(options), "cf": f"{CF_TIMER_PREFIX}*"})
+        now = options.get("aggregate")
+        self.now = None if now is None else int(now)
+        self.watermarks = decode_watermarks(options.get("watermarks", ""))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from read_timers(self.path, partition.value)
+        rows = read_timers(self.path, partition.value)
+        if self.now is None:
+            yield from rows
+        else:
+            yield from aggregate(rows, self.now, self.watermarks)
 
 
 class TimersSource(DataSource):
     """The timer shards' slim rows (shard, deliverAt, topic, key and value size). Options:
-    ``partitions`` (8)."""
+    ``partitions`` (8); ``aggregate`` (now, epoch ms) with ``watermarks`` (``shard:ms,...``):
+    instead of rows, each task's partial aggregates (spark_jobs/timer_aggregates.py)."""
 
     @classmethod
     def name(cls) -> str:
         return TIMERS_FORMAT
 
     def schema(self) -> str:
-        return ddl(TIMERS_SCHEMA)
+        return AGG_DDL if self.options.get("aggregate") is not None else ddl(TIMERS_SCHEMA)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TimersReader(self.options)
