@@ -74,6 +74,19 @@ class PeakMemory:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, self._sample())
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) used so far by the living process tree."""
+        import psutil
+
+        total = 0.0
+        for proc in [self.root, *self.root.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        return total
+
     def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
@@ -118,8 +131,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _cpu_progress(memory: PeakMemory) -> Any:
+    """A quiet Progress that also records the process tree's CPU seconds per stage."""
+    from contextlib import contextmanager
+
+    from spark_jobs.analyze import Progress
+
+    class CpuProgress(Progress):
+        def __init__(self) -> None:
+            super().__init__(quiet=True)
+            self.cpu: dict[str, float] = {}
+
+        @contextmanager  # type: ignore[override]
+        def stage(self, name: str, label: str) -> Any:
+            before = memory.cpu_seconds()
+            with super().stage(name, label):
+                yield
+            self.cpu[name.split("/")[-1]] = round(memory.cpu_seconds() - before, 2)
+
+    return CpuProgress()
+
+
 def run(snapshot: Path, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    from spark_jobs.analyze import Progress, run_analysis
+    from spark_jobs.analyze import run_analysis
     from spark_jobs.inputs import open_input
     from spark_jobs.report import render_charts, write_html, write_json
     from spark_jobs.session import get_session
@@ -127,23 +161,25 @@ def run(snapshot: Path, args: argparse.Namespace, scratch: Path) -> dict[str, An
     source = open_input(snapshot)
     runs: list[dict[str, Any]] = []
     with PeakMemory() as memory:
-        t_start = time.perf_counter()
+        t_start, cpu_start = time.perf_counter(), memory.cpu_seconds()
         spark = get_session(args.master, app_name="hourglass-bench-analysis")
         session = time.perf_counter() - t_start
+        session_cpu = memory.cpu_seconds() - cpu_start
         partitions = args.partitions or 2 * spark.sparkContext.defaultParallelism
         try:
             for _ in range(1 + args.repeat):
-                progress = Progress(quiet=True)
-                t0 = time.perf_counter()
+                progress = _cpu_progress(memory)
+                t0, c0 = time.perf_counter(), memory.cpu_seconds()
                 report_, ssts = run_analysis(spark, [source], partitions=partitions,
                                              progress=progress)
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), memory.cpu_seconds()
                 write_html(report_, render_charts(report_, ssts), scratch)
                 write_json(report_, scratch)
-                t2 = time.perf_counter()
+                t2, c2 = time.perf_counter(), memory.cpu_seconds()
                 runs.append({"analysisSeconds": t1 - t0, "chartsSeconds": t2 - t1,
                              "stages": {k.split("/")[-1]: v for k, v in progress.timings.items()},
-                             "totalSeconds": t2 - t0})
+                             "stagesCpu": progress.cpu, "analysisCpu": round(c1 - c0, 2),
+                             "chartsCpu": round(c2 - c1, 2), "totalSeconds": t2 - t0})
             master = spark.sparkContext.master
         finally:
             spark.stop()
@@ -152,25 +188,32 @@ def run(snapshot: Path, args: argparse.Namespace, scratch: Path) -> dict[str, An
     return {"master": master, "partitions": partitions,
             "keys": sum(c["rows"] for c in counts.values()),
             "sstBytes": report_["snapshots"][0]["physical"]["sst"]["bytes"],
-            "sessionSeconds": round(session, 2), "firstRunSeconds": round(first_total, 2),
+            "sessionSeconds": round(session, 2), "sessionCpu": round(session_cpu, 2),
+            "firstRunSeconds": round(first_total, 2),
             "runs": runs, "peakTreeRssBytes": memory.peak}
 
 
 def report(r: dict[str, Any]) -> str:
     first = r["runs"][0]
+    stages = [(name, seconds, first["stagesCpu"].get(name, 0.0))
+              for name, seconds in first["stages"].items()]
+    rest = first["analysisSeconds"] - sum(first["stages"].values())
+    rest_cpu = first["analysisCpu"] - sum(first["stagesCpu"].values())
     lines = [
         f"analysis of a {r['keys']:,}-key snapshot ({r['sstBytes'] / 2**20:.1f} MiB SST), "
         f"master {r['master']}, {r['partitions']} partitions",
         f"  whole first run      {r['firstRunSeconds']:.1f} s (session start included), "
         f"peak memory of the process tree {r['peakTreeRssBytes'] / 2**30:.2f} GiB",
-        f"  session start        {r['sessionSeconds']:.1f} s",
-        *(f"  {name:<20} {seconds:.1f} s" for name, seconds in first["stages"].items()),
-        f"  {'rules, series':<20} "
-        f"{first['analysisSeconds'] - sum(first['stages'].values()):.1f} s",
-        f"  {'charts, report':<20} {first['chartsSeconds']:.1f} s",
-        f"  keys per second      {r['keys'] / first['analysisSeconds']:,.0f} (analysis only)",
+        f"  {'stage':<20} {'wall s':>7} {'CPU s':>7}  (CPU: this process, the JVM, workers)",
+        f"  {'session start':<20} {r['sessionSeconds']:>7.1f} {r['sessionCpu']:>7.1f}",
+        *(f"  {name:<20} {wall:>7.1f} {cpu:>7.1f}" for name, wall, cpu in stages),
+        f"  {'rules, series':<20} {rest:>7.1f} {rest_cpu:>7.1f}",
+        f"  {'charts, report':<20} {first['chartsSeconds']:>7.1f} {first['chartsCpu']:>7.1f}",
+        f"  keys per second      {r['keys'] / first['analysisSeconds']:,.0f} wall, "
+        f"{r['keys'] / max(first['analysisCpu'], 1e-9):,.0f} per CPU-s (analysis only)",
     ]
-    lines += [f"  warm run {n}           {w['totalSeconds']:.1f} s "
+    lines += [f"  warm run {n}           {w['totalSeconds']:.1f} s wall, "
+              f"{w['analysisCpu'] + w['chartsCpu']:.1f} CPU-s "
               f"({', '.join(f'{k} {v:.1f}' for k, v in w['stages'].items())})"
               for n, w in enumerate(r["runs"][1:], 1)]
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-QUANTILE_POINTS = 100_000
+QUANTILE_POINTS = 20_000
 
 AGG_SCHEMA = pa.schema([
     ("kind", pa.string()),
