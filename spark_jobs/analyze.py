@@ -91,7 +91,7 @@ def analyse_snapshot(spark: Any, source: Any, *, partitions: int, window_ms: int
     from storage.constants import CF_TIMER_PREFIX
 
     with progress.stage(f"{source.snapshot_id}/sst", f"{index} SST files"):
-        ssts = [r.asDict() for r in source.ssts(spark).collect()]
+        ssts = source.sst_list(spark)
     with progress.stage(f"{source.snapshot_id}/logical",
                         f"{index} logical rows: due load, value sizes, topics (Spark)"):
         logical = logical_figures(source.timer_aggregates(spark, partitions),

@@ -24,6 +24,7 @@ from spark_jobs.sources import (
     SST_FORMAT,
     TIMERS_FORMAT,
     TIMERS_SCHEMA,
+    sst_rows,
 )
 from spark_jobs.timer_aggregates import AGG_DDL, aggregate, encode_watermarks
 from storage.constants import CF_TIMER_PREFIX
@@ -98,6 +99,14 @@ class SnapshotInput:
                          F.sum("value_size").alias("value_bytes")))
         return (spark.read.format(COUNTS_FORMAT).option("partitions", str(partitions))
                 .option("cf", cf).load(str(self.path)))
+
+    def sst_list(self, spark: SparkSession) -> list[dict[str, Any]]:
+        """The SST rows as dicts: read on the driver for a snapshot (a few rows: no Spark
+        job), from the export's Parquet otherwise."""
+        if self.kind == "parquet":
+            return [r.asDict() for r in self.ssts(spark).collect()]
+        rows: list[dict[str, Any]] = sst_rows(str(resolve_db_dir(self.path))).to_pylist()
+        return rows
 
     def ssts(self, spark: SparkSession) -> DataFrame:
         if self.kind == "parquet":
