@@ -8,6 +8,7 @@ it to any storage the cluster reads (HDFS, S3, NFS) and analyse it without Rocks
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import operator
@@ -47,6 +48,8 @@ class SnapshotInput:
     watermarks: dict[int, int]  # timer shard -> persisted scan watermark (deliverAt ms)
     applied_position: int | None
     timer_shards: int  # the store's timer shard count
+    frontiers: dict[int, bytes] = dataclasses.field(default_factory=dict)  # shard -> scan
+    #                                            frontier key (below it: delivered)
     due_scans_measured: dict[str, Any] | None = None  # a Parquet export's, taken at export
 
     def due_scans(self, window_ms: int) -> dict[str, Any] | None:
@@ -72,8 +75,9 @@ class SnapshotInput:
 
     def timers(self, spark: SparkSession, partitions: int) -> DataFrame:
         """The timer shards' slim rows: shard, deliver_at, topic, key_size, value_size."""
-        if self.kind == "parquet":
+        if self.kind == "parquet":  # the export has no frontier: pending by watermark
             return (self.logical(spark, partitions, f"{CF_TIMER_PREFIX}*")
+                    .withColumn("pending", F.lit(None).cast("boolean"))
                     .select(*TIMERS_SCHEMA.names))
         return (spark.read.format(TIMERS_FORMAT).option("partitions", str(partitions))
                 .load(str(self.path)))
@@ -88,6 +92,8 @@ class SnapshotInput:
         return (spark.read.format(TIMERS_FORMAT).option("partitions", str(partitions))
                 .option("aggregate", str(self.created_at))
                 .option("watermarks", encode_watermarks(self.watermarks))
+                .option("frontiers", ",".join(f"{s}:{k.hex()}"
+                                              for s, k in sorted(self.frontiers.items())))
                 .load(str(self.path)))
 
     def cf_counts(self, spark: SparkSession, partitions: int, cf: str) -> DataFrame:
@@ -157,7 +163,7 @@ def open_input(path: str | Path) -> SnapshotInput:
     check_files(db_dir, manifest)
     try:
         with open_read_only(db_dir) as snap:
-            meta = snap.meta()
+            meta = snap.meta()  # the checkpoint's own (the manifest recorded the same)
             check_files(db_dir, {"rocksdb": {"liveFiles": [
                 {"name": str(f["name"]).lstrip("/"), "size": int(f["size"])}
                 for f in snap.db.live_files()]}})
@@ -177,6 +183,7 @@ def open_input(path: str | Path) -> SnapshotInput:
         watermarks={int(k): int(v) for k, v in meta.get("watermarks", {}).items()},
         applied_position=meta.get("appliedPosition"),
         timer_shards=int(meta.get("timerShards") or shard_cfs),
+        frontiers={int(k): bytes.fromhex(v) for k, v in meta.get("frontiers", {}).items()},
     )
 
 

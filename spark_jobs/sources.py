@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -86,6 +86,7 @@ TIMERS_SCHEMA = pa.schema([
     ("topic", pa.string()),
     ("key_size", pa.int32()),
     ("value_size", pa.int32()),
+    ("pending", pa.bool_()),  # at or above the shard's scan frontier (null: frontier unknown)
 ])
 #: rows, key and value bytes per column family and state, summed inside each task
 #: (hourglass_cf_counts): the analysis needs these aggregates of the other CFs, not their rows
@@ -249,9 +250,12 @@ def _binary(items: Sequence[bytes]) -> tuple[pa.BinaryArray, np.ndarray]:
         None, pa.py_buffer(offsets), pa.py_buffer(data)]), lengths
 
 
-def decode_timers(shard: int, keys: Sequence[bytes], values: Sequence[bytes]) -> pa.RecordBatch:
+def decode_timers(shard: int, keys: Sequence[bytes], values: Sequence[bytes],
+                  frontier: bytes | None = None) -> pa.RecordBatch:
     """The slim rows of timer keys (8-byte deliverAt + topic NUL msgId), vectorised: the time
-    from the joined key bytes with numpy, the topic with Arrow's split on NUL."""
+    from the joined key bytes with numpy, the topic with Arrow's split on NUL. ``frontier``:
+    the shard's persisted scan frontier (a key: every key below it is delivered), which sets
+    ``pending``; the keys compared one by one are only those of the frontier's millisecond."""
     n = len(keys)
     arr, key_sizes = _binary(keys)
     value_sizes = np.fromiter(map(len, values), dtype=np.int32, count=n)
@@ -270,9 +274,18 @@ def decode_timers(shard: int, keys: Sequence[bytes], values: Sequence[bytes]) ->
         topic = topics.cast(pa.string())
     except pa.ArrowInvalid:  # not UTF-8: keep the row, replace the bad bytes
         topic = _utf8(topics.to_pylist())
+    pending: pa.Array = pa.nulls(n, pa.bool_())
+    if frontier is not None:
+        mark = int.from_bytes(frontier[:8].ljust(8, b"\x00"), "big")
+        times = at.to_numpy(zero_copy_only=False)
+        flags = times > mark
+        for i in np.flatnonzero(times == mark).tolist():
+            flags[i] = keys[i] >= frontier
+        pending = pa.array(flags)
     return pa.RecordBatch.from_arrays(
         [pa.array(np.full(n, shard, dtype=np.int32)), at, topic,
-         pa.array(key_sizes.astype(np.int32)), pa.array(value_sizes)], schema=TIMERS_SCHEMA)
+         pa.array(key_sizes.astype(np.int32)), pa.array(value_sizes), pending],
+        schema=TIMERS_SCHEMA)
 
 
 def index_states(values: Sequence[bytes]) -> Counter[str | None]:
@@ -315,14 +328,16 @@ def _chunks(snap: Any, rng: KeyRange) -> Iterator[tuple[tuple[bytes, ...], tuple
     del it, cf
 
 
-def read_timers(path: str, ranges: list[KeyRange]) -> Iterator[pa.RecordBatch]:
+def read_timers(path: str, ranges: list[KeyRange],
+                frontiers: Mapping[int, bytes] | None = None) -> Iterator[pa.RecordBatch]:
     with open_read_only(path) as snap:
         for rng in ranges:
             shard = timer_shard(rng.cf)
             if shard is None:
                 raise ValueError(f"{rng.cf} is not a timer shard")
+            frontier = (frontiers or {}).get(shard)
             for keys, values in _chunks(snap, rng):
-                yield decode_timers(shard, keys, values)
+                yield decode_timers(shard, keys, values, frontier)
 
 
 def count_ranges(path: str, ranges: list[KeyRange]) -> Iterator[pa.RecordBatch]:
@@ -401,9 +416,11 @@ class TimersReader(LogicalReader):
         now = options.get("aggregate")
         self.now = None if now is None else int(now)
         self.watermarks = decode_watermarks(options.get("watermarks", ""))
+        self.frontiers = {int(s): bytes.fromhex(k) for s, _, k in (
+            part.partition(":") for part in options.get("frontiers", "").split(",") if part)}
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        rows = read_timers(self.path, partition.value)
+        rows = read_timers(self.path, partition.value, self.frontiers)
         if self.now is None:
             yield from rows
         else:
@@ -411,9 +428,10 @@ class TimersReader(LogicalReader):
 
 
 class TimersSource(DataSource):
-    """The timer shards' slim rows (shard, deliverAt, topic, key and value size). Options:
-    ``partitions`` (8); ``aggregate`` (now, epoch ms) with ``watermarks`` (``shard:ms,...``):
-    instead of rows, each task's partial aggregates (spark_jobs/timer_aggregates.py)."""
+    """The timer shards' slim rows (shard, deliverAt, topic, key and value size, pending).
+    Options: ``partitions`` (8); ``frontiers`` (``shard:hex key,...``: sets ``pending``);
+    ``aggregate`` (now, epoch ms) with ``watermarks`` (``shard:ms,...``): instead of rows,
+    each task's partial aggregates (spark_jobs/timer_aggregates.py)."""
 
     @classmethod
     def name(cls) -> str:

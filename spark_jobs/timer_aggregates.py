@@ -68,7 +68,10 @@ def _quantile_summary(delays: np.ndarray, points: int) -> tuple[np.ndarray, np.n
 
 def aggregate(batches: Iterable[pa.RecordBatch], now_ms: int, watermarks: Mapping[int, int],
               points: int = QUANTILE_POINTS) -> Iterator[pa.RecordBatch]:
-    """Fold slim timer rows (shard, deliver_at, topic, key_size, value_size) into AGG rows."""
+    """Fold slim timer rows (shard, deliver_at, topic, key_size, value_size and, when the
+    reader knew the scan frontiers, pending) into AGG rows. A key is waiting when it is at or
+    above its shard's frontier; without ``pending``, when its deliverAt is at or above the
+    shard's watermark (the frontier's millisecond)."""
     table = pa.Table.from_batches(list(batches))
     if table.num_rows == 0:
         return
@@ -76,11 +79,15 @@ def aggregate(batches: Iterable[pa.RecordBatch], now_ms: int, watermarks: Mappin
     at = table.column("deliver_at").to_numpy()
     key_size = table.column("key_size").to_numpy().astype(np.int64)
     value_size = table.column("value_size").to_numpy().astype(np.int64)
-    marks = np.zeros(int(shard.max()) + 1, dtype=np.int64)
-    for s, w in watermarks.items():
-        if 0 <= s < marks.size:
-            marks[s] = w
-    waiting = at >= marks[shard]
+    pending = table.column("pending") if "pending" in table.column_names else None
+    if pending is not None and pending.null_count == 0:  # set from the frontier keys
+        waiting = pending.to_numpy()
+    else:  # no frontier: by the watermark's millisecond
+        marks = np.zeros(int(shard.max()) + 1, dtype=np.int64)
+        for s, w in watermarks.items():
+            if 0 <= s < marks.size:
+                marks[s] = w
+        waiting = at >= marks[shard]
     # shard: waiting (key 1) or below the watermark (key 0)
     group = shard.astype(np.int64) * 2 + waiting
     groups, inverse = np.unique(group, return_inverse=True)

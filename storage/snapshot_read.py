@@ -47,8 +47,9 @@ class ReadOnlyCheckpoint:
         return self.db.get_column_family(name)
 
     def meta(self) -> dict[str, Any]:
-        """Watermarks per shard, applied log position and shard count from the ``meta`` CF."""
-        out: dict[str, Any] = {"watermarks": {}}
+        """Watermarks (ms) and scan frontiers (hex keys) per shard, applied log position and
+        shard count from the ``meta`` CF."""
+        out: dict[str, Any] = {"watermarks": {}, "frontiers": {}}
         if CF_META not in self.cf_names:
             return out
         meta = self.db.get_column_family(CF_META)
@@ -56,7 +57,9 @@ class ReadOnlyCheckpoint:
             assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
             if not key.startswith(META_WATERMARK_PREFIX):
                 break
-            out["watermarks"][key[len(META_WATERMARK_PREFIX):].decode()] = unpack_u64(value)
+            shard = key[len(META_WATERMARK_PREFIX):].decode()
+            out["watermarks"][shard] = unpack_u64(value)  # ms: the frontier's leading 8 bytes
+            out["frontiers"][shard] = value.hex()  # every timer key below it is delivered
         for name, key in (("appliedPosition", META_APPLIED_POSITION), ("timerShards", META_SHARDS),
                           ("formatVersion", META_FORMAT_VERSION)):
             raw = meta.get(key)

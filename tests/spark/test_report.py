@@ -97,3 +97,21 @@ def test_cli_errors_are_clear(workload: Generated, tmp_path: Path, args: list[st
     assert hourglass(["analyze", *argv, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_chart_scales_and_windows() -> None:
+    from spark_jobs import charts
+
+    flat = [100, 120, 90, 110] * 50
+    assert not charts.needs_log_scale(flat)
+    assert charts.needs_log_scale([*flat, 60_000])  # a burst would flatten the rest
+    now, hour = 1_700_000_000_000, 3_600_000
+    # a far-future message does not stretch the SST map: it shows [watermark, now + horizon)
+    assert charts.lsm_window({0: now - 10_000, 1: now - 5 * hour}, now, hour) == (
+        now - 5 * hour, now + hour)
+    assert charts.lsm_window({}, now, 0) == (now - 60_000, now + 60_000)
+    far = {"file": "1.sst", "file_number": 1, "cf": "timer.0", "level": 6, "size": 10,
+           "start_key": b"", "end_key": b"", "start_time": now - hour,
+           "end_time": now + 3 * 365 * 24 * hour, "num_entries": 10, "num_deletions": 1}
+    png = charts.lsm_map([far], {0: now - 10_000}, now, hour)
+    assert png.startswith(PNG)

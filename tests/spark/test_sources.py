@@ -204,3 +204,24 @@ def test_select_cfs() -> None:
     assert select_cfs(names, "timer.*,!timer.1") == ["timer.0"]
     with pytest.raises(ValueError, match=r"timer\.9"):
         select_cfs(names, "timer.9")
+
+
+def test_pending_follows_the_scan_frontier_inside_a_millisecond() -> None:
+    import pyarrow as pa
+
+    from spark_jobs.sources import decode_timers
+    from spark_jobs.timer_aggregates import aggregate
+    from storage.keys import encode_timer_key
+
+    ms = 1_700_000_000_000
+    keys = [encode_timer_key(ms - 1, "t", "z"), encode_timer_key(ms, "t", "a"),
+            encode_timer_key(ms, "t", "b"), encode_timer_key(ms, "t", "c"),
+            encode_timer_key(ms + 1, "t", "a")]
+    # the engine stopped a scan after delivering (ms, t, b): its frontier is that key + NUL
+    frontier = encode_timer_key(ms, "t", "b") + b"\x00"
+    batch = decode_timers(0, keys, [b"v"] * len(keys), frontier)
+    assert batch.column("pending").to_pylist() == [False, False, False, True, True]
+    assert decode_timers(0, keys, [b"v"] * 5).column("pending").null_count == 5
+    rows = pa.Table.from_batches(list(aggregate([batch], ms + 10, {0: ms})))
+    shard = {r["key"]: r["n"] for r in rows.to_pylist() if r["kind"] == "shard"}
+    assert shard == {1: 2, 0: 3}  # by the frontier, not by the watermark's millisecond
