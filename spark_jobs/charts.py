@@ -165,9 +165,11 @@ def lsm_map(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int], no
             left_out.append(f"{len(beyond)} file(s) reach past the window, up to {utc_label(last)}")
         if before:
             left_out.append(f"{len(before)} start before it")
-        ax.set_title(f"{cf}: {len(files)} SST files (colour = share of tombstones)"
-                     + (f"; clipped: {'; '.join(left_out)}" if left_out else ""),
-                     fontsize=9, loc="left")
+        gap = now_ms - watermarks.get(shard, now_ms)
+        ax.set_title(f"{cf}: {len(files)} SST files (colour = share of tombstones); watermark "
+                     f"{gap / 1000:,.1f} s before the snapshot time"
+                     + (f"\nclipped: {'; '.join(left_out)}" if left_out else ""),
+                     fontsize=8, loc="left")
         ax.tick_params(labelsize=7)
         ax.xaxis.set_major_locator(mdates.AutoDateLocator(maxticks=7))
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d\n%H:%M:%S"))
