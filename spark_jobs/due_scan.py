@@ -43,15 +43,15 @@ def _tickers(text: str) -> dict[str, int]:
     return tickers
 
 
-def _scan(snap: Any, cf: rocksdict.Rdict, start: int, end: int) -> dict[str, Any]:
-    """Seek to ``start`` and read every key before ``end`` (epoch ms), counting."""
+def _scan(snap: Any, cf: rocksdict.Rdict, start: bytes, end: int) -> dict[str, Any]:
+    """Seek to the key ``start`` and read every key before ``end`` (epoch ms), counting."""
     before = _tickers(snap.statistics())
     ro = rocksdict.ReadOptions()
     # NB rocksdict's set_iterate_lower_bound sets the upper bound: never use it.
     ro.set_iterate_upper_bound(end.to_bytes(8, "big"))
     t0 = time.perf_counter()
     live = 0
-    for _ in cf.keys(from_key=start.to_bytes(8, "big"), read_opt=ro):
+    for _ in cf.keys(from_key=start, read_opt=ro):
         live += 1
     took = time.perf_counter() - t0
     after = _tickers(snap.statistics())
@@ -59,7 +59,8 @@ def _scan(snap: Any, cf: rocksdict.Rdict, start: int, end: int) -> dict[str, Any
     def delta(name: str) -> int:
         return after.get(name, 0) - before.get(name, 0)
 
-    return {"from": start, "to": end, "liveKeys": live, "internalKeysSkipped": delta(SKIP_TICKER),
+    return {"from": int.from_bytes(start[:8].ljust(8, b"\x00"), "big"), "to": end,
+            "liveKeys": live, "internalKeysSkipped": delta(SKIP_TICKER),
             "seeks": delta(SEEK_TICKER), "nexts": delta(NEXT_TICKER),
             "micros": round(took * 1e6)}
 
@@ -75,9 +76,12 @@ def _range_deletions_by_level(cf: rocksdict.Rdict) -> dict[str, int]:
 
 
 def measure_due_scans(path: str | Path, watermarks: Mapping[int, int], now_ms: int,
-                      window_ms: int) -> dict[str, Any]:
-    """Per timer shard: the scan of [watermark, now + window) and of [0, now + window), with
-    RocksDB's counters, and the range tombstones per level of the shard's column family."""
+                      window_ms: int, frontiers: Mapping[int, bytes] | None = None
+                      ) -> dict[str, Any]:
+    """Per timer shard: the scan of [frontier, now + window) (the engine seeks to its
+    persisted frontier key; without one, to the watermark's millisecond) and of
+    [0, now + window), with RocksDB's counters, and the range tombstones per level of the
+    shard's column family."""
     end = now_ms + window_ms
     by_shard: dict[str, Any] = {}
     with open_read_only(path, statistics=True) as snap:
@@ -85,10 +89,11 @@ def measure_due_scans(path: str | Path, watermarks: Mapping[int, int], now_ms: i
         for shard in shards:
             cf = snap.column_family(timer_cf(shard))
             watermark = int(watermarks.get(shard, 0))
+            start = (frontiers or {}).get(shard) or min(watermark, end).to_bytes(8, "big")
             by_shard[str(shard)] = {
                 "watermark": watermark,
-                "scan": _scan(snap, cf, min(watermark, end), end),
-                "fromStart": _scan(snap, cf, 0, end),
+                "scan": _scan(snap, cf, start, end),
+                "fromStart": _scan(snap, cf, bytes(8), end),
                 "rangeTombstonesByLevel": _range_deletions_by_level(cf),
             }
             del cf

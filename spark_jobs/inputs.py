@@ -59,7 +59,8 @@ class SnapshotInput:
         if self.kind != "parquet":
             from spark_jobs.due_scan import measure_due_scans
 
-            return measure_due_scans(self.path, self.watermarks, self.created_at, window_ms)
+            return measure_due_scans(self.path, self.watermarks, self.created_at, window_ms,
+                                     self.frontiers)
         measured = self.due_scans_measured
         return measured if measured and measured.get("windowMs") == window_ms else None
 
