@@ -75,13 +75,17 @@ class SnapshotInput:
         return reader.load(str(self.path))
 
     def timers(self, spark: SparkSession, partitions: int) -> DataFrame:
-        """The timer shards' slim rows: shard, deliver_at, topic, key_size, value_size."""
+        """The timer shards' slim rows: shard, deliver_at, topic, key_size, value_size, pending
+        (at or above the shard's frontier; null for an export)."""
         if self.kind == "parquet":  # the export has no frontier: pending by watermark
             return (self.logical(spark, partitions, f"{CF_TIMER_PREFIX}*")
                     .withColumn("pending", F.lit(None).cast("boolean"))
                     .select(*TIMERS_SCHEMA.names))
         return (spark.read.format(TIMERS_FORMAT).option("partitions", str(partitions))
-                .load(str(self.path)))
+                .option("frontiers", self._frontiers_option()).load(str(self.path)))
+
+    def _frontiers_option(self) -> str:
+        return ",".join(f"{s}:{k.hex()}" for s, k in sorted(self.frontiers.items()))
 
     def timer_aggregates(self, spark: SparkSession, partitions: int) -> DataFrame:
         """The timer shards folded into partial aggregates inside the tasks
@@ -93,8 +97,7 @@ class SnapshotInput:
         return (spark.read.format(TIMERS_FORMAT).option("partitions", str(partitions))
                 .option("aggregate", str(self.created_at))
                 .option("watermarks", encode_watermarks(self.watermarks))
-                .option("frontiers", ",".join(f"{s}:{k.hex()}"
-                                              for s, k in sorted(self.frontiers.items())))
+                .option("frontiers", self._frontiers_option())
                 .load(str(self.path)))
 
     def cf_counts(self, spark: SparkSession, partitions: int, cf: str) -> DataFrame:

@@ -98,7 +98,7 @@ COUNTS_SCHEMA = pa.schema([
     ("value_bytes", pa.int64()),
 ])
 _SPARK_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT",
-                pa.binary(): "BINARY"}
+                pa.binary(): "BINARY", pa.bool_(): "BOOLEAN"}
 BATCH_ROWS = 32_768
 _STATUSES = frozenset(s.value for s in MessageStatus)
 DEFAULT_PARTITIONS = 8
