@@ -65,12 +65,13 @@ class _Stage:
 
 def expand_inputs(paths: Sequence[str]) -> list[Any]:
     """SnapshotInputs for the paths, oldest first; a snapshot root expands to its snapshots."""
-    from spark_jobs.inputs import EXPORT_MARKER, open_input
+    from spark_jobs.inputs import EXPORT_MARKER, open_input, refuse_data_dir
     from storage.snapshots import list_snapshots
 
     found = []
     for raw in paths:
         path = Path(raw)
+        refuse_data_dir(path)
         if path.is_dir() and not (path / "CURRENT").exists() \
                 and not (path / "db").exists() and not (path / EXPORT_MARKER).exists():
             snaps = list_snapshots(path)
@@ -90,17 +91,19 @@ def analyse_snapshot(spark: Any, source: Any, *, partitions: int, window_ms: int
     from storage.constants import CF_TIMER_PREFIX
 
     with progress.stage(f"{source.snapshot_id}/sst", f"{index} SST files"):
-        ssts = [r.asDict() for r in source.ssts(spark).collect()]
+        ssts = source.sst_list(spark)
     with progress.stage(f"{source.snapshot_id}/logical",
                         f"{index} logical rows: due load, value sizes, topics (Spark)"):
-        timers = f"{CF_TIMER_PREFIX}*"
-        logical = logical_figures(source.logical(spark, partitions, timers),
-                                  source.logical(spark, partitions, f"!{timers}"),
-                                  source.created_at, Horizons())
+        logical = logical_figures(source.timer_aggregates(spark, partitions),
+                                  source.cf_counts(spark, partitions, f"!{CF_TIMER_PREFIX}*"),
+                                  source.created_at, Horizons(), source.timer_shards)
+    with progress.stage(f"{source.snapshot_id}/due-scan",
+                        f"{index} one due scan per shard, with RocksDB's counters"):
+        due_scans = source.due_scans(window_ms)
     with progress.stage(f"{source.snapshot_id}/physical",
                         f"{index} tombstones, space and read amplification"):
         physical = physical_figures(ssts, logical["counts"]["byCf"], source.manifest,
-                                    source.watermarks, source.created_at, window_ms)
+                                    source.watermarks, source.created_at, window_ms, due_scans)
     physical["files"] = [{**f, "start_key": bytes(f["start_key"]).hex(),
                           "end_key": bytes(f["end_key"]).hex()} for f in ssts]
     return {"snapshot": source.describe(), "logical": logical, "physical": physical}, ssts
@@ -163,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     progress = Progress(quiet=args.quiet)
+    from spark_jobs.inputs import DamagedSnapshot
     from spark_jobs.rules import Thresholds
 
     try:
@@ -171,11 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.window_ms <= 0 or args.partitions < 0:
             raise ValueError("--window-ms must be > 0 and --partitions >= 0")
         sources = expand_inputs(args.snapshots)
+    except DamagedSnapshot as exc:  # checked before Spark starts: nothing written
+        print(f"hourglass analyze: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, LookupError) as exc:
         print(f"hourglass analyze: {exc}", file=sys.stderr)
         return 2
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     from spark_jobs.session import get_session
 
     with progress.stage("session", "starting Spark"):
@@ -188,12 +194,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for source in sources:
             with progress.stage(f"{source.snapshot_id}/export", f"exporting {source.snapshot_id}"):
-                dest = export_parquet(spark, source, args.export_parquet, partitions)
+                dest = export_parquet(spark, source, args.export_parquet, partitions,
+                                      args.window_ms)
             progress.say(f"Parquet export: {dest}")
     report, ssts = run_analysis(spark, sources, thresholds=thresholds, partitions=partitions,
                                 window_ms=args.window_ms, progress=progress)
     from spark_jobs.report import console_summary, render_charts, write_html, write_json
 
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a failed run leaves nothing
     if not args.no_html:
         with progress.stage("charts", "charts and report.html"):
             write_html(report, render_charts(report, ssts), out_dir)

@@ -10,6 +10,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
@@ -39,6 +40,10 @@ def due_load(due: Mapping[str, Any]) -> bytes:
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 10.5))
     for ax, (key, xlabel, title) in zip(axes, panels, strict=True):
         series = due[key]["messages"]
+        logarithmic = needs_log_scale(series)
+        if logarithmic:  # a burst would flatten everything else on a linear axis
+            ax.set_yscale("symlog", linthresh=1)
+            title += ", log scale"
         if len(series) > 400:  # vlines keep a lone busy slot visible among 1-pixel slots
             ax.vlines(range(len(series)), 0, series, color=COLORS["main"], linewidth=1.0)
         else:
@@ -57,6 +62,13 @@ def due_load(due: Mapping[str, Any]) -> bytes:
                  f"(overdue at snapshot: {due['overdue']['messages']:,})", fontsize=11)
     fig.tight_layout()
     return _png(fig)
+
+
+def needs_log_scale(values: Sequence[int], ratio: float = 20.0) -> bool:
+    """True when the largest value is more than ``ratio`` times the median non-zero one: on a
+    linear axis everything but the peak would be a few pixels tall."""
+    nonzero = sorted(v for v in values if v > 0)
+    return bool(nonzero) and nonzero[-1] > ratio * nonzero[len(nonzero) // 2]
 
 
 def value_sizes(vs: Mapping[str, Any]) -> bytes:
@@ -98,13 +110,22 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def lsm_window(watermarks: Mapping[int, int], now_ms: int, horizon_ms: int) -> tuple[int, int]:
+    """The deliverAt range the SST map shows: from the lowest watermark (a minute before the
+    snapshot if later) to ``horizon_ms`` after the snapshot."""
+    start = min([now_ms - 60_000, *watermarks.values()])
+    return start, now_ms + max(horizon_ms, 60_000)
+
+
 def lsm_map(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int], now_ms: int,
-            max_panels: int = 4) -> bytes:
-    """SST files of each timer shard laid out over deliverAt (x): one row per L0 file (they
-    overlap), one row per deeper level; shaded by their share of tombstones, with the
-    watermark and the snapshot time."""
+            horizon_ms: int, max_panels: int = 4) -> bytes:
+    """SST files of each timer shard laid out over deliverAt (x), clipped to the window that
+    matters (``lsm_window``: far-future messages would stretch it over years): one row per L0
+    file (they overlap), one row per deeper level; shaded by their share of tombstones, with
+    the watermark and the snapshot time. What lies outside the window is said per panel."""
     shards = sorted({str(f["cf"]) for f in ssts if str(f["cf"]).startswith("timer.")})
     shards = shards[:max_panels] or ["timer.0"]
+    lo, hi = lsm_window(watermarks, now_ms, horizon_ms)
     panels = []
     for cf in shards:
         files = [f for f in ssts if f["cf"] == cf and f["start_time"] is not None]
@@ -113,38 +134,60 @@ def lsm_map(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int], no
         deeper = sorted({int(f["level"]) for f in files if f["level"] > 0})
         rows += [(f"L{lv}", [f for f in files if f["level"] == lv]) for lv in deeper]
         panels.append((cf, files, rows))
-    heights = [max(len(rows), 1) * 0.38 + 0.9 for _, _, rows in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights) + 0.8), squeeze=False,
+    heights = [max(len(rows), 1) * 0.38 + 1.1 for _, _, rows in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights) + 1.0), squeeze=False,
                              gridspec_kw={"height_ratios": heights}, layout="constrained")
     cmap = plt.get_cmap(LEVEL_CMAP)
     for ax, (cf, files, rows) in zip(axes[:, 0], panels, strict=True):
+        beyond = [f for f in files if int(f["end_time"]) > hi]
+        before = [f for f in files if int(f["start_time"]) < lo]
         for y, (_, row_files) in enumerate(rows):
             for f in row_files:
-                start, end = int(f["start_time"]) / 1000, int(f["end_time"]) / 1000
+                start = max(int(f["start_time"]), lo)
+                end = min(int(f["end_time"]), hi)
+                if end < start:
+                    continue
                 share = f["num_deletions"] / f["num_entries"] if f["num_entries"] else 0
-                ax.barh(y, max(end - start, 1), left=start, height=0.7,
+                ax.barh(y, _days(max(end - start, 1)), left=_date(start), height=0.7,
                         color=cmap(0.1 + 0.9 * share), edgecolor="#333333", linewidth=0.4)
         shard = int(cf.split(".")[1])
-        ax.axvline(now_ms / 1000, color=COLORS["ok"], linewidth=1.4, label="snapshot time")
+        ax.axvline(_date(now_ms), color=COLORS["ok"], linewidth=1.4, label="snapshot time")
         if shard in watermarks:
-            ax.axvline(watermarks[shard] / 1000, color=COLORS["bad"], linestyle="--",
+            ax.axvline(_date(watermarks[shard]), color=COLORS["bad"], linestyle="--",
                        linewidth=1.4, label="watermark")
+        ax.set_xlim(_date(lo), _date(hi))
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([label for label, _ in rows], fontsize=7)
         ax.set_ylim(len(rows) - 0.5, -0.5)
-        ax.set_title(f"{cf}: {len(files)} SST files (colour = share of tombstones)",
-                     fontsize=10, loc="left")
-        ax.tick_params(labelsize=8)
-        ticks = ax.get_xticks()
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([datetime.fromtimestamp(t, UTC).strftime("%m-%d %H:%M")
-                            for t in ticks], fontsize=7)
+        left_out = []
+        if beyond:
+            last = max(int(f["end_time"]) for f in beyond)
+            left_out.append(f"{len(beyond)} file(s) reach past the window, up to {utc_label(last)}")
+        if before:
+            left_out.append(f"{len(before)} start before it")
+        gap = now_ms - watermarks.get(shard, now_ms)
+        ax.set_title(f"{cf}: {len(files)} SST files (colour = share of tombstones); watermark "
+                     f"{gap / 1000:,.1f} s before the snapshot time"
+                     + (f"\nclipped: {'; '.join(left_out)}" if left_out else ""),
+                     fontsize=8, loc="left")
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(mdates.AutoDateLocator(maxticks=7))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d\n%H:%M:%S"))
     scale = matplotlib.cm.ScalarMappable(cmap=cmap, norm=matplotlib.colors.Normalize(0, 1))
     fig.colorbar(scale, ax=list(axes[:, 0]), fraction=0.025, label="tombstones / entries")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper right", fontsize=8, ncols=2)
-    axes[-1, 0].set_xlabel("deliverAt (UTC)", fontsize=8)
+    axes[-1, 0].set_xlabel(f"deliverAt (UTC), {utc_label(lo)} to {utc_label(hi)}", fontsize=8)
     return _png(fig)
+
+
+def _date(ms: int) -> float:
+    """Epoch ms as a matplotlib date number (days)."""
+    return float(mdates.date2num(datetime.fromtimestamp(ms / 1000, UTC)))
+
+
+def _days(ms: int) -> float:
+    return ms / 86_400_000
 
 
 def levels(sst: Mapping[str, Any]) -> bytes:
@@ -166,15 +209,25 @@ def levels(sst: Mapping[str, Any]) -> bytes:
 
 
 def topics(tp: Mapping[str, Any], top: int = 12) -> bytes:
-    rows = tp["top"][:top]
-    fig, ax = plt.subplots(figsize=(10, 0.32 * max(len(rows), 3) + 0.9))
-    ax.barh([r["topic"] for r in rows][::-1], [r["messages"] for r in rows][::-1],
-            color=COLORS["main"])
-    for i, r in enumerate(rows[::-1]):
-        ax.text(r["messages"], i, f" {r['share']:.1%}", va="center", fontsize=8)
-    ax.set_title(f"Waiting messages per topic (top {len(rows)} of {tp['count']}, "
-                 f"Gini {tp['gini']:.2f})", fontsize=10, loc="left")
-    ax.tick_params(labelsize=8)
+    """Waiting messages and their value bytes per topic, side by side."""
+    rows = tp["top"][:top][::-1]
+    names = [r["topic"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 0.32 * max(len(rows), 3) + 1.0),
+                                   sharey=True)
+    ax1.barh(names, [r["messages"] for r in rows], color=COLORS["main"])
+    for i, r in enumerate(rows):
+        ax1.text(r["messages"], i, f" {r['share']:.1%}", va="center", fontsize=8)
+    total_b = sum(r["bytes"] for r in tp["top"]) or 1
+    ax2.barh(names, [r["bytes"] / (1 << 20) for r in rows], color=COLORS["second"])
+    for i, r in enumerate(rows):
+        ax2.text(r["bytes"] / (1 << 20), i, f" {r['bytes'] / total_b:.1%}", va="center",
+                 fontsize=8)
+    ax1.set_title(f"Waiting messages per topic (top {len(rows)} of {tp['count']}, "
+                  f"Gini {tp['gini']:.2f})", fontsize=10, loc="left")
+    ax2.set_title("Their value MiB", fontsize=10, loc="left")
+    for ax in (ax1, ax2):
+        ax.tick_params(labelsize=8)
+        ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return _png(fig)
 
@@ -196,8 +249,11 @@ def trends(series: Mapping[str, Any], created: Sequence[int]) -> bytes:
     wa_ax = flat[len(names)]
     wa = [i.get("writeAmplification") for i in series["intervals"]]
     wa_ax.bar(range(1, len(wa) + 1), [w or 0 for w in wa], color=COLORS["second"])
+    for x, w in enumerate(wa, 1):
+        if w is None:
+            wa_ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=7)
     wa_ax.set_xticks(range(1, len(wa) + 1))
-    wa_ax.set_xlabel("interval (n/a: no statistics)", fontsize=7)
+    wa_ax.set_xlabel("interval" + (" (n/a: no statistics)" if None in wa else ""), fontsize=7)
     wa_ax.set_title("write amplification per interval", fontsize=9, loc="left")
     for ax in flat[: len(names)]:
         ax.set_xlabel("minutes since first snapshot", fontsize=7)

@@ -1,4 +1,4 @@
-"""Figures from the logical rows of one snapshot, computed with Spark.
+"""Figures from the logical rows of one snapshot.
 
 - due load: messages and bytes due per second (next hour), minute (next day), hour (next
   week) and day (next year) ahead of the snapshot, the peak second / minute / hour, overdue;
@@ -6,27 +6,34 @@
   move at each threshold;
 - topic skew and shard balance; message states; rows and bytes per column family.
 
-"Waiting messages" are the keys of the timer shards (``timer.*``); their value is the encoded
-message, the bytes RocksDB carries through every compaction. Seconds are wall-clock seconds
-(``deliverAt // 1000``), the precision users ask for.
+"Waiting messages" are the keys of each timer shard (``timer.N``) at or above that shard's
+persisted scan watermark: the scanner has handed on everything below it, so a key below is
+delivered but not yet deleted (the engine deletes delivered keys in periodic clean-ups below
+the watermark) and is counted apart (``shards.rows[].belowWatermark``). Their value is the
+encoded message, the bytes RocksDB carries through every compaction. Seconds are wall-clock
+seconds (``deliverAt // 1000``), the precision users ask for.
+
+Spark reads the snapshot in parallel key ranges and each task folds its rows into partial
+aggregates (spark_jobs/timer_aggregates.py; the other column families into counts); one
+Spark job sums those, and the figures below are derived from the sums on the driver (numpy).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import StorageLevel
+import numpy as np
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.window import Window
 
 from spark_jobs.keyspace import CfKind
+from spark_jobs.skew import shard_what_if
 from storage.constants import CF_TIMER_PREFIX
 
 BLOB_THRESHOLDS = (256, 1024, 4096, 65536)
 PERCENTILES = (0.5, 0.9, 0.99, 0.999)
-PERCENTILE_ACCURACY = 100_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,113 +49,129 @@ PEAK_UNITS = {1: "peakSecond", 60: "peakMinute", 3600: "peakHour"}
 TOP_SLOTS = 10
 
 
-def _slots(future: DataFrame, now_s: int, horizons: Horizons) -> tuple[dict[str, Any], dict]:
-    """Profiles (per second / minute / hour / day ahead) and the busiest slots of each unit,
-    in one Spark job: messages are counted per second, each second is credited to its slot
-    of every unit, and one collect returns the slots inside a profile or in a unit's top 10."""
+@dataclass(frozen=True)
+class Aggregates:
+    """The summed partial aggregates of one snapshot's timer shards, by kind."""
+
+    rows: dict[str, list[dict[str, Any]]]
+
+    @classmethod
+    def collect(cls, partials: DataFrame) -> Aggregates:
+        """Sum the tasks' partial rows on the driver: handed over as Arrow (no Row objects;
+        a few hundred thousand rows at most), grouped with Arrow."""
+        table = partials.toArrow()
+        merged = table.group_by(["kind", "shard", "topic", "key"], use_threads=False).aggregate(
+            [("n", "sum"), ("bytes", "sum"), ("low", "sum"), ("low", "min")])
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for r in merged.to_pylist():
+            kind = str(r["kind"])
+            low = r["low_min"] if kind == "overdue" else r["low_sum"]
+            rows.setdefault(kind, []).append({
+                "shard": r["shard"], "topic": r["topic"], "key": r["key"],
+                "n": int(r["n_sum"] or 0), "bytes": int(r["bytes_sum"] or 0),
+                "low": None if low is None else int(low)})
+        return cls(rows)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return self.rows.get(kind, [])
+
+    def arrays(self, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(key, n, bytes) of ``kind`` sorted by key."""
+        rows = sorted(self.of(kind), key=lambda r: r["key"])
+        return (np.array([r["key"] for r in rows], dtype=np.int64),
+                np.array([r["n"] for r in rows], dtype=np.int64),
+                np.array([r["bytes"] for r in rows], dtype=np.int64))
+
+
+def _slots(secs: np.ndarray, n: np.ndarray, b: np.ndarray, now_s: int,
+           horizons: Horizons) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]]]:
+    """Profiles (per second / minute / hour / day ahead) and the busiest slots of each unit."""
     lengths = {1: horizons.seconds, 60: horizons.minutes, 3600: horizons.hours,
                86_400: horizons.days}
-    per_sec = (future.groupBy(F.floor(F.col("deliver_at") / 1000).alias("sec"))
-               .agg(F.count("*").alias("n"), F.sum("value_size").alias("b")))
-    unit = F.explode(F.array(*(F.lit(u) for u in UNITS))).alias("unit")
-    per_slot = (per_sec.select("sec", "n", "b", unit)
-                .groupBy("unit", F.floor(F.col("sec") / F.col("unit")).alias("slot"))
-                .agg(F.sum("n").alias("n"), F.sum("b").alias("b")))
-    rank = F.row_number().over(Window.partitionBy("unit").orderBy(F.desc("n"), F.asc("slot")))
-    first = F.floor(F.lit(now_s) / F.col("unit"))
-    length = F.create_map(*(x for u, n in lengths.items() for x in (F.lit(u), F.lit(n))))
-    offset = F.col("slot") - first
-    rows = (per_slot.withColumn("rank", rank).withColumn("offset", offset)
-            .where((F.col("rank") <= TOP_SLOTS)
-                   | ((F.col("offset") >= 0) & (F.col("offset") < length[F.col("unit")])))
-            .collect())
-    counts = {u: [0] * lengths[u] for u in UNITS}
-    sizes = {u: [0] * lengths[u] for u in UNITS}
-    tops: dict[int, list[dict[str, Any]]] = {u: [] for u in UNITS}
-    for r in rows:
-        u, off = int(r["unit"]), int(r["offset"])
-        if 0 <= off < lengths[u]:
-            counts[u][off] = int(r["n"])
-            sizes[u][off] = int(r["b"])
-        if int(r["rank"]) <= TOP_SLOTS:
-            tops[u].append({"rank": int(r["rank"]), "at": int(r["slot"]) * u * 1000,
-                            "messages": int(r["n"]), "bytes": int(r["b"])})
-    for slots in tops.values():
-        slots.sort(key=lambda t: t["rank"])
-        for t in slots:
-            del t["rank"]
-    profiles = {name: {"unitSeconds": u, "startsAt": now_s // u * u * 1000,
-                       "messages": counts[u], "bytes": sizes[u]} for u, name in UNITS.items()}
+    profiles: dict[str, Any] = {}
+    tops: dict[int, list[dict[str, Any]]] = {}
+    for unit, name in UNITS.items():
+        slots, inverse = np.unique(secs // unit, return_inverse=True)
+        count = np.bincount(inverse, n, minlength=slots.size).astype(np.int64)
+        size = np.bincount(inverse, b, minlength=slots.size).astype(np.int64)
+        offset = slots - now_s // unit
+        inside = (offset >= 0) & (offset < lengths[unit])
+        messages, sizes = [0] * lengths[unit], [0] * lengths[unit]
+        for off, c, s in zip(offset[inside].tolist(), count[inside].tolist(),
+                             size[inside].tolist(), strict=True):
+            messages[off], sizes[off] = c, s
+        profiles[name] = {"unitSeconds": unit, "startsAt": now_s // unit * unit * 1000,
+                          "messages": messages, "bytes": sizes}
+        order = np.lexsort((slots, -count))[:TOP_SLOTS]  # most messages, then earliest
+        tops[unit] = [{"at": int(slots[i]) * unit * 1000, "messages": int(count[i]),
+                       "bytes": int(size[i])} for i in order]
     return profiles, tops
 
 
-def due_load(waiting: DataFrame, now_ms: int, horizons: Horizons) -> dict[str, Any]:
-    d = F.col("deliver_at")
-    past, ahead = d < now_ms, d >= now_ms
-    beyond = d >= (now_ms // 86_400_000 + horizons.days) * 86_400_000
-    stats = waiting.agg(
-        F.sum(F.when(past, 1).otherwise(0)).alias("on"),
-        F.sum(F.when(past, F.col("value_size")).otherwise(0)).alias("ob"),
-        F.min(F.when(past, d)).alias("oldest"),
-        F.sum(F.when(ahead, 1).otherwise(0)).alias("n"),
-        F.sum(F.when(ahead, F.col("value_size")).otherwise(0)).alias("b"),
-        F.percentile_approx(F.when(ahead, d - now_ms), list(PERCENTILES),
-                            PERCENTILE_ACCURACY).alias("p"),
-        F.max(F.when(ahead, d - now_ms)).alias("max"),
-        F.sum(F.when(beyond, 1).otherwise(0)).alias("bn"),
-        F.sum(F.when(beyond, F.col("value_size")).otherwise(0)).alias("bb"),
-    ).collect()[0]
-    profiles, tops = _slots(waiting.where(ahead), now_ms // 1000, horizons)
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
+                         qs: Sequence[float]) -> list[int | None]:
+    """The smallest value whose cumulative weight reaches q of the total, for each q."""
+    if values.size == 0:
+        return [None] * len(qs)
+    cumulative = np.cumsum(weights)
+    total = cumulative[-1]
+    return [int(values[min(int(np.searchsorted(cumulative, q * total)), values.size - 1)])
+            for q in qs]
+
+
+def due_load(agg: Aggregates, now_ms: int, horizons: Horizons) -> dict[str, Any]:
+    secs, n, b = agg.arrays("second")
+    delays, weights, _ = agg.arrays("delay")
+    overdue = agg.of("overdue")
+    beyond = secs >= (now_ms // 86_400_000 + horizons.days) * 86_400
+    profiles, tops = _slots(secs, n, b, now_ms // 1000, horizons)
+    over_n = sum(r["n"] for r in overdue)
+    oldest = min((r["low"] for r in overdue if r["low"] is not None), default=None)
     return {
         "now": now_ms,
-        "future": {"messages": int(stats["n"] or 0), "bytes": int(stats["b"] or 0)},
-        "overdue": {"messages": int(stats["on"] or 0), "bytes": int(stats["ob"] or 0),
-                    "oldestAgeMs": None if stats["oldest"] is None
-                    else now_ms - int(stats["oldest"])},
-        "delayPercentilesMs": _percentiles(stats["p"], stats["max"]),
+        "future": {"messages": int(n.sum()), "bytes": int(b.sum())},
+        "overdue": {"messages": over_n, "bytes": sum(r["bytes"] for r in overdue),
+                    "oldestAgeMs": None if oldest is None or not over_n else now_ms - oldest},
+        "delayPercentilesMs": _percentiles(weighted_percentiles(delays, weights, PERCENTILES),
+                                           int(delays[-1]) if delays.size else None),
         **profiles,
-        "beyondPerDay": {"messages": int(stats["bn"] or 0), "bytes": int(stats["bb"] or 0)},
+        "beyondPerDay": {"messages": int(n[beyond].sum()), "bytes": int(b[beyond].sum())},
         "topSeconds": tops[1],
         **{name: (tops[u][0] if tops[u] else None) for u, name in PEAK_UNITS.items()},
     }
 
 
-def _percentiles(values: list[Any] | None, maximum: Any) -> dict[str, int | None]:
-    out: dict[str, int | None] = {f"p{str(q * 100).rstrip('0').rstrip('.')}": None
-                                  for q in PERCENTILES}
-    for key, value in zip(out, values or (), strict=False):
-        out[key] = int(value)
-    out["max"] = None if maximum is None else int(maximum)
+def _percentiles(values: Sequence[int | None], maximum: int | None) -> dict[str, int | None]:
+    out: dict[str, int | None] = {f"p{str(q * 100).rstrip('0').rstrip('.')}": v
+                                  for q, v in zip(PERCENTILES, values, strict=True)}
+    out["max"] = maximum
     return out
 
 
-def value_sizes(waiting: DataFrame) -> dict[str, Any]:
-    aggs = [F.count("*").alias("n"), F.sum("value_size").alias("b"),
-            F.max("value_size").alias("max"),
-            F.percentile_approx("value_size", list(PERCENTILES), PERCENTILE_ACCURACY).alias("p")]
-    for t in BLOB_THRESHOLDS:
-        big = F.col("value_size") >= t
-        aggs.append(F.sum(F.when(big, 1).otherwise(0)).alias(f"n{t}"))
-        aggs.append(F.sum(F.when(big, F.col("value_size")).otherwise(0)).alias(f"b{t}"))
-    row = waiting.agg(*aggs).collect()[0]
-    count, total = int(row["n"]), int(row["b"] or 0)
+def value_sizes(agg: Aggregates) -> dict[str, Any]:
+    sizes, counts, total_bytes = agg.arrays("size")
+    count, total = int(counts.sum()), int(total_bytes.sum())
     # bucket k holds sizes in (2^(k-1), 2^k]: 0..1 -> 0, 2 -> 1, 3..4 -> 2, ...
-    bucket = F.when(F.col("value_size") <= 1, 0).otherwise(
-        F.ceil(F.log2(F.col("value_size"))).cast("int"))
-    hist = (waiting.groupBy(bucket.alias("k"))
-            .agg(F.count("*").alias("n"), F.sum("value_size").alias("b")).orderBy("k").collect())
+    buckets = np.where(sizes <= 1, 0, np.ceil(np.log2(np.maximum(sizes, 1))).astype(np.int64))
+    hist = []
+    for k in np.unique(buckets).tolist():
+        inside = buckets == k
+        hist.append({"upTo": 1 << k, "values": int(counts[inside].sum()),
+                     "bytes": int(total_bytes[inside].sum())})
+    blob = []
+    for t in BLOB_THRESHOLDS:
+        big = sizes >= t
+        moved_n, moved_b = int(counts[big].sum()), int(total_bytes[big].sum())
+        blob.append({"thresholdBytes": t, "valuesMoved": moved_n, "bytesMoved": moved_b,
+                     "shareOfValues": moved_n / count if count else 0.0,
+                     "shareOfBytes": moved_b / total if total else 0.0})
     return {
         "values": count,
         "bytes": total,
-        "percentiles": _percentiles(row["p"], row["max"]),
-        "histogram": [{"upTo": 1 << int(r["k"]), "values": int(r["n"]), "bytes": int(r["b"])}
-                      for r in hist],
-        "blobSeparation": [
-            {"thresholdBytes": t, "valuesMoved": int(row[f"n{t}"] or 0),
-             "bytesMoved": int(row[f"b{t}"] or 0),
-             "shareOfValues": (int(row[f"n{t}"] or 0) / count) if count else 0.0,
-             "shareOfBytes": (int(row[f"b{t}"] or 0) / total) if total else 0.0}
-            for t in BLOB_THRESHOLDS],
+        "percentiles": _percentiles(weighted_percentiles(sizes, counts, PERCENTILES),
+                                    int(sizes[-1]) if sizes.size else None),
+        "histogram": hist,
+        "blobSeparation": blob,
     }
 
 
@@ -162,14 +185,17 @@ def gini(values: list[int]) -> float:
     return (2 * weighted) / (n * total) - (n + 1) / n
 
 
-def topics(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
-    rows = (waiting.groupBy("topic")
-            .agg(F.count("*").alias("n"), F.sum("value_size").alias("b")).collect())
-    ranked = sorted(((str(r["topic"]), int(r["n"]), int(r["b"])) for r in rows),
+def topics(agg: Aggregates, *, timer_shards: int, top: int = 20) -> dict[str, Any]:
+    """Messages and bytes per topic (top ``top``), skew figures, and what each timer shard
+    count would give with the engine's placement (spark_jobs/skew.py)."""
+    ranked = sorted(((str(r["topic"]), r["n"], r["bytes"]) for r in agg.of("topic")),
                     key=lambda t: (-t[1], t[0]))
     total = sum(n for _, n, _ in ranked)
     return {
         "count": len(ranked),
+        "messages": total,
+        "meanMessages": total / len(ranked) if ranked else 0.0,
+        "shardWhatIf": shard_what_if({t: n for t, n, _ in ranked}, timer_shards),
         "top": [{"topic": t, "messages": n, "bytes": b, "share": n / total if total else 0.0}
                 for t, n, b in ranked[:top]],
         "topShare": ranked[0][1] / total if total else 0.0,
@@ -178,53 +204,60 @@ def topics(waiting: DataFrame, top: int = 20) -> dict[str, Any]:
     }
 
 
-def shards(counts: dict[str, Any]) -> dict[str, Any]:
-    """Waiting messages per timer shard, from the per-CF counts."""
-    rows = sorted((int(cf[len(CF_TIMER_PREFIX):]), c["rows"], c["valueBytes"])
-                  for cf, c in counts["byCf"].items() if cf.startswith(CF_TIMER_PREFIX))
-    total = sum(n for _, n, _ in rows)
+def shards(agg: Aggregates, timer_shards: int) -> dict[str, Any]:
+    """Waiting messages per timer shard (at or above its watermark), and the delivered keys
+    below the watermark not yet deleted."""
+    acc: dict[int, dict[str, int]] = {
+        s: {"shard": s, "messages": 0, "bytes": 0, "belowWatermark": 0}
+        for s in range(timer_shards)}
+    for r in agg.of("shard"):
+        row = acc.setdefault(int(r["shard"]), {"shard": int(r["shard"]), "messages": 0,
+                                               "bytes": 0, "belowWatermark": 0})
+        if r["key"]:
+            row["messages"] += r["n"]
+            row["bytes"] += r["bytes"]
+        else:
+            row["belowWatermark"] += r["n"]
+    rows = [acc[s] for s in sorted(acc)]
+    total = sum(r["messages"] for r in rows)
     return {
-        "rows": [{"shard": s, "messages": n, "bytes": b} for s, n, b in rows],
-        "maxToMean": max(n for _, n, _ in rows) / (total / len(rows)) if total else 0.0,
+        "rows": rows,
+        "maxToMean": max(r["messages"] for r in rows) / (total / len(rows)) if total else 0.0,
     }
 
 
-def column_families(timers: DataFrame, others: DataFrame) -> dict[str, Any]:
-    """Rows, key and value bytes per column family; index entries per status."""
-    groups = (others.groupBy("cf", "state").agg(F.count("*").alias("n"),
-                                                F.sum("key_size").alias("k"),
-                                                F.sum("value_size").alias("v")).collect())
-    shards = (timers.groupBy("shard").agg(F.count("*").alias("n"), F.sum("key_size").alias("k"),
-                                          F.sum("value_size").alias("v")).collect())
+def column_families(agg: Aggregates, others: DataFrame) -> dict[str, Any]:
+    """Rows, key and value bytes per column family; index entries per status. ``others``:
+    the other CFs' counts per partition (cf, state, rows, key_bytes, value_bytes)."""
+    groups = (others.groupBy("cf", "state").agg(F.sum("rows").alias("n"),
+                                                F.sum("key_bytes").alias("k"),
+                                                F.sum("value_bytes").alias("v")).collect())
     rows = [(str(r["cf"]), r["state"], r["n"], r["k"], r["v"]) for r in groups]
-    rows += [(f"{CF_TIMER_PREFIX}{r['shard']}", None, r["n"], r["k"], r["v"]) for r in shards]
+    rows += [(f"{CF_TIMER_PREFIX}{r['shard']}", None, r["n"], r["low"], r["bytes"])
+             for r in agg.of("shard")]
     by_cf: dict[str, dict[str, int]] = {}
     states: dict[str, int] = {}
     for cf, state, n, k, v in sorted(rows, key=lambda r: (r[0], str(r[1]))):
         acc = by_cf.setdefault(cf, {"rows": 0, "keyBytes": 0, "valueBytes": 0})
         acc["rows"] += int(n)
-        acc["keyBytes"] += int(k)
-        acc["valueBytes"] += int(v)
-        if cf == CfKind.INDEX.value:
-            states[str(state)] = int(n)
+        acc["keyBytes"] += int(k or 0)
+        acc["valueBytes"] += int(v or 0)
+        if cf == CfKind.INDEX.value and n:
+            states[str(state)] = states.get(str(state), 0) + int(n)
     return {"byCf": by_cf, "indexStates": states}
 
 
-def logical_figures(timers: DataFrame, others: DataFrame, now_ms: int,
-                    horizons: Horizons) -> dict[str, Any]:
-    """Every logical figure of one snapshot from its hourglass_logical rows, split in two:
-    ``timers`` (the timer shards, cached: every figure but the counts reads them) and
-    ``others`` (every other column family, read once for the counts)."""
-    waiting = (timers.select("shard", "deliver_at", "topic", "key_size", "value_size")
-               .persist(StorageLevel.MEMORY_AND_DISK))
-    try:
-        counts = column_families(waiting, others)
-        return {
-            "counts": counts,
-            "dueLoad": due_load(waiting, now_ms, horizons),
-            "valueSizes": value_sizes(waiting),
-            "topics": topics(waiting),
-            "shards": shards(counts),
-        }
-    finally:
-        waiting.unpersist()
+def logical_figures(timer_partials: DataFrame, others: DataFrame, now_ms: int,
+                    horizons: Horizons, timer_shards: int) -> dict[str, Any]:
+    """Every logical figure of one snapshot from ``timer_partials`` (the timer shards' partial
+    aggregates: SnapshotInput.timer_aggregates) and ``others`` (every other column family's
+    counts: SnapshotInput.cf_counts)."""
+    agg = Aggregates.collect(timer_partials)
+    by_shard = shards(agg, timer_shards)
+    return {
+        "counts": column_families(agg, others),
+        "dueLoad": due_load(agg, now_ms, horizons),
+        "valueSizes": value_sizes(agg),
+        "topics": topics(agg, timer_shards=len(by_shard["rows"])),
+        "shards": by_shard,
+    }

@@ -10,7 +10,9 @@ Definitions (docs/analysis.md has the reasoning):
   CF's compression ratio (data block bytes / raw key+value bytes of everything in its SSTs);
   space amplification = SST bytes / live bytes estimate; reclaimable = SST bytes - estimate.
 - read amplification of the due scan = SST files of a timer shard whose key range overlaps
-  [watermark, snapshot time + window): the files a scanner's seek and scan must consult.
+  [watermark, snapshot time + window): the files a scanner's seek and scan must consult; the
+  tombstones it meets are measured by running that scan (spark_jobs/due_scan.py), never
+  estimated from the files' deletion counts (a fresh L0 file spans the whole key range).
 - write amplification since the DB was opened = (flush + compaction bytes written) / bytes
   written by the application (RocksDB statistics tickers).
 """
@@ -142,9 +144,13 @@ def tombstones(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int],
 
 
 def read_amplification(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[int, int],
-                       now_ms: int, window_ms: int) -> dict[str, Any]:
-    """SSTs and tombstones a due scan of each timer shard meets, from its watermark and, for
-    comparison, from the start of the key space (what a scanner without a watermark reads)."""
+                       now_ms: int, window_ms: int,
+                       due_scans: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Per timer shard, what one due scan of [watermark, now + window) meets: the SST files
+    (and levels) its key range overlaps, from the SST rows, and, measured by running the scan
+    (spark_jobs/due_scan.py), the live keys it returns, the internal keys it skips (point
+    tombstones and the versions they hide), the range tombstones of the levels it touches and
+    its time; ``fromStart``: the same from key 0, what a scanner without a watermark meets."""
     shards: dict[int, list[Mapping[str, Any]]] = {}
     for f in ssts:
         shard = timer_shard(str(f["cf"]))
@@ -153,26 +159,44 @@ def read_amplification(ssts: Sequence[Mapping[str, Any]], watermarks: Mapping[in
     for shard in watermarks:
         shards.setdefault(shard, [])
     end = now_ms + window_ms
+    measured = (due_scans or {}).get("byShard", {})
 
-    def scan(files: list[Mapping[str, Any]], start: int) -> dict[str, Any]:
+    def overlap(files: list[Mapping[str, Any]], start: int) -> dict[str, Any]:
         hit = [f for f in files if f["start_time"] is not None and int(f["start_time"]) < end
                and int(f["end_time"]) >= start]
         levels: dict[str, int] = {}
         for f in hit:
             levels[str(f["level"])] = levels.get(str(f["level"]), 0) + 1
-        return {"ssts": len(hit), "byLevel": dict(sorted(levels.items())),
-                "tombstones": sum(int(f["num_deletions"]) for f in hit),
-                "entries": sum(int(f["num_entries"]) for f in hit)}
+        return {"ssts": len(hit), "byLevel": dict(sorted(levels.items()))}
 
-    by_shard = {str(s): {"watermark": watermarks.get(s, 0),
-                         **scan(files, watermarks.get(s, 0)),
-                         "fromStart": scan(files, 0)}
-                for s, files in sorted(shards.items())}
+    def scan(files: list[Mapping[str, Any]], start: int, run: Mapping[str, Any] | None,
+             range_by_level: Mapping[str, int]) -> dict[str, Any]:
+        out = overlap(files, start)
+        if run is not None:
+            out.update(liveKeys=run["liveKeys"], internalKeysSkipped=run["internalKeysSkipped"],
+                       scanMicros=run["micros"],
+                       rangeTombstones=sum(range_by_level.get(lv, 0) for lv in out["byLevel"]))
+        return out
+
+    by_shard = {}
+    for s, files in sorted(shards.items()):
+        m = measured.get(str(s))
+        ranges = m["rangeTombstonesByLevel"] if m else {}
+        by_shard[str(s)] = {"watermark": watermarks.get(s, 0),
+                            **scan(files, watermarks.get(s, 0), m and m["scan"], ranges),
+                            "fromStart": scan(files, 0, m and m["fromStart"], ranges)}
     counts = [v["ssts"] for v in by_shard.values()]
-    return {"windowMs": window_ms, "byShard": by_shard,
+
+    def most(name: str) -> int | None:
+        values = [v[name] for v in by_shard.values() if name in v]
+        return max(values) if values else None
+
+    return {"windowMs": window_ms, "measured": bool(measured), "byShard": by_shard,
             "max": max(counts, default=0),
             "mean": sum(counts) / len(counts) if counts else 0.0,
-            "tombstonesMax": max((v["tombstones"] for v in by_shard.values()), default=0)}
+            "internalKeysSkippedMax": most("internalKeysSkipped"),
+            "rangeTombstonesMax": most("rangeTombstones"),
+            "scanMicrosMax": most("scanMicros")}
 
 
 def rocksdb_counters(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -207,11 +231,12 @@ def rocksdb_counters(manifest: Mapping[str, Any]) -> dict[str, Any]:
 def physical_figures(
     ssts: Sequence[Mapping[str, Any]], live_by_cf: Mapping[str, Mapping[str, int]],
     manifest: Mapping[str, Any], watermarks: Mapping[int, int], now_ms: int, window_ms: int,
+    due_scans: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "sst": sst_summary(ssts),
         "tombstones": tombstones(ssts, watermarks, now_ms),
         "space": space(ssts, live_by_cf, manifest),
-        "readAmplification": read_amplification(ssts, watermarks, now_ms, window_ms),
+        "readAmplification": read_amplification(ssts, watermarks, now_ms, window_ms, due_scans),
         "rocksdb": rocksdb_counters(manifest),
     }

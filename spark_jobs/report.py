@@ -36,6 +36,10 @@ def key_figures(r: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("reclaimable", _bytes(ph["space"]["reclaimableBytes"])),
         ("due-scan SSTs (max shard)", f"{ph['readAmplification']['max']} "
                                       f"(from key 0: {_from_start(ph)})"),
+        ("due-scan skipped keys / range tombstones",
+         "not measured" if ph["readAmplification"]["internalKeysSkippedMax"] is None else
+         f"{ph['readAmplification']['internalKeysSkippedMax']:,} / "
+         f"{ph['readAmplification']['rangeTombstonesMax']:,}"),
         ("write amplification since open", "n/a" if wa is None else f"{wa:.2f}x"),
         ("topics / top share", f"{lg['topics']['count']:,} / {lg['topics']['topShare']:.1%}"),
     ]
@@ -85,7 +89,8 @@ def render_charts(report: Mapping[str, Any], ssts: Sequence[Mapping[str, Any]]
     out: dict[str, Callable[[], bytes]] = {
         "due_load": lambda: charts.due_load(latest["logical"]["dueLoad"]),
         "value_sizes": lambda: charts.value_sizes(latest["logical"]["valueSizes"]),
-        "lsm_map": lambda: charts.lsm_map(ssts, watermarks, snap["createdAt"]),
+        "lsm_map": lambda: charts.lsm_map(ssts, watermarks, snap["createdAt"],
+                                          _lsm_horizon(latest["logical"]["dueLoad"])),
         "levels": lambda: charts.levels(latest["physical"]["sst"]),
         "topics": lambda: charts.topics(latest["logical"]["topics"]),
     }
@@ -93,6 +98,13 @@ def render_charts(report: Mapping[str, Any], ssts: Sequence[Mapping[str, Any]]
         created = [s["snapshot"]["createdAt"] for s in report["snapshots"]]
         out["trends"] = lambda: charts.trends(report["series"], created)
     return {name: make() for name, make in out.items()}
+
+
+def _lsm_horizon(due: Mapping[str, Any]) -> int:
+    """How far past the snapshot the SST map looks: where 99 % of the waiting messages are
+    due (an hour when none is), so a few far-future messages do not stretch it over years."""
+    p99 = due["delayPercentilesMs"].get("p99")
+    return int(p99) if p99 else 3_600_000
 
 
 _CSS = """
@@ -103,6 +115,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding
 font-size:.9em;text-align:left}th{background:#f4f4f4}.rec{border-left:4px solid #c23b3b;
 background:#fdf3f3;padding:.5em 1em;margin:.6em 0}.ok{color:#3a9a5b}.fired{color:#c23b3b}
 img{max-width:100%;margin:.5em 0}.muted{color:#777;font-size:.85em}
+.wide{overflow-x:auto;max-width:100%}
 """
 
 
@@ -110,7 +123,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='wide'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -130,12 +143,13 @@ def write_html(report: Mapping[str, Any], images: Mapping[str, bytes], out_dir: 
              f"{charts.utc_label(latest['snapshot']['createdAt'])}.</p>",
              f"<h2>Recommendations ({len(fired)})</h2>"]
     parts += [f"<div class='rec'><b>{html.escape(f['title'])}</b> "
-              f"<span class='muted'>[{html.escape(f['rule'])}: {html.escape(str(f['value']))} "
-              f"vs {html.escape(str(f['threshold']))}]</span><br>{html.escape(f['advice'])}</div>"
-              for f in fired] or ["<p class='ok'>No rule fired: nothing to change.</p>"]
-    parts.append(_table(("check", "rule", "value", "threshold", "result"), [
-        (f["title"], f["rule"], f["value"], f["threshold"], "FIRED" if f["fired"] else "ok")
-        for f in report["rules"]]))
+              f"<span class='muted'>[{html.escape(f['rule'])}]</span><br>"
+              + "<br>".join(html.escape(f[k]) for k in ("measured", "advice", "whatIf", "basis")
+                            if f[k])
+              + "</div>" for f in fired] or ["<p class='ok'>No rule fired: nothing to change.</p>"]
+    parts.append(_table(("check", "result", "measured", "threshold"), [
+        (f"{f['title']} ({f['rule']})", "FIRED" if f["fired"] else "ok", f["measured"],
+         f["basis"]) for f in report["rules"]]))
     parts.append("<h2>Key figures (latest snapshot)</h2>")
     parts.append(_table(("figure", "value"), key_figures(latest)))
     captions = {"due_load": "Due load", "value_sizes": "Value sizes and blob separation",
@@ -151,12 +165,13 @@ def write_html(report: Mapping[str, Any], images: Mapping[str, bytes], out_dir: 
             (i["from"], i["to"], _dur(i["elapsedMs"]),
              "n/a" if i.get("writeAmplification") is None else f"{i['writeAmplification']:.2f}",
              i.get("counterReset", "n/a")) for i in report["series"]["intervals"]]))
-    if len(report["snapshots"]) > 1:
+    if len(report["snapshots"]) > 1:  # one column per snapshot, one row per figure: fits
         parts.append("<h2>Every snapshot</h2>")
-        labels = [label for label, _ in key_figures(latest)]
-        parts.append(_table(("snapshot", *labels), [
-            (s["snapshot"]["snapshotId"], *(v for _, v in key_figures(s)))
-            for s in report["snapshots"]]))
+        columns = [dict(key_figures(s)) for s in report["snapshots"]]
+        parts.append(_table(("figure", *(s["snapshot"]["snapshotId"]
+                                          for s in report["snapshots"])),
+                            [(label, *(c[label] for c in columns))
+                             for label, _ in key_figures(latest)]))
     parts.append("<p class='muted'>Every figure is in report.json; definitions and rule "
                  "thresholds: docs/analysis.md.</p></body></html>")
     path = out_dir / "report.html"
@@ -177,5 +192,7 @@ def console_summary(report: Mapping[str, Any]) -> str:
                      f"{' (counters reset: restart in between)' if i.get('counterReset') else ''}")
     fired = report["recommendations"]
     lines.append(f"recommendations: {len(fired)} of {len(report['rules'])} rules fired")
-    lines += [f"  * [{f['rule']}] {f['advice']}" for f in fired]
+    for f in fired:
+        lines.append(f"  * [{f['rule']}] {f['measured']}")
+        lines += [f"      {f[k]}" for k in ("advice", "whatIf") if f[k]]
     return "\n".join(lines)

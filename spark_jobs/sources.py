@@ -15,10 +15,12 @@ cluster without one, export to Parquet first (spark_jobs/inputs.py).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import msgpack
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import rocksdict
@@ -34,6 +36,8 @@ from spark_jobs.keyspace import (
     select_cfs,
     timer_shard,
 )
+from spark_jobs.timer_aggregates import AGG_DDL, aggregate, decode_watermarks
+from storage.constants import CF_TIMER_PREFIX
 from storage.errors import CorruptionError
 from storage.records import (
     FORMAT_VERSION,
@@ -46,6 +50,8 @@ from storage.records import (
 from storage.snapshots import open_read_only, resolve_db_dir, sst_number
 
 LOGICAL_FORMAT = "hourglass_logical"
+TIMERS_FORMAT = "hourglass_timers"
+COUNTS_FORMAT = "hourglass_cf_counts"
 SST_FORMAT = "hourglass_sst"
 
 LOGICAL_SCHEMA = pa.schema([
@@ -73,8 +79,26 @@ SST_SCHEMA = pa.schema([
     ("num_entries", pa.int64()),
     ("num_deletions", pa.int64()),
 ])
+#: the slim rows of the timer shards the analysis reads (hourglass_timers): decoded column-wise
+TIMERS_SCHEMA = pa.schema([
+    ("shard", pa.int32()),
+    ("deliver_at", pa.int64()),
+    ("topic", pa.string()),
+    ("key_size", pa.int32()),
+    ("value_size", pa.int32()),
+    ("pending", pa.bool_()),  # at or above the shard's scan frontier (null: frontier unknown)
+])
+#: rows, key and value bytes per column family and state, summed inside each task
+#: (hourglass_cf_counts): the analysis needs these aggregates of the other CFs, not their rows
+COUNTS_SCHEMA = pa.schema([
+    ("cf", pa.string()),
+    ("state", pa.string()),
+    ("rows", pa.int64()),
+    ("key_bytes", pa.int64()),
+    ("value_bytes", pa.int64()),
+])
 _SPARK_TYPES = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT",
-                pa.binary(): "BINARY"}
+                pa.binary(): "BINARY", pa.bool_(): "BOOLEAN"}
 BATCH_ROWS = 32_768
 _STATUSES = frozenset(s.value for s in MessageStatus)
 DEFAULT_PARTITIONS = 8
@@ -215,6 +239,138 @@ def read_ranges(path: str, ranges: list[KeyRange]) -> Iterator[pa.RecordBatch]:
             del it, cf
 
 
+def _binary(items: Sequence[bytes]) -> tuple[pa.BinaryArray, np.ndarray]:
+    """An Arrow binary array of ``items`` (and their lengths) from one joined buffer: ~4x
+    cheaper than ``pa.array`` over Python bytes."""
+    lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+    offsets = np.zeros(len(items) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    data = b"".join(items)
+    return pa.BinaryArray.from_buffers(pa.binary(), len(items), [
+        None, pa.py_buffer(offsets), pa.py_buffer(data)]), lengths
+
+
+def decode_timers(shard: int, keys: Sequence[bytes], values: Sequence[bytes],
+                  frontier: bytes | None = None) -> pa.RecordBatch:
+    """The slim rows of timer keys (8-byte deliverAt + topic NUL msgId), vectorised: the time
+    from the joined key bytes with numpy, the topic with Arrow's split on NUL. ``frontier``:
+    the shard's persisted scan frontier (a key: every key below it is delivered), which sets
+    ``pending``; the keys compared one by one are only those of the frontier's millisecond."""
+    n = len(keys)
+    arr, key_sizes = _binary(keys)
+    value_sizes = np.fromiter(map(len, values), dtype=np.int32, count=n)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1)[:-1]
+    raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)
+    short = key_sizes < 8
+    if short.any():  # not a timer key: no time (and no topic)
+        at: pa.Array = pa.array([key_time(k) for k in keys], pa.int64())
+    else:
+        at = pa.array(raw[offsets[:, None] + np.arange(8)].copy().view(">u8").ravel()
+                      .astype(np.int64))
+    parts = pc.split_pattern(pc.binary_slice(arr, 8, 1 << 30), pattern=b"\x00", max_splits=1)
+    has_sep = pc.greater(pc.list_value_length(parts), 1)
+    topics = pc.if_else(has_sep, pc.list_element(parts, 0), pa.scalar(None, pa.binary()))
+    try:
+        topic = topics.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: keep the row, replace the bad bytes
+        topic = _utf8(topics.to_pylist())
+    pending: pa.Array = pa.nulls(n, pa.bool_())
+    if frontier is not None:
+        mark = int.from_bytes(frontier[:8].ljust(8, b"\x00"), "big")
+        times = at.to_numpy(zero_copy_only=False)
+        flags = times > mark
+        for i in np.flatnonzero(times == mark).tolist():
+            flags[i] = keys[i] >= frontier
+        pending = pa.array(flags)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.full(n, shard, dtype=np.int32)), at, topic,
+         pa.array(key_sizes.astype(np.int32)), pa.array(value_sizes), pending],
+        schema=TIMERS_SCHEMA)
+
+
+def index_states(values: Sequence[bytes]) -> Counter[str | None]:
+    """Index entries per status. An encoded IndexEntry starts with a msgpack array header,
+    the format version and the status as a short string (storage/records.py): count those
+    prefixes (a handful of distinct ones), and decode_index any value that does not start so."""
+    prefixes: Counter[bytes] = Counter(v[:3 + (v[2] & 31)] if len(v) > 2 else v for v in values)
+    out: Counter[str | None] = Counter()
+    odd: set[bytes] = set()
+    for prefix, n in prefixes.items():
+        status = None
+        if len(prefix) > 3 and prefix[0] & 0xF0 == 0x90 and prefix[1] == FORMAT_VERSION \
+                and prefix[2] & 0xE0 == 0xA0:
+            status = prefix[3:].decode("utf-8", "replace")
+        if status in _STATUSES:
+            out[status] += n
+        else:
+            odd.add(prefix)
+    if odd:  # another format or corrupt: the codec decides, row by row
+        for v in values:
+            if (v[:3 + (v[2] & 31)] if len(v) > 2 else v) in odd:
+                try:
+                    out[decode_index(v).status.value] += 1
+                except CorruptionError:
+                    out[None] += 1
+    return out
+
+
+def _chunks(snap: Any, rng: KeyRange) -> Iterator[tuple[tuple[bytes, ...], tuple[bytes, ...]]]:
+    """(keys, values) of ``rng``, BATCH_ROWS at a time."""
+    cf = snap.column_family(rng.cf)
+    ro = rocksdict.ReadOptions()
+    if rng.end is not None:
+        # NB rocksdict's set_iterate_lower_bound sets the upper bound: never use it.
+        ro.set_iterate_upper_bound(rng.end)
+    it = cf.items(from_key=rng.start or b"", read_opt=ro)
+    while chunk := list(itertools.islice(it, BATCH_ROWS)):
+        keys, values = zip(*chunk, strict=True)
+        yield keys, values
+    del it, cf
+
+
+def read_timers(path: str, ranges: list[KeyRange],
+                frontiers: Mapping[int, bytes] | None = None) -> Iterator[pa.RecordBatch]:
+    with open_read_only(path) as snap:
+        for rng in ranges:
+            shard = timer_shard(rng.cf)
+            if shard is None:
+                raise ValueError(f"{rng.cf} is not a timer shard")
+            frontier = (frontiers or {}).get(shard)
+            for keys, values in _chunks(snap, rng):
+                yield decode_timers(shard, keys, values, frontier)
+
+
+def count_ranges(path: str, ranges: list[KeyRange]) -> Iterator[pa.RecordBatch]:
+    """One row per (column family, state) of ``ranges``: rows, key and value bytes."""
+    acc: dict[tuple[str, str | None], list[int]] = {}
+    with open_read_only(path) as snap:
+        for rng in ranges:
+            kind = cf_kind(rng.cf)
+            fixed = {CfKind.TIMER: "SCHEDULED", CfKind.HALF: "PREPARED"}.get(kind)
+            for keys, values in _chunks(snap, rng):
+                key_bytes, value_bytes = sum(map(len, keys)), sum(map(len, values))
+                if kind is CfKind.INDEX:
+                    for state, n in index_states(values).items():
+                        row = acc.setdefault((rng.cf, state), [0, 0, 0])
+                        row[0] += n
+                    # sizes per state would need a row pass: credit them to the CF's first row
+                    row = acc.setdefault((rng.cf, None), [0, 0, 0])
+                    row[1] += key_bytes
+                    row[2] += value_bytes
+                else:
+                    row = acc.setdefault((rng.cf, fixed), [0, 0, 0])
+                    row[0] += len(keys)
+                    row[1] += key_bytes
+                    row[2] += value_bytes
+    if acc:
+        cfs, states, rows = zip(*((cf, st, r) for (cf, st), r in sorted(
+            acc.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))), strict=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(cfs, pa.string()), pa.array(states, pa.string()),
+             *(pa.array([r[i] for r in rows], pa.int64()) for i in range(3))],
+            schema=COUNTS_SCHEMA)
+
+
 class LogicalReader(DataSourceReader):
     def __init__(self, options: Any) -> None:
         self.path = _path(options)
@@ -252,6 +408,60 @@ class LogicalSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return LogicalReader(self.options)
+
+
+class TimersReader(LogicalReader):
+    def __init__(self, options: Any) -> None:
+        super().__init__({**dict(options), "cf": f"{CF_TIMER_PREFIX}*"})
+        now = options.get("aggregate")
+        self.now = None if now is None else int(now)
+        self.watermarks = decode_watermarks(options.get("watermarks", ""))
+        self.frontiers = {int(s): bytes.fromhex(k) for s, _, k in (
+            part.partition(":") for part in options.get("frontiers", "").split(",") if part)}
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        rows = read_timers(self.path, partition.value, self.frontiers)
+        if self.now is None:
+            yield from rows
+        else:
+            yield from aggregate(rows, self.now, self.watermarks)
+
+
+class TimersSource(DataSource):
+    """The timer shards' slim rows (shard, deliverAt, topic, key and value size, pending).
+    Options: ``partitions`` (8); ``frontiers`` (``shard:hex key,...``: sets ``pending``);
+    ``aggregate`` (now, epoch ms) with ``watermarks`` (``shard:ms,...``): instead of rows,
+    each task's partial aggregates (spark_jobs/timer_aggregates.py)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return TIMERS_FORMAT
+
+    def schema(self) -> str:
+        return AGG_DDL if self.options.get("aggregate") is not None else ddl(TIMERS_SCHEMA)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TimersReader(self.options)
+
+
+class CountsReader(LogicalReader):
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from count_ranges(self.path, partition.value)
+
+
+class CountsSource(DataSource):
+    """Rows, key and value bytes per column family and state, summed in each task (sum them
+    again over the partitions). Options: ``cf`` and ``partitions`` as hourglass_logical."""
+
+    @classmethod
+    def name(cls) -> str:
+        return COUNTS_FORMAT
+
+    def schema(self) -> str:
+        return ddl(COUNTS_SCHEMA)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return CountsReader(self.options)
 
 
 # --- physical rows ----------------------------------------------------------------------------
@@ -302,6 +512,6 @@ class SstSource(DataSource):
 
 
 def register(spark: Any) -> None:
-    """Register both formats with a SparkSession (idempotent)."""
-    spark.dataSource.register(LogicalSource)
-    spark.dataSource.register(SstSource)
+    """Register the formats with a SparkSession (idempotent)."""
+    for source in (LogicalSource, TimersSource, CountsSource, SstSource):
+        spark.dataSource.register(source)

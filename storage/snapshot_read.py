@@ -35,6 +35,11 @@ _SSTABLE = re.compile(r"^\s*(\d+):(\d+)\[")
 class ReadOnlyCheckpoint:
     db: rocksdict.Rdict
     cf_names: tuple[str, ...]
+    options: rocksdict.Options | None = None
+
+    def statistics(self) -> str:
+        """RocksDB's statistics text of this reader ('' unless opened with statistics)."""
+        return (self.options.get_statistics() or "") if self.options is not None else ""
 
     def column_family(self, name: str) -> rocksdict.Rdict:
         if name not in self.cf_names:
@@ -42,8 +47,9 @@ class ReadOnlyCheckpoint:
         return self.db.get_column_family(name)
 
     def meta(self) -> dict[str, Any]:
-        """Watermarks per shard, applied log position and shard count from the ``meta`` CF."""
-        out: dict[str, Any] = {"watermarks": {}}
+        """Watermarks (ms) and scan frontiers (hex keys) per shard, applied log position and
+        shard count from the ``meta`` CF."""
+        out: dict[str, Any] = {"watermarks": {}, "frontiers": {}}
         if CF_META not in self.cf_names:
             return out
         meta = self.db.get_column_family(CF_META)
@@ -51,7 +57,9 @@ class ReadOnlyCheckpoint:
             assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
             if not key.startswith(META_WATERMARK_PREFIX):
                 break
-            out["watermarks"][key[len(META_WATERMARK_PREFIX):].decode()] = unpack_u64(value)
+            shard = key[len(META_WATERMARK_PREFIX):].decode()
+            out["watermarks"][shard] = unpack_u64(value)  # ms: the frontier's leading 8 bytes
+            out["frontiers"][shard] = value.hex()  # every timer key below it is delivered
         for name, key in (("appliedPosition", META_APPLIED_POSITION), ("timerShards", META_SHARDS),
                           ("formatVersion", META_FORMAT_VERSION)):
             raw = meta.get(key)
@@ -82,27 +90,42 @@ def resolve_db_dir(path: str | Path) -> Path:
     raise NotFound(f"{path} is neither a snapshot directory nor a RocksDB checkpoint")
 
 
+#: files a checkpoint reader may write itself: never linked from the snapshot, so a write lands
+#: in the private directory (rocksdict rewrites its config on every open, even read-only)
+_READER_OWNED = ("rocksdict-config.json", "LOCK", "LOG")
+
+
 @contextmanager
-def open_read_only(path: str | Path) -> Iterator[ReadOnlyCheckpoint]:
+def open_read_only(path: str | Path, *, statistics: bool = False) -> Iterator[ReadOnlyCheckpoint]:
     """Open a snapshot (or bare checkpoint) read-only with every column family, raw mode.
 
-    RocksDB's info log goes to a private temporary directory, so concurrent readers (Spark
-    tasks) never write into the snapshot and the snapshot may sit on a read-only share."""
-    db_dir = resolve_db_dir(path)
-    with tempfile.TemporaryDirectory(prefix="hourglass-ro-log-") as log_dir:
+    Nothing is ever written into the snapshot, so it may sit on a read-only mount: RocksDB
+    opens a private temporary directory of symbolic links to the checkpoint's files, where
+    rocksdict writes its config file and RocksDB its info log. ``statistics``: RocksDB's
+    tickers for this reader (``ReadOnlyCheckpoint.statistics()``)."""
+    db_dir = resolve_db_dir(path).resolve()
+    with tempfile.TemporaryDirectory(prefix="hourglass-ro-") as private:
+        shadow = Path(private) / "db"
+        shadow.mkdir()
+        for f in db_dir.iterdir():
+            if not f.name.startswith(_READER_OWNED):
+                (shadow / f.name).symlink_to(f)
         opts = rocksdict.Options(raw_mode=True)
-        opts.set_db_log_dir(log_dir)
+        opts.set_db_log_dir(private)
+        if statistics:
+            opts.enable_statistics()
         try:
-            names = tuple(rocksdict.Rdict.list_cf(str(db_dir), rocksdict.Options(raw_mode=True)))
+            names = tuple(rocksdict.Rdict.list_cf(str(shadow), rocksdict.Options(raw_mode=True)))
             db = rocksdict.Rdict(
-                str(db_dir), opts,
+                str(shadow), opts,
                 column_families={n: rocksdict.Options(raw_mode=True) for n in names},
                 access_type=rocksdict.AccessType.read_only(),
             )
         except Exception as exc:  # rocksdict raises plain Exception subclasses
-            raise StorageError(f"cannot open snapshot {db_dir} read-only: {exc}") from exc
+            why = str(exc).replace(str(shadow), str(db_dir))  # name the snapshot's own files
+            raise StorageError(f"cannot open snapshot {db_dir} read-only: {why}") from exc
         try:
-            yield ReadOnlyCheckpoint(db=db, cf_names=names)
+            yield ReadOnlyCheckpoint(db=db, cf_names=names, options=opts)
         finally:
             db.close()
 

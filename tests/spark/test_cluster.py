@@ -144,7 +144,7 @@ def test_spark_submit_to_a_standalone_cluster(
     assert snap["logical"]["dueLoad"]["peakSecond"]["messages"] == max(future.values())
     files = direct.live_files(workload.snapshot.db_path)
     assert snap["physical"]["tombstones"]["total"] == sum(f["num_deletions"] for f in files)
-    assert {f["rule"] for f in report["recommendations"]} == {"blob-separation", "overdue",
+    assert {f["rule"] for f in report["recommendations"]} == {"overdue", "topic-skew",
                                                               "shard-imbalance"}
     # spark-submit merges the Python driver's stderr (progress) into its own stdout
     assert "logical rows" in done.stdout + done.stderr, done.stdout[-3000:]

@@ -47,6 +47,69 @@ def test_logical_rows_match_the_ground_truth(spark: Any, workload: Generated) ->
     assert not timers  # no timer key for a delivered or cancelled message
 
 
+def test_timer_rows_and_cf_counts_equal_a_direct_read(spark: Any, workload: Generated) -> None:
+    from spark_jobs.inputs import open_input
+
+    source = open_input(workload.snapshot.path)
+    expected = direct.logical_rows(workload.snapshot.db_path)
+    slim = [(r[1], r[3], r[4], r[7], r[8]) for r in expected if r[0].startswith("timer.")]
+    rows = [tuple(r) for r in source.timers(spark, 5).collect()]
+    assert Counter(r[:5] for r in rows) == Counter(slim)  # column-wise: the codecs' answer
+    assert all(r[5] == (r[1] >= workload.work.watermarks[r[0]]) for r in rows)  # frontier
+    counts: Counter[tuple[str, str]] = Counter()
+    for r in source.cf_counts(spark, 5, "!timer.*").collect():
+        counts[(r["cf"], "rows")] += r["rows"]
+        counts[(r["cf"], "bytes")] += r["key_bytes"] + r["value_bytes"]
+        if r["cf"] == "index" and r["rows"]:
+            counts[("index", r["state"])] += r["rows"]
+    truth: Counter[tuple[str, str]] = Counter()
+    for r in expected:
+        if not r[0].startswith("timer."):
+            truth[(r[0], "rows")] += 1
+            truth[(r[0], "bytes")] += r[7] + r[8]
+            if r[0] == "index":
+                truth[("index", r[9])] += 1
+    assert +counts == +truth
+
+
+def test_index_states_fall_back_to_the_codec_on_odd_values() -> None:
+    from spark_jobs.sources import index_states
+    from storage.records import IndexEntry, MessageStatus, encode_index
+
+    def entry(status: MessageStatus) -> bytes:
+        return encode_index(IndexEntry(status=status, deliver_at=1, updated_at=2))
+
+    values = [entry(MessageStatus.SCHEDULED)] * 3 + [entry(MessageStatus.ROLLED_BACK),
+                                                     b"\x01", b"\x93\x01\xa3BAD"]
+    assert index_states(values) == Counter({"SCHEDULED": 3, "ROLLED_BACK": 1, None: 2})
+
+
+def test_quantile_summary_bounds_the_rank_error() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from spark_jobs.logical_figures import weighted_percentiles
+    from spark_jobs.timer_aggregates import aggregate
+
+    rng = np.random.default_rng(3)
+    at = 1_000_000 + np.concatenate([rng.integers(0, 10**7, 9_000), np.full(1_000, 5_000)])
+    batch = pa.RecordBatch.from_pydict({
+        "shard": pa.array(np.zeros(at.size, np.int32)), "deliver_at": pa.array(at),
+        "topic": pa.array(["t"] * at.size), "key_size": pa.array(np.ones(at.size, np.int32)),
+        "value_size": pa.array(np.ones(at.size, np.int32))})
+    rows = pa.Table.from_batches(list(aggregate([batch], 1_000_000, {0: 0}, points=200)))
+    delay = rows.filter(pa.compute.equal(rows["kind"], "delay"))
+    values, weights = delay["key"].to_numpy(), delay["n"].to_numpy()
+    assert weights.sum() == at.size and values.max() == at.max() - 1_000_000  # max exact
+    ordered = np.sort(at - 1_000_000)
+    for q, got in zip((0.05, 0.5, 0.9, 0.99), weighted_percentiles(values, weights,
+                                                                  (0.05, 0.5, 0.9, 0.99)),
+                      strict=True):
+        below = np.searchsorted(ordered, got, side="left") / ordered.size  # ties: a rank
+        upto = np.searchsorted(ordered, got, side="right") / ordered.size  # range
+        assert below - 1 / 200 <= q <= upto + 1 / 200, (q, below, upto)
+
+
 def test_cf_option_selects_and_rejects_unknown(spark: Any, workload: Generated) -> None:
     path = str(workload.snapshot.path)
     cfs = {r["cf"] for r in spark.read.format("hourglass_logical").option("cf", "cq")
@@ -88,7 +151,7 @@ def test_parquet_export_round_trip(spark: Any, workload: Generated, tmp_path: An
     from spark_jobs.inputs import export_parquet, open_input
 
     source = open_input(workload.snapshot.path)
-    dest = export_parquet(spark, source, tmp_path, partitions=3)
+    dest = export_parquet(spark, source, tmp_path, partitions=3, window_ms=1000)
     exported = open_input(dest)
     assert exported.kind == "parquet"
     assert (exported.snapshot_id, exported.created_at, exported.watermarks) == (
@@ -96,6 +159,13 @@ def test_parquet_export_round_trip(spark: Any, workload: Generated, tmp_path: An
     assert Counter(_rows(exported.logical(spark, 3))) == Counter(
         direct.logical_rows(workload.snapshot.db_path))
     assert exported.ssts(spark).count() == len(direct.live_files(workload.snapshot.db_path))
+    # the due scan cannot run without RocksDB: the export carries the one measured at export
+    def counts(scans: Any) -> dict[str, tuple[int, int]]:
+        return {s: (v["scan"]["liveKeys"], v["scan"]["internalKeysSkipped"])
+                for s, v in scans["byShard"].items()}
+
+    assert counts(exported.due_scans(1000)) == counts(source.due_scans(1000))
+    assert exported.due_scans(500) is None  # measured for another window: not made up
 
 
 # --- partition planning (pure Python) ----------------------------------------------------------
@@ -135,3 +205,24 @@ def test_select_cfs() -> None:
     assert select_cfs(names, "timer.*,!timer.1") == ["timer.0"]
     with pytest.raises(ValueError, match=r"timer\.9"):
         select_cfs(names, "timer.9")
+
+
+def test_pending_follows_the_scan_frontier_inside_a_millisecond() -> None:
+    import pyarrow as pa
+
+    from spark_jobs.sources import decode_timers
+    from spark_jobs.timer_aggregates import aggregate
+    from storage.keys import encode_timer_key
+
+    ms = 1_700_000_000_000
+    keys = [encode_timer_key(ms - 1, "t", "z"), encode_timer_key(ms, "t", "a"),
+            encode_timer_key(ms, "t", "b"), encode_timer_key(ms, "t", "c"),
+            encode_timer_key(ms + 1, "t", "a")]
+    # the engine stopped a scan after delivering (ms, t, b): its frontier is that key + NUL
+    frontier = encode_timer_key(ms, "t", "b") + b"\x00"
+    batch = decode_timers(0, keys, [b"v"] * len(keys), frontier)
+    assert batch.column("pending").to_pylist() == [False, False, False, True, True]
+    assert decode_timers(0, keys, [b"v"] * 5).column("pending").null_count == 5
+    rows = pa.Table.from_batches(list(aggregate([batch], ms + 10, {0: ms})))
+    shard = {r["key"]: r["n"] for r in rows.to_pylist() if r["kind"] == "shard"}
+    assert shard == {1: 2, 0: 3}  # by the frontier, not by the watermark's millisecond
