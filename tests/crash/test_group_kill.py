@@ -93,7 +93,7 @@ def test_kill_9_during_receive_ack_nack_storms(tmp_path: Path) -> None:
     rng = random.Random(14)
     data = tmp_path / "data"
     server = ServerProcess(data, token=TOKEN, log_path=tmp_path / "server.log",
-                           settings={"segment_size": "4MiB"})
+                           settings={"segment_size": "4MiB", "max_body_bytes": "1MiB"})
     ledger = Ledger()
     server.start()
     try:
@@ -127,7 +127,8 @@ def test_kill_9_during_receive_ack_nack_storms(tmp_path: Path) -> None:
     assert set(last_ack) == {f"m{i}" for i in range(TOTAL)}  # nothing lost
     assert Counter(m for m, _ in acked).most_common(1)[0][1] == 1  # one ack answered each
 
-    broker = Broker(EngineConfig(data_dir=data, segment_size=4 << 20), SystemClock())
+    broker = Broker(EngineConfig(data_dir=data, segment_size=4 << 20, max_body_bytes=1 << 20),
+                    SystemClock())
     broker.start()
     try:
         retries = Counter((r.properties[PROP_ORIGIN_MESSAGE_ID],
