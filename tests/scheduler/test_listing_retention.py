@@ -85,11 +85,7 @@ def test_final_states_are_kept_for_the_retention_then_removed(harness: Harness,
     assert broker.status("t", "delivered").status is MessageStatus.DELIVERED
     assert broker.status("t", "cancelled").status is MessageStatus.CANCELLED
     clock.advance(1_000)
-    pause = threading.Event()  # never set: a bounded wait for the clean-up thread to react
-    for _ in range(2000):
-        if broker.metrics.expired.value >= 2:
-            break
-        pause.wait(0.005)
+    _wait_expired(broker, 2)
     for gone in ("delivered", "cancelled"):
         with pytest.raises(NotFound):
             broker.status("t", gone)
@@ -157,13 +153,19 @@ def test_a_delivery_commit_writes_one_expiry_entry_for_all_its_messages(
     assert len(decode_keys(entries[0][1])) == 2500
     assert broker.status("t", "m2-499").status is MessageStatus.DELIVERED
     clock.advance(60_000)
-    pause = threading.Event()  # never set: a bounded wait for the clean-up thread to react
-    for _ in range(2000):
-        if broker.metrics.expired.value >= 2500:
-            break
-        pause.wait(0.005)
+    _wait_expired(broker, 2500)
     assert broker.metrics.expired.value == 2500
     assert list(store.scan(CF_EXPIRY)) == []
     for gone in ("m0-0", "m1-999", "m2-499"):
         with pytest.raises(NotFound):
             broker.status("t", gone)
+
+
+def _wait_expired(broker: Broker, n: int) -> None:
+    """A bounded wait (never a due time: fake time stands still) for the clean-up thread to
+    have expired ``n`` index entries."""
+    pause = threading.Event()  # never set
+    for _ in range(2000):
+        if broker.metrics.expired.value >= n:
+            return
+        pause.wait(0.005)
