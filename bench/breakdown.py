@@ -143,6 +143,7 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
     from api.app import create_app
     from app.settings import Role, TokenSpec, load_settings
     from scheduler.clock import FakeClock
+    from scheduler.model import SendRequest
 
     token = "bench-token-0123456789"
     settings = load_settings(cli={"data_dir": str(data_dir)})
@@ -196,8 +197,6 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
             scope("PUT", "/v1/topics/t/groups/g/offset"), b'{"offset": 1}', 200)
         out["GET /healthz"] = await per_request(scope("GET", "/healthz"), b"", 200)
         return out
-
-    from scheduler.model import SendRequest
 
     broker.start()
     try:

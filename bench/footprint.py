@@ -36,6 +36,7 @@ import msgspec
 import psutil
 
 from bench.peers.common import dir_size, free_port
+from bench.peers.systems.hourglass import _find_hourglass
 
 BATCH = 1000
 MB = 1_000_000
@@ -45,11 +46,6 @@ TARGETS = {"fresh_rss_mb": 150, "fresh_disk_mb": 64, "pending_rss_mb": 400,
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _hourglass() -> str:
-    local = Path(sys.executable).with_name("hourglass")
-    return str(local) if local.exists() else "hourglass"
 
 
 def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
@@ -125,8 +121,9 @@ def run(messages: int, root: Path) -> dict[str, Any]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "HOURGLASS_ADMIN_TOKEN": token}
-    proc = subprocess.Popen([_hourglass(), "serve", "--data-dir", str(data), "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [_find_hourglass() or "hourglass", "serve", "--data-dir", str(data),
+            "--port", str(port)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out: dict[str, Any] = {"messages": messages, "targets": TARGETS}
     try:
         _wait_ready(base, proc)

@@ -241,9 +241,9 @@ class WritePaths:
     def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
                  delivered: set[bytes], duplicates: int) -> list[SendResult]:
         if not duplicates:  # the common case: one new result per message, in order
-            scheduled, now = MessageStatus.SCHEDULED, MessageStatus.DELIVERED
+            scheduled, at_once = MessageStatus.SCHEDULED, MessageStatus.DELIVERED
             return [SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
-                               status=now if delivered and m.index_key in delivered
+                               status=at_once if delivered and m.index_key in delivered
                                else scheduled, cancel_handle=cancel_handle(m.timer_key))
                     for m in messages]
         out: list[SendResult] = []
