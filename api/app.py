@@ -20,7 +20,16 @@ from api.longpoll import DeliveryNotifier
 from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
 from api.openapi import install_openapi
 from api.problems import UnexpectedErrors, install_problem_handlers
-from api.routes import check_callbacks, consume, groups, messages, operations, transactions
+from api.routes import (
+    check_callbacks,
+    consume,
+    dashboard,
+    groups,
+    messages,
+    operations,
+    transactions,
+    ui,
+)
 from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.clock import Clock, SystemClock
@@ -88,6 +97,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     groups.add_routes(app.router, ctx)
     transactions.add_routes(app.router, ctx)
     operations.add_routes(app.router, ctx, registry)
+    dashboard.add_routes(app.router, ctx)  # the dashboard (issue 17): its API and its page
+    ui.add_routes(app.router)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
     app.serve_hot(http_metrics, HOT_OPERATIONS | groups.HOT)  # api/hot.py: ahead of the rest

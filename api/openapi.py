@@ -17,6 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
 from api.bodies import JSON, MSGPACK
+from api.dashboard_schemas import DASHBOARD_COMPONENTS
 from api.problems import PROBLEM_MEDIA_TYPE
 from api.schemas import COMPONENTS
 
@@ -117,7 +118,8 @@ def query_parameter(name: str, description: str, schema: dict[str, Any]) -> dict
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     doc = get_openapi(title=app.title, version=app.version, description=app.description,
                       routes=app.routes, tags=TAGS)
-    _, schemas = msgspec.json.schema_components(COMPONENTS, ref_template=REF)
+    _, schemas = msgspec.json.schema_components(COMPONENTS + DASHBOARD_COMPONENTS,
+                                                ref_template=REF)
     components = doc.setdefault("components", {})
     merged = components.setdefault("schemas", {})
     merged.pop("HTTPValidationError", None)

@@ -31,6 +31,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
+from scheduler.timeline import RESOLUTION_MS, Timeline
 from storage.keys import decode_timer_key, topic_shard
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from storage.timer_store import TimerStore
 
 _DELIVER_AT = attrgetter("deliver_at")
+_TOPIC = attrgetter("topic")
 OTHER = "__other__"  # the label of the topics past the cap ("__": no client topic has it)
 
 
@@ -53,6 +55,7 @@ class Backlog:
         self._stale: set[str] = set()
         self._levels: dict[int, int] = {}  # pending count, > 0
         self._refreshing: frozenset[str] = frozenset()  # topics ``_refresh`` is looking up
+        self.timeline = Timeline()  # the same backlog by deliver time (scheduler/timeline.py)
 
     # --- keeping it --------------------------------------------------------------------------
     def rebuild(self) -> int:
@@ -61,10 +64,12 @@ class Backlog:
         topics: Counter[bytes] = Counter()
         oldest: dict[bytes, int] = {}
         levels: Counter[int] = Counter()
+        seconds: Counter[tuple[bytes, int]] = Counter()
         for shard, cf in enumerate(self._cfs):
             for key, value in store.scan(cf, store.frontier(shard)):
                 ikey = key[8:]
                 raw_topic = ikey[:ikey.index(0)]
+                seconds[raw_topic, int.from_bytes(key[:8], "big") // RESOLUTION_MS] += 1
                 if raw_topic not in oldest:  # the first key of a topic: its oldest
                     oldest[raw_topic] = int.from_bytes(key[:8], "big")
                 topics[raw_topic] += 1
@@ -76,6 +81,8 @@ class Backlog:
             self._oldest = {t.decode("utf-8"): at for t, at in oldest.items()}
             self._stale.clear()
             self._levels = dict(levels)
+        names = {raw: raw.decode("utf-8") for raw in topics}
+        self.timeline.reset({(names[t], s): n for (t, s), n in seconds.items()})
         return sum(topics.values())
 
     def scheduled(self, messages: Sequence[PreparedMessage]) -> None:
@@ -108,6 +115,7 @@ class Backlog:
                             self._stale.add(topic)
             for level in levels:
                 self._add_level(level, 1)
+        self.timeline.add(map(_TOPIC, messages), map(_DELIVER_AT, messages))
 
     @property
     def has_levels(self) -> bool:
@@ -115,9 +123,12 @@ class Backlog:
         the levels of delivered or cancelled messages are needed)."""
         return bool(self._levels)
 
-    def delivered(self, topics: Iterable[str], levels: Iterable[int] = ()) -> None:
+    def delivered(self, topics: Sequence[str], levels: Iterable[int] = (), *,
+                  deliver_ats: Sequence[int]) -> None:
         """Messages of ``topics`` (one entry per message) left the backlog by delivery;
-        ``levels``: their delay levels (0: none), while ``has_levels``."""
+        ``levels``: their delay levels (0: none), while ``has_levels``; ``deliver_ats``:
+        their deliverAt (same order as ``topics``)."""
+        self.timeline.remove(topics, deliver_ats)
         counts = Counter(topics)
         with self._lock:
             for topic, n in counts.items():
@@ -136,6 +147,7 @@ class Backlog:
                 self._stale.add(topic)
             if level:
                 self._add_level(level, -1)
+        self.timeline.remove_one(topic, deliver_at)
 
     def _remove(self, topic: str, n: int) -> None:
         left = self._topics.get(topic, 0) - n

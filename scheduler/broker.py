@@ -53,8 +53,15 @@ from scheduler.model import (
     TransactionCheck,
     TransactionResult,
 )
+from scheduler.overview import (
+    Overview,
+    delivered_by_topic,
+    disk_bytes,
+    waiting_transactions,
+)
 from scheduler.poison import ParkedMessage, Quarantine
 from scheduler.scanner import Progress, Scanner, ShardState
+from scheduler.timeline import TimelineView
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
@@ -547,6 +554,28 @@ class Broker:
             **self._positions(),
         }
 
+    def timeline(self, from_ms: int, to_ms: int, buckets: int,
+                 topic: str | None = None) -> TimelineView:
+        """Pending messages of ``topic`` (None: every topic) by deliver time, in at most
+        ``buckets`` buckets over [from, to): maintained counts (scheduler/timeline.py)."""
+        if topic is not None:
+            check_topic(topic, allow_system=True)
+        self._check_running()
+        return self._backlog.timeline.query(from_ms, to_ms, buckets, topic)
+
+    def overview(self) -> Overview:
+        """What the dashboard shows beside ``stats`` (scheduler/overview.py); reads RocksDB
+        and the file system: call it off the event loop."""
+        store, _ = self._live()
+        transactions, truncated = waiting_transactions(store, self.clock.now_ms())
+        data = self.config.data_dir
+        return Overview(
+            pending_by_topic=self._backlog.by_topic(),
+            delivered_by_topic=delivered_by_topic(store, self._queues.end_offset),
+            transactions=transactions, transactions_truncated=truncated,
+            disk_bytes={"rocksdb": disk_bytes(data / ROCKSDB_DIR),
+                        "commitlog": disk_bytes(data / COMMITLOG_DIR)})
+
     def _backlog_stats(self) -> dict[str, Any]:
         """The backlog per topic (capped as in /metrics) and per delay level."""
         topics = self._backlog.labelled()
@@ -615,7 +644,7 @@ class Broker:
             backlog = self._backlog
             backlog.delivered([d[0] for d in outcome.delivered],
                               [message_level(v) for v in outcome.values]
-                              if backlog.has_levels else ())
+                              if backlog.has_levels else (), deliver_ats=outcome.deliver_ats)
             m.lateness_ms.observe_many(outcome.lateness_ms)
             m.commit_batch_size.observe(n)
         if self._maintenance is not None:
@@ -633,7 +662,8 @@ class Broker:
             scheduled = [r for r in records if not r.flags & FLAG_IMMEDIATE]
             self.metrics.pending.dec(len(scheduled))
             self._backlog.delivered([r.topic for r in scheduled],
-                                    [r.flags >> FLAG_LEVEL_SHIFT for r in scheduled])
+                                    [r.flags >> FLAG_LEVEL_SHIFT for r in scheduled],
+                                    deliver_ats=[r.deliver_at for r in scheduled])
             self._notify({r.topic for r in records})
 
 

@@ -119,6 +119,7 @@ class CommitOutcome:
     skipped: int = 0
     removed_by_shard: dict[int, int] = field(default_factory=dict)  # timer keys deleted
     values: list[bytes] = field(default_factory=list)  # delivered MessageRecord values (due)
+    deliver_ats: list[int] = field(default_factory=list)  # their deliverAt (due)
 
     @property
     def topics(self) -> set[str]:
@@ -291,6 +292,7 @@ class Committer:
                 removed[scan.shard] = removed.get(scan.shard, 0) + len(scan.items)
             outcome.lateness_ms = [now - at for at in pending.deliver_ats]
             outcome.values = pending.extra
+            outcome.deliver_ats = pending.deliver_ats
             return outcome
 
     def commit_immediate(self, batch: Batch, messages: Sequence[PreparedMessage], *,

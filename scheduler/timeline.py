@@ -1,0 +1,174 @@
+"""The due timeline: pending messages counted by deliver time, per topic and in all, kept up
+to date so that ``GET /v1/admin/timeline`` answers from memory (never a scan of the keys).
+
+Resolution: one second of deliverAt (``RESOLUTION_MS``). Each pending message is counted
+three times, per second, per minute and per hour of its deliverAt (``LEVELS``), for its topic
+and for all topics. A query picks its bucket width from ``WIDTHS_MS`` (the narrowest that
+fits the window into the buckets asked for), starts the first bucket at ``from`` rounded down
+to the width's level (a whole second, minute or hour; so there may be one bucket more than
+asked, the last reaching past ``to``), and reads one count per level unit
+inside the window: at most ~30 look-ups per bucket below a day, and one per hour above, so
+the cost depends on the window, never on how many messages are pending (one C pass of
+``dict.get`` over at most 87 840 hour counts for the longest window).
+
+Kept by the Backlog (scheduler/backlog.py), at the same points and under the same locks as
+the per-topic counts: a send that schedules, a cancel, a delivery commit, a run-time replay;
+rebuilt from the keys by the Backlog's start-up scan. The cost is per batch: the batch's
+(topic, second) pairs are counted in C (``collections.Counter`` over ``zip``/``map``), then
+each *distinct* pair updates six dict entries under the lock. A delivery batch or a send
+batch of messages due at about the same time has a handful of distinct pairs.
+
+Counts may be stale by a batch, never wrong for long: every change goes through here, and a
+restart rebuilds them. (Parked poison messages, scheduler/poison.py, stay counted at their
+original deliverAt until a restart, as in the Backlog's per-topic counts.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import repeat
+from operator import floordiv
+from typing import Any
+
+from storage.errors import InvalidArgument
+
+RESOLUTION_MS = 1_000  # counts are per second of deliverAt
+SECOND, MINUTE, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000
+LEVELS: tuple[int, ...] = (SECOND, MINUTE, HOUR)  # level units, ms
+#: the bucket widths a query may answer with, ms (a width is a whole number of level units)
+WIDTHS_MS: tuple[int, ...] = (
+    *(s * SECOND for s in (1, 2, 5, 10, 15, 30)),
+    *(m * MINUTE for m in (1, 2, 5, 10, 15, 30)),
+    *(h * HOUR for h in (1, 2, 3, 6, 12)),
+    *(d * DAY for d in (1, 2, 7, 14, 30, 60, 90, 180, 365, 730, 1830, 3660)),
+)
+MAX_BUCKETS = 1_000
+MAX_SPAN_MS = 3_660 * DAY  # to - from: the longest window (the default max delay + 10 days)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimelineView:
+    """Pending messages per bucket: bucket i is [start + i * width, start + (i+1) * width)."""
+
+    topic: str | None  # None: every topic
+    start: int  # epoch ms, ``from`` rounded down to the width's level unit
+    end: int  # start + len(counts) * width, >= ``to``
+    width_ms: int
+    counts: list[int]
+    pending: int  # pending messages of the topic (or in all), in the window or not
+
+
+def pick_width(from_ms: int, to_ms: int, buckets: int) -> tuple[int, int, int]:
+    """(width, level unit, first bucket's start): the narrowest width of ``WIDTHS_MS`` with
+    ``buckets`` buckets covering [from, to); the start is ``from`` rounded down to the width's
+    unit, so the answer may hold one bucket more (the last one reaching past ``to``)."""
+    for width in WIDTHS_MS:
+        if width * buckets >= to_ms - from_ms:
+            unit = next(u for u in reversed(LEVELS) if width % u == 0)
+            return width, unit, from_ms // unit * unit
+    raise InvalidArgument(f"the window needs more than {buckets} buckets of the widest width "
+                          f"({WIDTHS_MS[-1]} ms)")
+
+
+def check_window(from_ms: int, to_ms: int, buckets: int) -> None:
+    if not 0 <= from_ms < to_ms:
+        raise InvalidArgument(f"the window must have 0 <= from < to, got from={from_ms}, "
+                              f"to={to_ms}")
+    if to_ms - from_ms > MAX_SPAN_MS:
+        raise InvalidArgument(f"the window (to - from) is at most {MAX_SPAN_MS} ms "
+                              f"({MAX_SPAN_MS // DAY} days)")
+    if not 1 <= buckets <= MAX_BUCKETS:
+        raise InvalidArgument(f"buckets must be between 1 and {MAX_BUCKETS}, got {buckets}")
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # per level (LEVELS order): (topic, deliverAt // unit) -> count, and the same for all
+        self._by_topic: tuple[dict[tuple[str, int], int], ...] = tuple({} for _ in LEVELS)
+        self._all: tuple[dict[int, int], ...] = tuple({} for _ in LEVELS)
+        self._totals: dict[str | None, int] = {}  # topic (None: all) -> pending
+
+    # --- keeping it ----------------------------------------------------------------------------
+    def add(self, topics: Iterable[str], deliver_ats: Iterable[int]) -> None:
+        """Messages (one topic and one deliverAt each, in the same order) became pending."""
+        self._apply(_seconds(topics, deliver_ats), 1)
+
+    def remove(self, topics: Iterable[str], deliver_ats: Iterable[int]) -> None:
+        """Messages stopped being pending (delivered)."""
+        self._apply(_seconds(topics, deliver_ats), -1)
+
+    def remove_one(self, topic: str, deliver_at: int) -> None:
+        """One message stopped being pending (cancelled)."""
+        self._apply({(topic, deliver_at // RESOLUTION_MS): 1}, -1)
+
+    def reset(self, seconds: Mapping[tuple[str, int], int]) -> None:
+        """Start again from (topic, deliverAt // RESOLUTION_MS) -> count (the start-up scan)."""
+        with self._lock:
+            for tables in (self._by_topic, self._all):
+                for table in tables:
+                    table.clear()
+            self._totals.clear()
+        self._apply(seconds, 1)
+
+    def _apply(self, seconds: Mapping[tuple[str, int], int], sign: int) -> None:
+        ratios = [unit // RESOLUTION_MS for unit in LEVELS]
+        with self._lock:
+            totals = self._totals
+            for (topic, second), n in seconds.items():
+                n *= sign
+                for ratio, by_topic, all_ in zip(ratios, self._by_topic, self._all,
+                                                 strict=True):
+                    slot = second // ratio
+                    _bump(by_topic, (topic, slot), n)
+                    _bump(all_, slot, n)
+                _bump(totals, topic, n)
+                _bump(totals, None, n)
+
+    # --- reading -------------------------------------------------------------------------------
+    def query(self, from_ms: int, to_ms: int, buckets: int, topic: str | None) -> TimelineView:
+        """Pending messages of ``topic`` (None: all) due in [from, to), in ``buckets`` buckets
+        or one more (see the module doc); InvalidArgument for a bad window."""
+        check_window(from_ms, to_ms, buckets)
+        width, unit, start = pick_width(from_ms, to_ms, buckets)
+        n = -(-(to_ms - start) // width)
+        per = width // unit  # level units per bucket
+        first = start // unit
+        slots = range(first, first + n * per)
+        level = LEVELS.index(unit)
+        with self._lock:
+            if topic is None:
+                table = self._all[level]
+                values = list(map(table.get, slots, repeat(0)))
+            else:
+                by_topic = self._by_topic[level]
+                values = list(map(by_topic.get, zip(repeat(topic), slots), repeat(0)))
+            pending = self._totals.get(topic, 0)
+        counts = values if per == 1 else [sum(values[i:i + per]) for i in range(0, len(values),
+                                                                                  per)]
+        return TimelineView(topic=topic, start=start, end=start + n * width, width_ms=width,
+                            counts=counts, pending=pending)
+
+    def pending(self, topic: str | None = None) -> int:
+        with self._lock:
+            return self._totals.get(topic, 0)
+
+
+def _seconds(topics: Iterable[str], deliver_ats: Iterable[int]) -> Counter[tuple[str, int]]:
+    """(topic, deliverAt // RESOLUTION_MS) -> messages, counted in C (no Python call each)."""
+    return Counter(zip(topics, map(floordiv, deliver_ats, repeat(RESOLUTION_MS)), strict=True))
+
+
+def _bump(table: dict[Any, int], key: object, n: int) -> None:
+    value = table.get(key, 0) + n
+    if value:
+        table[key] = value
+    else:
+        del table[key]
+
+
+__all__ = ["LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS", "Timeline",
+           "TimelineView", "check_window", "pick_width"]
