@@ -1,26 +1,29 @@
 """The due timeline: pending messages counted by deliver time, per topic and in all, kept up
 to date so that ``GET /v1/admin/timeline`` answers from memory (never a scan of the keys).
 
-Resolution: one second of deliverAt (``RESOLUTION_MS``). Each pending message is counted
-three times, per second, per minute and per hour of its deliverAt (``LEVELS``), for its topic
-and for all topics. A query picks its bucket width from ``WIDTHS_MS`` (the narrowest that
-fits the window into the buckets asked for), starts the first bucket at ``from`` rounded down
-to the width's level (a whole second, minute or hour; so there may be one bucket more than
-asked, the last reaching past ``to``), and reads one count per level unit
-inside the window: at most ~30 look-ups per bucket below a day, and one per hour above, so
-the cost depends on the window, never on how many messages are pending (one C pass of
-``dict.get`` over at most 87 840 hour counts for the longest window).
+Resolution: one second of deliverAt (``RESOLUTION_MS``). Each pending message is counted per
+second, per minute and per hour of its deliverAt (``LEVELS``), for its topic and for all
+topics; memory grows with the (topic, second) pairs that hold pending messages (never more
+than the messages), and a topic with nothing pending holds nothing.
+
+A query picks its bucket width from ``WIDTHS_MS`` (the narrowest that fits the window into
+the buckets asked for), starts the first bucket at ``from`` rounded down to the width's level
+(a whole second, minute or hour: so there may be one bucket more than asked, the last one
+reaching past ``to``), and reads one count per level unit inside the window: at most 30
+look-ups per bucket below a day, one per hour above. The cost depends on the window, never on
+how many messages are pending (the longest window: one C pass of ``dict.get`` over 87 840
+hour counts).
 
 Kept by the Backlog (scheduler/backlog.py), at the same points and under the same locks as
-the per-topic counts: a send that schedules, a cancel, a delivery commit, a run-time replay;
+its per-topic counts: a send that schedules, a cancel, a delivery commit, a run-time replay;
 rebuilt from the keys by the Backlog's start-up scan. The cost is per batch: the batch's
-(topic, second) pairs are counted in C (``collections.Counter`` over ``zip``/``map``), then
-each *distinct* pair updates six dict entries under the lock. A delivery batch or a send
-batch of messages due at about the same time has a handful of distinct pairs.
+(topic, second) pairs are counted in C (``collections.Counter`` over ``zip``/``map``, no
+Python call per message), then each *distinct* pair updates six counts (three levels, its
+topic and all) under the lock. A delivery batch, or a send batch of messages due at about the
+same time, has a handful of distinct pairs.
 
-Counts may be stale by a batch, never wrong for long: every change goes through here, and a
-restart rebuilds them. (Parked poison messages, scheduler/poison.py, stay counted at their
-original deliverAt until a restart, as in the Backlog's per-topic counts.)
+Parked poison messages (scheduler/poison.py) stay counted at their first deliverAt until a
+restart, as in the Backlog's per-topic counts.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ WIDTHS_MS: tuple[int, ...] = (
     *(h * HOUR for h in (1, 2, 3, 6, 12)),
     *(d * DAY for d in (1, 2, 7, 14, 30, 60, 90, 180, 365, 730, 1830, 3660)),
 )
+_RATIOS = tuple(unit // RESOLUTION_MS for unit in LEVELS)
 MAX_BUCKETS = 1_000
 MAX_SPAN_MS = 3_660 * DAY  # to - from: the longest window (the default max delay + 10 days)
 
@@ -87,9 +91,8 @@ def check_window(from_ms: int, to_ms: int, buckets: int) -> None:
 class Timeline:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # per level (LEVELS order): (topic, deliverAt // unit) -> count, and the same for all
-        self._by_topic: tuple[dict[tuple[str, int], int], ...] = tuple({} for _ in LEVELS)
-        self._all: tuple[dict[int, int], ...] = tuple({} for _ in LEVELS)
+        # per topic (None: every topic), per level (LEVELS order): deliverAt // unit -> count
+        self._series: dict[str | None, tuple[dict[int, int], ...]] = {}
         self._totals: dict[str | None, int] = {}  # topic (None: all) -> pending
 
     # --- keeping it ----------------------------------------------------------------------------
@@ -108,25 +111,24 @@ class Timeline:
     def reset(self, seconds: Mapping[tuple[str, int], int]) -> None:
         """Start again from (topic, deliverAt // RESOLUTION_MS) -> count (the start-up scan)."""
         with self._lock:
-            for tables in (self._by_topic, self._all):
-                for table in tables:
-                    table.clear()
+            self._series.clear()
             self._totals.clear()
         self._apply(seconds, 1)
 
     def _apply(self, seconds: Mapping[tuple[str, int], int], sign: int) -> None:
-        ratios = [unit // RESOLUTION_MS for unit in LEVELS]
+        ratios = _RATIOS
         with self._lock:
-            totals = self._totals
+            series, totals = self._series, self._totals
             for (topic, second), n in seconds.items():
                 n *= sign
-                for ratio, by_topic, all_ in zip(ratios, self._by_topic, self._all,
-                                                 strict=True):
-                    slot = second // ratio
-                    _bump(by_topic, (topic, slot), n)
-                    _bump(all_, slot, n)
-                _bump(totals, topic, n)
-                _bump(totals, None, n)
+                for key in (topic, None):
+                    levels = series.get(key)
+                    if levels is None:
+                        levels = series[key] = tuple({} for _ in LEVELS)
+                    for ratio, table in zip(ratios, levels, strict=True):
+                        _bump(table, second // ratio, n)
+                    if not _bump(totals, key, n):  # nothing pending left: free its tables
+                        del series[key]
 
     # --- reading -------------------------------------------------------------------------------
     def query(self, from_ms: int, to_ms: int, buckets: int, topic: str | None) -> TimelineView:
@@ -137,18 +139,16 @@ class Timeline:
         n = -(-(to_ms - start) // width)
         per = width // unit  # level units per bucket
         first = start // unit
-        slots = range(first, first + n * per)
-        level = LEVELS.index(unit)
         with self._lock:
-            if topic is None:
-                table = self._all[level]
-                values = list(map(table.get, slots, repeat(0)))
+            levels = self._series.get(topic)
+            if levels is None:
+                values = [0] * (n * per)
             else:
-                by_topic = self._by_topic[level]
-                values = list(map(by_topic.get, zip(repeat(topic), slots), repeat(0)))
+                table = levels[LEVELS.index(unit)]
+                values = list(map(table.get, range(first, first + n * per), repeat(0)))
             pending = self._totals.get(topic, 0)
-        counts = values if per == 1 else [sum(values[i:i + per]) for i in range(0, len(values),
-                                                                                  per)]
+        counts = values if per == 1 else [sum(values[i:i + per])
+                                          for i in range(0, len(values), per)]
         return TimelineView(topic=topic, start=start, end=start + n * width, width_ms=width,
                             counts=counts, pending=pending)
 
@@ -156,18 +156,25 @@ class Timeline:
         with self._lock:
             return self._totals.get(topic, 0)
 
+    def entries(self) -> int:
+        """Counts held (every level, every series): what the timeline's memory grows with."""
+        with self._lock:
+            return sum(len(table) for levels in self._series.values() for table in levels)
+
 
 def _seconds(topics: Iterable[str], deliver_ats: Iterable[int]) -> Counter[tuple[str, int]]:
     """(topic, deliverAt // RESOLUTION_MS) -> messages, counted in C (no Python call each)."""
     return Counter(zip(topics, map(floordiv, deliver_ats, repeat(RESOLUTION_MS)), strict=True))
 
 
-def _bump(table: dict[Any, int], key: object, n: int) -> None:
+def _bump(table: dict[Any, int], key: object, n: int) -> int:
+    """Add ``n`` to ``table[key]``, dropping the key at 0; returns the new count."""
     value = table.get(key, 0) + n
     if value:
         table[key] = value
     else:
         del table[key]
+    return value
 
 
 __all__ = ["LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS", "Timeline",
