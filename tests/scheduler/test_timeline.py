@@ -1,0 +1,75 @@
+"""scheduler/timeline.py against a plain list of pending messages (hypothesis): any sequence
+of batches added, removed and cancelled, any window, gives the brute-force counts."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.timeline import DAY, HOUR, MAX_SPAN_MS, WIDTHS_MS, Timeline, pick_width
+
+T0 = 1_700_000_000_000
+TOPICS = ("a", "b", "c")
+message = st.tuples(st.sampled_from(TOPICS), st.integers(T0, T0 + 3 * DAY))
+window = st.tuples(st.integers(T0 - HOUR, T0 + 3 * DAY), st.integers(1, 4 * DAY),
+                   st.integers(1, 200))
+
+
+def brute(pending: list[tuple[str, int]], topic: str | None, start: int, width: int,
+          n: int) -> list[int]:
+    counts = [0] * n
+    for t, at in pending:
+        if (topic is None or t == topic) and start <= at < start + n * width:
+            counts[(at - start) // width] += 1
+    return counts
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.lists(message, min_size=1, max_size=40), min_size=1, max_size=8),
+       removals=st.lists(st.integers(0, 1000), max_size=30),
+       windows=st.lists(window, min_size=1, max_size=5))
+def test_counts_equal_a_brute_force_count(
+        batches: list[list[tuple[str, int]]], removals: list[int],
+        windows: list[tuple[int, int, int]]) -> None:
+    timeline = Timeline()
+    pending: list[tuple[str, int]] = []
+    for batch in batches:
+        timeline.add([t for t, _ in batch], [at for _, at in batch])
+        pending += batch
+    delivered = [pending.pop(i % len(pending)) for i in removals[:len(removals) // 2]
+                 if pending]
+    if delivered:
+        timeline.remove([t for t, _ in delivered], [at for _, at in delivered])
+    for i in removals[len(removals) // 2:]:
+        if pending:
+            topic, at = pending.pop(i % len(pending))
+            timeline.remove_one(topic, at)
+    for from_ms, span, buckets in windows:
+        for topic in (*TOPICS, None):
+            view = timeline.query(from_ms, from_ms + span, buckets, topic)
+            n = len(view.counts)
+            assert n <= buckets + 1
+            assert view.start <= from_ms and view.end >= from_ms + span
+            assert view.counts == brute(pending, topic, view.start, view.width_ms, n)
+            assert view.pending == sum(1 for t, _ in pending if topic is None or t == topic)
+    if not pending:
+        assert timeline.entries() == 0  # nothing pending: nothing held
+
+
+def test_widths_are_the_narrowest_that_fit() -> None:
+    assert pick_width(T0, T0 + HOUR, 60)[0] == 60_000
+    assert pick_width(T0, T0 + HOUR, 61)[0] == 60_000
+    assert pick_width(T0, T0 + HOUR + 1, 60)[0] == 120_000
+    assert pick_width(T0, T0 + 24 * HOUR, 60)[0] == 30 * 60_000
+    assert pick_width(T0, T0 + MAX_SPAN_MS, 1)[0] == WIDTHS_MS[-1]
+    width, unit, start = pick_width(T0 + 1_234, T0 + 7 * DAY, 7)
+    assert (width, unit, start) == (DAY, HOUR, (T0 + 1_234) // HOUR * HOUR)
+
+
+def test_rebuild_replaces_everything() -> None:
+    timeline = Timeline()
+    timeline.add(["a", "b"], [T0, T0 + 5_000])
+    timeline.reset({("c", T0 // 1000): 4})
+    view = timeline.query(T0, T0 + 10_000, 10, None)
+    assert view.counts[0] == 4 and sum(view.counts) == 4 == view.pending
+    assert timeline.pending("a") == 0 and timeline.pending("c") == 4
