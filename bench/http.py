@@ -191,14 +191,15 @@ def _call(port: int, method: str, path: str, token: str, body: bytes | None = No
         return exc.code, exc.read()
 
 
-def _start_server(data_dir: Path, port: int, token: str, log: Path) -> subprocess.Popen[bytes]:
+def _start_server(data_dir: Path, port: int, token: str, log: Path,
+                  timeout_s: float = 120) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HOURGLASS_ADMIN_TOKEN": token, "HOURGLASS_LOG_LEVEL": "warning"}
     cmd = [sys.executable, "-m", "app.cli", "serve", "--data-dir", str(data_dir),
            "--host", "127.0.0.1", "--port", str(port)]
     with log.open("wb") as out:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=Path(__file__).resolve().parents[1])
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited ({proc.returncode}); see {log}")

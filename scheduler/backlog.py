@@ -115,7 +115,7 @@ class Backlog:
                             self._stale.add(topic)
             for level in levels:
                 self._add_level(level, 1)
-        self.timeline.add(map(_TOPIC, messages), map(_DELIVER_AT, messages))
+        self.timeline.add(list(map(_TOPIC, messages)), list(map(_DELIVER_AT, messages)))
 
     @property
     def has_levels(self) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import floordiv
@@ -49,6 +49,7 @@ WIDTHS_MS: tuple[int, ...] = (
     *(d * DAY for d in (1, 2, 7, 14, 30, 60, 90, 180, 365, 730, 1830, 3660)),
 )
 _RATIOS = tuple(unit // RESOLUTION_MS for unit in LEVELS)
+_FEW = 32  # distinct deliverAt values of a batch counted one by one
 MAX_BUCKETS = 1_000
 MAX_SPAN_MS = 3_660 * DAY  # to - from: the longest window (the default max delay + 10 days)
 
@@ -96,37 +97,37 @@ class Timeline:
         self._totals: dict[str | None, int] = {}  # topic (None: all) -> pending
 
     # --- keeping it ----------------------------------------------------------------------------
-    def add(self, topics: Iterable[str], deliver_ats: Iterable[int]) -> None:
+    def add(self, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
         """Messages (one topic and one deliverAt each, in the same order) became pending."""
-        self._apply(_seconds(topics, deliver_ats), 1)
+        self._apply(_level_counts(topics, deliver_ats), 1)
 
-    def remove(self, topics: Iterable[str], deliver_ats: Iterable[int]) -> None:
+    def remove(self, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
         """Messages stopped being pending (delivered)."""
-        self._apply(_seconds(topics, deliver_ats), -1)
+        self._apply(_level_counts(topics, deliver_ats), -1)
 
     def remove_one(self, topic: str, deliver_at: int) -> None:
         """One message stopped being pending (cancelled)."""
-        self._apply({(topic, deliver_at // RESOLUTION_MS): 1}, -1)
+        self.remove((topic,), (deliver_at,))
 
     def reset(self, seconds: Mapping[tuple[str, int], int]) -> None:
         """Start again from (topic, deliverAt // RESOLUTION_MS) -> count (the start-up scan)."""
         with self._lock:
             self._series.clear()
             self._totals.clear()
-        self._apply(seconds, 1)
+        self._apply(_split(seconds), 1)
 
-    def _apply(self, seconds: Mapping[tuple[str, int], int], sign: int) -> None:
-        ratios = _RATIOS
+    def _apply(self, counts: dict[str, tuple[Mapping[int, int], ...]], sign: int) -> None:
+        """Add ``sign`` x the per-level counts of each topic to its series and to all's."""
         with self._lock:
             series, totals = self._series, self._totals
-            for (topic, second), n in seconds.items():
-                n *= sign
+            for topic, levels in counts.items():
+                n = sign * sum(levels[0].values())
                 for key in (topic, None):
-                    levels = series.get(key)
-                    if levels is None:
-                        levels = series[key] = tuple({} for _ in LEVELS)
-                    for ratio, table in zip(ratios, levels, strict=True):
-                        _bump(table, second // ratio, n)
+                    tables = series.get(key)
+                    if tables is None:
+                        tables = series[key] = tuple({} for _ in LEVELS)
+                    for table, level in zip(tables, levels, strict=True):
+                        _merge(table, level, sign)
                     if not _bump(totals, key, n):  # nothing pending left: free its tables
                         del series[key]
 
@@ -162,9 +163,56 @@ class Timeline:
             return sum(len(table) for levels in self._series.values() for table in levels)
 
 
-def _seconds(topics: Iterable[str], deliver_ats: Iterable[int]) -> Counter[tuple[str, int]]:
-    """(topic, deliverAt // RESOLUTION_MS) -> messages, counted in C (no Python call each)."""
-    return Counter(zip(topics, map(floordiv, deliver_ats, repeat(RESOLUTION_MS)), strict=True))
+def _level_counts(topics: Sequence[str], deliver_ats: Sequence[int],
+                  ) -> dict[str, tuple[Mapping[int, int], ...]]:
+    """topic -> its messages counted per second, minute and hour of deliverAt.
+
+    No Python call per message: a batch due within one second (a delivery batch, usually) is
+    its topics counted in C; a batch of one topic (every send batch) is its distinct deliverAt
+    values counted in C (a batch sent with one delay shares one), or, when there are many,
+    each level in one C pass. Otherwise (a delivery batch across seconds) one Python step per
+    distinct (topic, second)."""
+    if not topics:
+        return {}
+    first = min(deliver_ats) // RESOLUTION_MS
+    if max(deliver_ats) // RESOLUTION_MS == first:
+        return _split({(topic, first): n for topic, n in Counter(topics).items()})
+    if topics.count(topics[0]) == len(topics):
+        by_ms = Counter(deliver_ats)
+        if len(by_ms) <= _FEW:
+            return _split({(topics[0], ms // RESOLUTION_MS): n for ms, n in by_ms.items()})
+        seconds = list(map(floordiv, deliver_ats, repeat(RESOLUTION_MS)))
+        return {topics[0]: tuple(Counter(seconds if r == 1 else map(floordiv, seconds, repeat(r)))
+                                 for r in _RATIOS)}
+    return _split(Counter(zip(topics, map(floordiv, deliver_ats, repeat(RESOLUTION_MS)),
+                              strict=True)))
+
+
+def _split(seconds: Mapping[tuple[str, int], int]) -> dict[str, tuple[Mapping[int, int], ...]]:
+    """(topic, second) -> n as topic -> its counts per level (a step per distinct pair)."""
+    out: dict[str, tuple[Counter[int], ...]] = {}
+    for (topic, second), n in seconds.items():
+        levels = out.get(topic)
+        if levels is None:
+            levels = out[topic] = tuple(Counter() for _ in LEVELS)
+        for ratio, level in zip(_RATIOS, levels, strict=True):
+            level[second // ratio] += n
+    return dict(out)
+
+
+def _merge(table: dict[int, int], counts: Mapping[int, int], sign: int) -> None:
+    """``table`` += ``sign`` x ``counts``, dropping what reaches 0."""
+    get = table.get
+    if sign > 0:
+        for key, n in counts.items():
+            table[key] = get(key, 0) + n
+        return
+    for key, n in counts.items():
+        value = get(key, 0) - n
+        if value:
+            table[key] = value
+        else:
+            del table[key]
 
 
 def _bump(table: dict[Any, int], key: object, n: int) -> int:
