@@ -48,7 +48,7 @@ def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,2600", "--no-first-run",
+                "--window-size=1400,1800", "--no-first-run",
                 "--disable-extensions", "--disable-background-networking"):
         options.add_argument(arg)
     service = Service(executable_path=chromedriver, env={**os.environ, "TZ": ZONE})

@@ -6,6 +6,7 @@ tests/output/browser/."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,9 +38,12 @@ WAIT_S = 20  # for the page's own fetches (real time, not a due time)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """A server with a known workload: a spread of messages over 24 h on three topics, a
-    burst, deliveries (so lateness), a cancel, a leased message, two half messages."""
-    data = tmp_path_factory.mktemp("browser") / "data"
-    with serve(make_settings(data), clock=FakeClock(T0)) as live, live.client() as c:
+    burst, deliveries (so lateness), a cancel, a leased message, a dead letter, three half
+    messages."""
+    settings = make_settings(tmp_path_factory.mktemp("browser") / "data")
+    settings = dataclasses.replace(settings, engine=dataclasses.replace(
+        settings.engine, max_reconsume_times=0))  # a nack dead-letters at once
+    with serve(settings, clock=FakeClock(T0)) as live, live.client() as c:
         for i, topic in enumerate(("orders.a", "orders.b", "orders.c")):
             assert c.post(f"/v1/topics/{topic}/messages:batch", json={"messages": [
                 {"body": "x", "msgId": f"{topic}-{j}", "delayMs": 1_000 + j * 37 * MINUTE + i}
@@ -57,6 +61,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         live.advance(2_000)  # the first message of each topic is delivered
         r = c.post("/v1/topics/orders.now/groups/workers:receive", json={"max": 1})
         assert len(r.json()["messages"]) == 1
+        r = c.post("/v1/topics/orders.a/groups/audit:receive", json={"max": 1})
+        receipt = r.json()["messages"][0]["receipt"]
+        r = c.post("/v1/topics/orders.a/groups/audit:nack", json={"receipts": [receipt]})
+        assert r.json()["deadLettered"] == 1
         yield live
 
 
@@ -258,3 +266,26 @@ def test_the_page_refreshes_itself(browser: Any, server: Live, screenshot: Path)
     # rates: two looks at least, so the chart has lines and the rates are numbers
     wait_for(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#rates-chart polyline"))
     assert value(browser, "rate-delivered") != ""
+
+
+def test_dead_letters_are_redriven_from_the_page(browser: Any, server: Live,
+                                                 screenshot: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, server, ADMIN, refresh_ms=60_000)
+    row = wait_for(browser, lambda b: b.find_elements(
+        By.CSS_SELECTOR, "#groups-table tr[data-group='orders.a/audit']"))[0]
+    with server.client() as c:
+        group = c.get("/v1/topics/orders.a/groups/audit").json()
+    assert int(row.find_element(By.CSS_SELECTOR, "td.dead-letters").get_attribute(
+        "data-value")) == group["deadLettered"] == 1
+    topic_row = browser.find_element(By.CSS_SELECTOR, "#topics-table tr[data-topic='orders.a']")
+    assert topic_row.find_element(By.CSS_SELECTOR, "td.dead-letters").text == "1"
+    assert not browser.find_elements(  # no redrive where there is nothing to redrive
+        By.CSS_SELECTOR, "#groups-table tr[data-group='orders.now/workers'] button.redrive")
+    row.find_element(By.CSS_SELECTOR, "button.redrive").click()
+    wait_for(browser, lambda b: b.find_element(
+        By.CSS_SELECTOR, "#groups-table tr[data-group='orders.a/audit'] td.dead-letters")
+        .get_attribute("data-value") == "0")
+    with server.client() as c:
+        assert c.get("/v1/topics/orders.a/groups/audit").json()["deadLettered"] == 0
