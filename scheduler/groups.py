@@ -66,7 +66,7 @@ from storage.constants import (
 from storage.errors import InvalidArgument, NotFound
 from storage.keys import pack_u64, unpack_u64
 from storage.records import LogRecord, decode_log_records
-from storage.timer_store import Batch, TimerStore
+from storage.rocks import Batch, RocksStore
 
 RECEIVE_MAX = 1000
 LEASE_MS_MIN = 1_000
@@ -115,7 +115,7 @@ class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class GroupManager:
     def __init__(
-        self, *, store: TimerStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
+        self, *, store: RocksStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
         end_offset: Callable[[str], int], intake: Intake,
         submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
