@@ -635,4 +635,4 @@ class RocksStore:
         return f"RocksStore({str(self._path)!r}, timer_shards={self._shards}, {state})"
 
 
-__all__ = ["Batch", "StoreTuning", "RocksStore"]
+__all__ = ["Batch", "RocksStore", "StoreTuning"]
