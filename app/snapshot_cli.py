@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import DEFAULT_PORT, Settings
-from scheduler.broker import ROCKSDB_DIR, SNAPSHOTS_DIR
+from storage.constants import ROCKSDB_DIR, SNAPSHOTS_DIR
 from storage.errors import HourglassError, InvalidArgument, NotFound, StorageError
 from storage.snapshots import disk_usage, list_snapshots, remove_snapshot
 

@@ -19,9 +19,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR
 from storage.commitlog import CommitLog
-from storage.constants import CF_CQ, CF_META, META_APPLIED_POSITION
+from storage.constants import CF_CQ, CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR
 from storage.consume_queue import run_entries
 from storage.errors import HourglassError
 from storage.keys import decode_cq_key, unpack_u64

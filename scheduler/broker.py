@@ -58,7 +58,15 @@ from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
-from storage.constants import CF_INDEX, CF_META
+from storage.constants import (
+    CF_INDEX,
+    CF_META,
+    COMMITLOG_DIR,
+    MAX_BATCH_MESSAGES,
+    MAX_PULL_MESSAGES,
+    ROCKSDB_DIR,
+    SNAPSHOTS_DIR,
+)
 from storage.consume_queue import ConsumeQueue
 from storage.errors import (
     InvalidArgument,
@@ -83,11 +91,6 @@ from storage.rocks import Batch, RocksStore, StoreTuning
 
 log = logging.getLogger(__name__)
 
-ROCKSDB_DIR = "rocksdb"  # data_dir / ROCKSDB_DIR: the RocksStore
-COMMITLOG_DIR = "commitlog"  # data_dir / COMMITLOG_DIR: the CommitLog segments
-SNAPSHOTS_DIR = "snapshots"
-SEND_BATCH_MAX = 1000
-PULL_MAX = 1000
 
 LogFactory = Callable[[Path, EngineConfig], Log]
 StoreFactory = Callable[[Path, EngineConfig], RocksStore]
@@ -334,8 +337,8 @@ class Broker:
 
     def send_batch(self, requests: Sequence[SendRequest]) -> list[SendResult]:
         """All requests are validated before anything is stored; one atomic write."""
-        if len(requests) > SEND_BATCH_MAX:
-            raise InvalidArgument(f"a batch holds at most {SEND_BATCH_MAX} messages")
+        if len(requests) > MAX_BATCH_MESSAGES:
+            raise InvalidArgument(f"a batch holds at most {MAX_BATCH_MESSAGES} messages")
         self._check_running()
         now = self.clock.now_ms()
         prepare = self._intake.prepare
@@ -407,8 +410,8 @@ class Broker:
         check_topic(topic, allow_system=True)
         if offset < 0:
             raise InvalidArgument("offset must be >= 0")
-        if not 1 <= max_messages <= PULL_MAX:
-            raise InvalidArgument(f"max must be in 1..{PULL_MAX}")
+        if not 1 <= max_messages <= MAX_PULL_MESSAGES:
+            raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         self._live()
         assert self._log is not None
         payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages),
@@ -637,5 +640,5 @@ class Broker:
             self._notify({r.topic for r in records})
 
 
-__all__ = ["COMMITLOG_DIR", "ROCKSDB_DIR", "SNAPSHOTS_DIR", "Broker", "check_config",
+__all__ = ["Broker", "check_config",
            "open_commitlog", "open_store"]

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from app.verify_cli import main, verify
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR, Broker
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
-from storage.constants import CF_CQ
+from storage.constants import CF_CQ, COMMITLOG_DIR, ROCKSDB_DIR
 from storage.consume_queue import ConsumeQueue, run_entries
 from storage.keys import cq_key
 from storage.rocks import RocksStore

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR, Broker, open_commitlog
+from scheduler.broker import Broker, open_commitlog
 from scheduler.clock import FakeClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
 from storage.commitlog import CommitLog
-from storage.constants import CF_META, META_APPLIED_POSITION
+from storage.constants import CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR
 from storage.errors import InvalidArgument, NotFound, StorageError
 from storage.keys import unpack_u64
 from storage.records import FLAG_BATCH, MessageStatus, decode_log_record

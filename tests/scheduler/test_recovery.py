@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.commitlog import CommitLog
-from storage.constants import CF_META, META_APPLIED_POSITION
+from storage.constants import CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR
 from storage.keys import unpack_u64
 from storage.records import MessageStatus
 from storage.rocks import RocksStore
