@@ -18,14 +18,15 @@ from msgspec import UNSET, Meta, UnsetType
 
 from scheduler.group_state import RECEIPTS_MAX
 from scheduler.groups import LEASE_MS_MAX, LEASE_MS_MIN
-from storage.constants import GROUP_PATTERN, MSG_ID_PATTERN
-from storage.constants import GROUP_REGEX as GROUP_REGEX  # the documented (ECMA-262) forms
-from storage.constants import MSG_ID_REGEX as MSG_ID_REGEX
-from storage.constants import TOPIC_REGEX as TOPIC_REGEX
+from storage.constants import (
+    GROUP_PATTERN,
+    MAX_BATCH_MESSAGES,
+    MAX_PULL_MESSAGES,
+    MSG_ID_PATTERN,
+    TOPIC_REGEX,
+)
 from storage.records import MessageStatus
 
-MAX_BATCH = 1000
-MAX_PULL = 1000
 DEFAULT_PULL = 32
 MAX_WAIT_MS = 30_000
 DEFAULT_LEASE_MS = 30_000
@@ -85,7 +86,7 @@ class MessageIn(_In, kw_only=True):
 
 
 class BatchIn(_In, kw_only=True):
-    messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=MAX_BATCH)]
+    messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=MAX_BATCH_MESSAGES)]
 
 
 class TransactionIn(MessageIn, kw_only=True):
@@ -189,8 +190,8 @@ Receipts = Annotated[list[Receipt], Meta(min_length=1, max_length=RECEIPTS_MAX)]
 
 
 class ReceiveIn(_In, kw_only=True):
-    max: Annotated[int, Meta(ge=1, le=MAX_PULL, description="At most this many messages.")] = (
-        DEFAULT_PULL)
+    max: Annotated[int, Meta(ge=1, le=MAX_PULL_MESSAGES,
+                             description="At most this many messages.")] = DEFAULT_PULL
     wait_ms: Annotated[int, Meta(ge=0, le=MAX_WAIT_MS, description=(
         "Wait up to this long for a first message (long poll)."))] = 0
     lease_ms: Annotated[int, Meta(ge=LEASE_MS_MIN, le=LEASE_MS_MAX, description=(
@@ -217,7 +218,8 @@ class NackIn(_In, kw_only=True):
 
 
 class RedriveIn(_In, kw_only=True):
-    max: Annotated[int, Meta(ge=1, le=MAX_PULL, description="At most this many.")] = MAX_PULL
+    max: Annotated[int, Meta(ge=1, le=MAX_PULL_MESSAGES,
+                             description="At most this many.")] = MAX_PULL_MESSAGES
 
 
 class Received(Delivered, kw_only=True):

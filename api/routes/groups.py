@@ -23,13 +23,14 @@ from api.openapi import operation, query_parameter
 from api.routes.consume import MAX_OFFSET, Group, check_group
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler.groups import Received, ReceiveResult
+from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.records import LogRecord
 
 T = TypeVar("T", bound=msgspec.Struct)
 
 GROUP_PARAMETER = {"name": "group", "in": "path", "required": True,
                    "description": "Consumer group.",
-                   "schema": {"type": "string", "pattern": schemas.GROUP_REGEX}}
+                   "schema": {"type": "string", "pattern": GROUP_REGEX}}
 GROUP_PARAMETERS = [TOPIC_PARAMETER, GROUP_PARAMETER]
 #: operationIds served ahead of FastAPI's router (api/app.py)
 HOT = frozenset({"receiveMessages", "ackMessages", "nackMessages"})
@@ -160,14 +161,14 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                             "the first one not redriven.",
                             {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}),
             query_parameter("max", "At most this many.",
-                            {"type": "integer", "minimum": 1, "maximum": schemas.MAX_PULL,
+                            {"type": "integer", "minimum": 1, "maximum": MAX_PULL_MESSAGES,
                              "default": schemas.DEFAULT_PULL})],
     ))
     async def list_dead_letters(topic: Topic, group: Group, request: Request,
                                 principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.PULL, topic)
         offset = query_int(request, "offset", None, 0, MAX_OFFSET)
-        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, schemas.MAX_PULL)
+        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, MAX_PULL_MESSAGES)
         assert max_messages is not None
         page = broker.groups.dead_letters(topic, group, offset, max_messages)
         return respond(schemas.DeadLetterPage(
