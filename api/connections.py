@@ -12,6 +12,15 @@
 
 The guards cost about 5–8 µs of CPU a request and nothing per byte of body
 (``python -m bench.http_guards``; docs/api.md).
+
+One write per response. uvicorn writes a response's status line and headers, then its body,
+with two ``write`` calls: two system calls, and on loopback two wake-ups of the client, which
+reads the headers alone, finds the response incomplete and sleeps again. Each write runs
+with the GIL held, so when the kernel switches to the woken client in the middle of it the
+engine's threads wait too. The protocol here hands every request's cycle a
+:class:`HeadHeldTransport`, which keeps the header bytes and sends them with the first body
+chunk in one ``writelines`` (one ``writev``); a response without a body write (HEAD) sends
+them when it completes. An interim ``100 Continue`` goes out at once.
 """
 
 from __future__ import annotations
@@ -74,6 +83,54 @@ class ConnectionLimits:
         loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
 
 
+class HeadHeldTransport:
+    """A request's view of the connection's transport: the response's header bytes wait for
+    its first body chunk and leave with it in one ``writelines``."""
+
+    __slots__ = ("_transport", "_cycle", "_held", "_armed", "_on_response")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle  # uvicorn's RequestResponseCycle: says whether the response began
+        self._held: bytes | None = None
+        self._armed = True  # the response's first write (its headers) is still to come
+        self._on_response = cycle.on_response
+        cycle.transport = self
+        cycle.on_response = self._completed
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.writelines((held, data))
+        elif self._armed and self._cycle.response_started:
+            self._armed = False
+            self._cycle = None  # no reference cycle left to the garbage collector
+            self._held = data  # status line and headers; an interim 100 comes before the start
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held)
+
+    def _completed(self) -> None:
+        self.flush()  # a response without a body write (HEAD)
+        self._on_response()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, limits: ConnectionLimits, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -123,6 +180,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(self._limits.too_large)
             return
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:
+            HeadHeldTransport(self.transport, cycle)  # the cycle writes through it from now on
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

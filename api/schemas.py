@@ -18,14 +18,15 @@ from msgspec import UNSET, Meta, UnsetType
 
 from scheduler.group_state import RECEIPTS_MAX
 from scheduler.groups import LEASE_MS_MAX, LEASE_MS_MIN
-from storage.constants import GROUP_PATTERN, MSG_ID_PATTERN
-from storage.constants import GROUP_REGEX as GROUP_REGEX  # the documented (ECMA-262) forms
-from storage.constants import MSG_ID_REGEX as MSG_ID_REGEX
-from storage.constants import TOPIC_REGEX as TOPIC_REGEX
+from storage.constants import (
+    GROUP_PATTERN,
+    MAX_BATCH_MESSAGES,
+    MAX_PULL_MESSAGES,
+    MSG_ID_PATTERN,
+    TOPIC_REGEX,
+)
 from storage.records import MessageStatus
 
-MAX_BATCH = 1000
-MAX_PULL = 1000
 DEFAULT_PULL = 32
 MAX_WAIT_MS = 30_000
 DEFAULT_LEASE_MS = 30_000
@@ -85,7 +86,7 @@ class MessageIn(_In, kw_only=True):
 
 
 class BatchIn(_In, kw_only=True):
-    messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=MAX_BATCH)]
+    messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=MAX_BATCH_MESSAGES)]
 
 
 class TransactionIn(MessageIn, kw_only=True):
@@ -189,12 +190,16 @@ Receipts = Annotated[list[Receipt], Meta(min_length=1, max_length=RECEIPTS_MAX)]
 
 
 class ReceiveIn(_In, kw_only=True):
-    max: Annotated[int, Meta(ge=1, le=MAX_PULL, description="At most this many messages.")] = (
-        DEFAULT_PULL)
+    max: Annotated[int, Meta(ge=1, le=MAX_PULL_MESSAGES,
+                             description="At most this many messages.")] = DEFAULT_PULL
     wait_ms: Annotated[int, Meta(ge=0, le=MAX_WAIT_MS, description=(
         "Wait up to this long for a first message (long poll)."))] = 0
     lease_ms: Annotated[int, Meta(ge=LEASE_MS_MIN, le=LEASE_MS_MAX, description=(
         "How long the messages stay leased to this caller."))] = DEFAULT_LEASE_MS
+    ack: Annotated[Receipts, Meta(description=(
+        "Acknowledge these receipts first, durably, exactly as `:ack` does, then receive: "
+        "a consumer that acknowledges what it processed makes one request per batch. The "
+        "answer's `acked` and `stale` say what the acknowledgement did."))] | UnsetType = UNSET
 
 
 class AckIn(_In, kw_only=True):
@@ -213,7 +218,8 @@ class NackIn(_In, kw_only=True):
 
 
 class RedriveIn(_In, kw_only=True):
-    max: Annotated[int, Meta(ge=1, le=MAX_PULL, description="At most this many.")] = MAX_PULL
+    max: Annotated[int, Meta(ge=1, le=MAX_PULL_MESSAGES,
+                             description="At most this many.")] = MAX_PULL_MESSAGES
 
 
 class Received(Delivered, kw_only=True):
@@ -229,6 +235,10 @@ class Received(Delivered, kw_only=True):
 class ReceiveResult(_Out, kw_only=True):
     messages: list[Received]
     lease_until: EpochMs
+    acked: Annotated[int, Meta(ge=0, description=(
+        "With `ack` in the request: how many it acknowledged."))] | UnsetType = UNSET
+    stale: Annotated[list[str], Meta(description=(
+        "With `ack` in the request: receipts that changed nothing."))] | UnsetType = UNSET
 
 
 class AckResult(msgspec.Struct, rename="camel", kw_only=True):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config import EngineConfig
+from storage.constants import MAX_BATCH_MESSAGES
 from storage.errors import InvalidArgument
 
 log = logging.getLogger("hourglass.settings")
@@ -32,7 +33,6 @@ log = logging.getLogger("hourglass.settings")
 ENV_PREFIX = "HOURGLASS_"
 DEFAULT_PORT = 7740
 MIN_TOKEN_LENGTH = 16
-MAX_BATCH_LIMIT = 1000  # the contract's ceiling for one batch
 
 
 class Role(enum.StrEnum):
@@ -58,7 +58,7 @@ class Settings:
     log_level: str = "info"  #                       uvicorn log level
     access_log: bool = False  #                      one log line per request (costs ~10%)
     max_request_bytes: int = 32 << 20  #             bytes of one HTTP request body -> 413
-    max_batch_messages: int = MAX_BATCH_LIMIT  #      messages in one batch send (<= 1000)
+    max_batch_messages: int = MAX_BATCH_MESSAGES  #      messages in one batch send (<= 1000)
     max_connections: int = 1024  #                   open HTTP connections; past it: 503 + close
     max_long_polls: int = 512  #                     pulls waiting at once (waitMs); past it: 503
     max_header_bytes: int = 64 << 10  #              bytes of a request's line and headers -> 431
@@ -178,7 +178,8 @@ def _port(value: int) -> str | None:
 
 
 def _batch(value: int) -> str | None:
-    return None if 1 <= value <= MAX_BATCH_LIMIT else f"must be between 1 and {MAX_BATCH_LIMIT}"
+    ok = 1 <= value <= MAX_BATCH_MESSAGES
+    return None if ok else f"must be between 1 and {MAX_BATCH_MESSAGES}"
 
 
 def _log_level(value: str) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import DEFAULT_PORT, Settings
-from scheduler.broker import ROCKSDB_DIR, SNAPSHOTS_DIR
+from storage.constants import ROCKSDB_DIR, SNAPSHOTS_DIR
 from storage.errors import HourglassError, InvalidArgument, NotFound, StorageError
 from storage.snapshots import disk_usage, list_snapshots, remove_snapshot
 
@@ -63,13 +63,13 @@ def _is_lock_error(exc: BaseException) -> bool:
 
 def create_offline(data_dir: Path) -> dict[str, Any]:
     """Open the store (no server running), snapshot it, close it."""
+    from storage.rocks import RocksStore
     from storage.snapshots import create_snapshot
-    from storage.timer_store import TimerStore
 
     db_dir = data_dir / ROCKSDB_DIR
     if not (db_dir / "CURRENT").is_file():
         raise CliError(f"{data_dir} holds no hourglass store (no {ROCKSDB_DIR}/ in it)", 2)
-    store = TimerStore(db_dir, timer_shards=None)
+    store = RocksStore(db_dir, timer_shards=None)
     try:
         info = create_snapshot(store, data_dir / SNAPSHOTS_DIR,
                                extra={"takenBy": "hourglass snapshot (offline)"})

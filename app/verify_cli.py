@@ -19,14 +19,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR
 from storage.commitlog import CommitLog
-from storage.constants import CF_CQ, CF_META, META_APPLIED_POSITION
+from storage.constants import CF_CQ, CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR
 from storage.consume_queue import run_entries
 from storage.errors import HourglassError
 from storage.keys import decode_cq_key, unpack_u64
 from storage.records import decode_log_record
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 MAX_LISTED = 20  # problems listed one by one; the rest are counted
 
@@ -56,7 +55,7 @@ def verify(data_dir: Path) -> Report:
         report.log_end = log.end_position
         for error in checked.errors:
             report.problem(f"commitlog: {error}")
-        store = TimerStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
+        store = RocksStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
         try:
             raw = store.get(CF_META, META_APPLIED_POSITION)
             report.applied_position = 0 if raw is None else unpack_u64(raw)
@@ -71,7 +70,7 @@ def verify(data_dir: Path) -> Report:
     return report
 
 
-def _check_consume_queues(store: TimerStore, log: CommitLog, report: Report) -> None:
+def _check_consume_queues(store: RocksStore, log: CommitLog, report: Report) -> None:
     for key, value in store.scan(CF_CQ):
         topic, first = decode_cq_key(key)
         try:

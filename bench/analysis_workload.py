@@ -22,7 +22,7 @@ from storage.keys import (
     topic_prefix,
 )
 from storage.records import IndexEntry, MessageRecord, MessageStatus, encode_index, encode_message
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -91,14 +91,14 @@ def _future_delay(rng: random.Random, spec: WorkloadSpec) -> int:
     return rng.randrange(DAY_MS, 7 * DAY_MS)
 
 
-def _cq_end(store: TimerStore, topic: str) -> int:
+def _cq_end(store: RocksStore, topic: str) -> int:
     """The next consume-queue offset of ``topic`` (0 for a new topic)."""
     prefix = topic_prefix(topic)
     last = list(store.scan(CF_CQ, prefix, prefix[:-1] + b"\x01", limit=1, reverse=True))
     return decode_cq_key(last[0][0])[1] + 1 if last else 0
 
 
-def generate(store: TimerStore, spec: WorkloadSpec) -> Workload:
+def generate(store: RocksStore, spec: WorkloadSpec) -> Workload:
     """Send ``spec.messages``, deliver the earliest ``delivered``, cancel ``cancelled``."""
     if spec.delivered + spec.cancelled + spec.overdue > spec.messages:
         raise ValueError("delivered + cancelled + overdue must not exceed messages")
@@ -166,14 +166,14 @@ def generate(store: TimerStore, spec: WorkloadSpec) -> Workload:
             first = list(store.scan(timer_cf(shard), pack_u64(0), pack_u64(mark), limit=1))
             mark = int.from_bytes(first[0][0][:8], "big") if first else mark
         work.watermarks[shard] = mark
-        TimerStore.put_watermark(batch, shard, mark)
+        RocksStore.put_watermark(batch, shard, mark)
     store.write(batch)
     store.flush()
     return work
 
 
-def build_store(path: Path, spec: WorkloadSpec) -> tuple[TimerStore, Workload]:
-    store = TimerStore(path, timer_shards=spec.shards)
+def build_store(path: Path, spec: WorkloadSpec) -> tuple[RocksStore, Workload]:
+    store = RocksStore(path, timer_shards=spec.shards)
     try:
         return store, generate(store, spec)
     except BaseException:

@@ -102,9 +102,9 @@ def _send_all(base: str, token: str, n: int, connections: int = 2) -> float:
 def _compact(rocks_dir: Path) -> None:
     import rocksdict
 
-    from storage.timer_store import TimerStore
+    from storage.rocks import RocksStore
 
-    store = TimerStore(rocks_dir, timer_shards=None)
+    store = RocksStore(rocks_dir, timer_shards=None)
     try:
         opts = rocksdict.CompactOptions()
         opts.set_bottommost_level_compaction(rocksdict.BottommostLevelCompaction.force())

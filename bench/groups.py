@@ -37,7 +37,6 @@ import orjson
 import psutil
 
 from bench.http import (
-    PULL_MAX,
     _free_port,
     _prefill,
     _process_cpu,
@@ -45,6 +44,7 @@ from bench.http import (
     _start_server,
     request_bytes,
 )
+from storage.constants import MAX_PULL_MESSAGES
 
 TOPIC = "bench.groups"
 
@@ -67,7 +67,7 @@ async def _member(port: int, token: str, group: str, stop: list[bool], counted: 
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
     path = f"/v1/topics/{TOPIC}/groups/{group}"
     receive = request_bytes("POST", f"{path}:receive", token,
-                            orjson.dumps({"max": PULL_MAX, "leaseMs": 600_000}))
+                            orjson.dumps({"max": MAX_PULL_MESSAGES, "leaseMs": 600_000}))
 
     async def call(request: bytes) -> tuple[int, bytes]:
         writer.write(request)
@@ -122,11 +122,11 @@ async def _run(args: argparse.Namespace, port: int, token: str,
     print(f"  prefilling {args.prefill:,} delivered messages", file=sys.stderr)
     await asyncio.to_thread(_prefill, port, token, TOPIC, args.prefill)
     rng = random.Random(7)
-    top = max(1, args.prefill - PULL_MAX)
+    top = max(1, args.prefill - MAX_PULL_MESSAGES)
     pulls = [request_bytes("GET", f"/v1/topics/{TOPIC}/messages?offset={rng.randrange(top)}"
-                                  f"&max={PULL_MAX}", token) for _ in range(4096)]
+                                  f"&max={MAX_PULL_MESSAGES}", token) for _ in range(4096)]
     print("phase pull", file=sys.stderr)
-    pulled = await _run_phase("pull", port, itertools.cycle(pulls).__next__, PULL_MAX,
+    pulled = await _run_phase("pull", port, itertools.cycle(pulls).__next__, MAX_PULL_MESSAGES,
                               args.warmup, args.duration, args.connections, server)
     results = [GroupPhase(
         name="pull", seconds=pulled.seconds, messages=pulled.messages,

@@ -41,9 +41,10 @@ import msgspec
 import orjson
 import psutil
 
+from storage.constants import MAX_PULL_MESSAGES
+
 CONNECTIONS = 64
 BATCH = 1000
-PULL_MAX = 1000
 PREFILL = 200_000
 HOUR_MS = 3_600_000
 
@@ -256,8 +257,8 @@ def layer_costs(data_dir: Path, rounds: int = 20) -> dict[str, float]:
             broker.send_batch(now)
         broker.drain()
         offsets = itertools.count(0, BATCH // 2)
-        figures["engine_pull"] = rate(lambda: broker.pull("p", next(offsets), PULL_MAX))
-        page = broker.pull("p", 0, PULL_MAX).messages
+        figures["engine_pull"] = rate(lambda: broker.pull("p", next(offsets), MAX_PULL_MESSAGES))
+        page = broker.pull("p", 0, MAX_PULL_MESSAGES).messages
     figures["api_decode_batch"] = rate(lambda: [
         to_send_request(m, "t") for m in decode(raw, None, schemas.BatchIn).messages])
     figures["api_encode_pull"] = rate(lambda: encoder.encode(schemas.PullResult(
@@ -359,12 +360,12 @@ async def _run(args: argparse.Namespace, phases: list[str], port: int,
             print(f"  prefilling {args.prefill:,} delivered messages", file=sys.stderr)
             await asyncio.to_thread(_prefill, port, token, "bench.pull", args.prefill)
             rng = random.Random(7)
-            top = max(1, args.prefill - PULL_MAX)
+            top = max(1, args.prefill - MAX_PULL_MESSAGES)
             make = itertools.cycle([
                 request_bytes("GET", f"/v1/topics/bench.pull/messages?offset="
-                              f"{rng.randrange(top)}&max={PULL_MAX}", token)
+                              f"{rng.randrange(top)}&max={MAX_PULL_MESSAGES}", token)
                 for _ in range(4096)]).__next__
-            per_request = PULL_MAX
+            per_request = MAX_PULL_MESSAGES
         results.append(await _run_phase(phase, port, make, per_request, args.warmup,
                                         args.duration, args.connections, server))
     return results

@@ -2,7 +2,7 @@
 
 Measures, each on fresh files in a temporary directory (or ``--dir``):
 - batched puts/s into one timer CF (batches of ``--batch``, 100-byte values, ``--keys`` keys);
-- the due-scan rate: ``TimerStore.due`` in pages of ``--batch`` over every key;
+- the due-scan rate: ``RocksStore.due`` in pages of ``--batch`` over every key;
 - batched deletes/s and the time of ``cleanup_prefix`` over the deleted prefix;
 - CommitLog appends: records/s and MB/s of payload for ``--record-size`` records in batches
   of ``--batch`` (flush policy async), plus the same with ``--sync-records`` under "sync".
@@ -25,7 +25,7 @@ from typing import Any
 from storage.commitlog import CommitLog
 from storage.constants import timer_cf
 from storage.keys import encode_timer_key
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 TARGET_PUTS = 1_000_000
 TARGET_RECORDS = 1_000_000
@@ -74,7 +74,7 @@ def bench_timer_store(path: Path, n: int, batch: int, progress: Progress) -> dic
     value = os.urandom(100)
     pairs = [(k, value) for k in keys]
     out: dict[str, float] = {}
-    with TimerStore(path, timer_shards=1) as store:
+    with RocksStore(path, timer_shards=1) as store:
         def put_all() -> None:
             for i in range(0, n, batch):
                 b = store.batch()

@@ -36,7 +36,7 @@ from storage.keys import decode_timer_key, topic_shard
 
 if TYPE_CHECKING:
     from scheduler.intake import PreparedMessage
-    from storage.timer_store import TimerStore
+    from storage.rocks import RocksStore
 
 _DELIVER_AT = attrgetter("deliver_at")
 _TOPIC = attrgetter("topic")
@@ -44,7 +44,7 @@ OTHER = "__other__"  # the label of the topics past the cap ("__": no client top
 
 
 class Backlog:
-    def __init__(self, store: TimerStore, cfs: Sequence[str], top: int) -> None:
+    def __init__(self, store: RocksStore, cfs: Sequence[str], top: int) -> None:
         """``cfs``: the timer column family of each shard; ``top``: topic labels exported."""
         self._store = store
         self._cfs = cfs

@@ -65,7 +65,15 @@ from scheduler.timeline import TimelineView
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
-from storage.constants import CF_INDEX, CF_META
+from storage.constants import (
+    CF_INDEX,
+    CF_META,
+    COMMITLOG_DIR,
+    MAX_BATCH_MESSAGES,
+    MAX_PULL_MESSAGES,
+    ROCKSDB_DIR,
+    SNAPSHOTS_DIR,
+)
 from storage.consume_queue import ConsumeQueue
 from storage.errors import (
     InvalidArgument,
@@ -86,18 +94,13 @@ from storage.records import (
     decode_index,
     decode_log_records,
 )
-from storage.timer_store import Batch, StoreTuning, TimerStore
+from storage.rocks import Batch, RocksStore, StoreTuning
 
 log = logging.getLogger(__name__)
 
-ROCKSDB_DIR = "rocksdb"  # data_dir / ROCKSDB_DIR: the TimerStore
-COMMITLOG_DIR = "commitlog"  # data_dir / COMMITLOG_DIR: the CommitLog segments
-SNAPSHOTS_DIR = "snapshots"
-SEND_BATCH_MAX = 1000
-PULL_MAX = 1000
 
 LogFactory = Callable[[Path, EngineConfig], Log]
-StoreFactory = Callable[[Path, EngineConfig], TimerStore]
+StoreFactory = Callable[[Path, EngineConfig], RocksStore]
 
 
 def open_commitlog(directory: Path, config: EngineConfig) -> Log:
@@ -105,8 +108,8 @@ def open_commitlog(directory: Path, config: EngineConfig) -> Log:
                      flush_policy=config.flush_policy, flush_interval_ms=config.flush_interval_ms)
 
 
-def open_store(directory: Path, config: EngineConfig) -> TimerStore:
-    return TimerStore(directory, timer_shards=config.timer_shards, sync_writes=config.sync_writes,
+def open_store(directory: Path, config: EngineConfig) -> RocksStore:
+    return RocksStore(directory, timer_shards=config.timer_shards, sync_writes=config.sync_writes,
                       tuning=StoreTuning.for_budget(config.rocksdb_memory_bytes),
                       disk_reserve_bytes=config.disk_reserve_bytes,
                       disk_retry_interval_ms=config.disk_retry_interval_ms)
@@ -152,7 +155,7 @@ class Broker:
         self, config: EngineConfig, clock: Clock | None = None, *,
         log_factory: LogFactory | None = None, store_factory: StoreFactory | None = None,
     ) -> None:
-        """``log_factory`` / ``store_factory`` open the CommitLog and the TimerStore (default:
+        """``log_factory`` / ``store_factory`` open the CommitLog and the RocksStore (default:
         ``open_commitlog`` / ``open_store``); tests pass ones that wrap them to inject faults."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
@@ -165,7 +168,7 @@ class Broker:
         self._listeners: list[Callable[[Collection[str]], None]] = []
         self._stopping = threading.Event()
         self._progress = Progress()
-        self._store: TimerStore | None = None
+        self._store: RocksStore | None = None
         self._log: Log | None = None
         self._shards: list[ShardState] = []
         self._scanners: list[Scanner] = []
@@ -306,7 +309,7 @@ class Broker:
     def ready(self) -> bool:
         """Storage open and taking writes, recovery done, delivery stage not blocked by
         failures. While the store refuses writes (a full disk), reading this may try to
-        recover it (TimerStore.writable): read it off the event loop."""
+        recover it (RocksStore.writable): read it off the event loop."""
         return (self._state == "running" and self._delivery is not None
                 and not self._delivery.blocked and not self._committer.needs_replay
                 and self._store is not None and self._store.writable)
@@ -341,8 +344,8 @@ class Broker:
 
     def send_batch(self, requests: Sequence[SendRequest]) -> list[SendResult]:
         """All requests are validated before anything is stored; one atomic write."""
-        if len(requests) > SEND_BATCH_MAX:
-            raise InvalidArgument(f"a batch holds at most {SEND_BATCH_MAX} messages")
+        if len(requests) > MAX_BATCH_MESSAGES:
+            raise InvalidArgument(f"a batch holds at most {MAX_BATCH_MESSAGES} messages")
         self._check_running()
         now = self.clock.now_ms()
         prepare = self._intake.prepare
@@ -414,8 +417,8 @@ class Broker:
         check_topic(topic, allow_system=True)
         if offset < 0:
             raise InvalidArgument("offset must be >= 0")
-        if not 1 <= max_messages <= PULL_MAX:
-            raise InvalidArgument(f"max must be in 1..{PULL_MAX}")
+        if not 1 <= max_messages <= MAX_PULL_MESSAGES:
+            raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         self._live()
         assert self._log is not None
         payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages),
@@ -601,7 +604,7 @@ class Broker:
         if self._state != "running":
             raise Unavailable(f"the engine is {self._state}")
 
-    def _live(self) -> tuple[TimerStore, Committer]:
+    def _live(self) -> tuple[RocksStore, Committer]:
         self._check_running()
         assert self._store is not None
         return self._store, self._committer
@@ -667,5 +670,5 @@ class Broker:
             self._notify({r.topic for r in records})
 
 
-__all__ = ["COMMITLOG_DIR", "ROCKSDB_DIR", "SNAPSHOTS_DIR", "Broker", "check_config",
+__all__ = ["Broker", "check_config",
            "open_commitlog", "open_store"]

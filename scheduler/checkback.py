@@ -35,7 +35,7 @@ from scheduler.model import TransactionCheck
 from scheduler.tx_records import check_group, prefix_end
 from storage.constants import CF_TX, TX_CALLBACK_PREFIX
 from storage.errors import CorruptionError, InvalidArgument, NotFound
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def _decode_registration(group: str, raw: bytes) -> CallbackRegistration:
 class CallbackRegistry:
     """Persistent group -> URL map with an in-memory copy (read on every dispatch round)."""
 
-    def __init__(self, store: TimerStore, allowed_hosts: tuple[str, ...], clock: Clock) -> None:
+    def __init__(self, store: RocksStore, allowed_hosts: tuple[str, ...], clock: Clock) -> None:
         self._store = store
         self._allowed_hosts = allowed_hosts
         self._clock = clock

@@ -67,7 +67,7 @@ from storage.records import (
     decode_log_record,
     encode_index,
 )
-from storage.timer_store import Batch, TimerStore
+from storage.rocks import Batch, RocksStore
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class CommitOutcome:
 
 class Committer:
     def __init__(
-        self, *, store: TimerStore, log: Log, queues: Queues, clock: Clock, retention_ms: int,
+        self, *, store: RocksStore, log: Log, queues: Queues, clock: Clock, retention_ms: int,
         on_replayed: Callable[[list[LogRecord], bool], None] | None = None,
     ) -> None:
         self.lock = threading.Lock()  # THE commit lock: append + RocksDB commit, cancels
@@ -329,7 +329,7 @@ class Committer:
         for scan in scans:
             ends[scan.shard] = scan.end
         for shard, end in ends.items():
-            TimerStore.put_frontier(batch, shard, end)
+            RocksStore.put_frontier(batch, shard, end)
 
     def _append_and_commit(self, batch: Batch, pending: _Appends, offsets: list[int],
                            payloads: list[bytes], now: int, *,

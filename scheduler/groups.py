@@ -57,6 +57,7 @@ from scheduler.metrics import EngineMetrics
 from scheduler.model import SendRequest, SendResult
 from storage.constants import (
     CF_META,
+    MAX_PULL_MESSAGES,
     META_GROUP_STATE_PREFIX,
     PROP_ORIGIN_BORN_AT,
     PROP_ORIGIN_MESSAGE_ID,
@@ -66,9 +67,8 @@ from storage.constants import (
 from storage.errors import InvalidArgument, NotFound
 from storage.keys import pack_u64, unpack_u64
 from storage.records import LogRecord, decode_log_records
-from storage.timer_store import Batch, TimerStore
+from storage.rocks import Batch, RocksStore
 
-RECEIVE_MAX = 1000
 LEASE_MS_MIN = 1_000
 LEASE_MS_MAX = 43_200_000
 DEFAULT_RETRY_LEVEL = 3  # RocketMQ: a retry waits level 3 + reconsumeTimes
@@ -115,7 +115,7 @@ class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class GroupManager:
     def __init__(
-        self, *, store: TimerStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
+        self, *, store: RocksStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
         end_offset: Callable[[str], int], intake: Intake,
         submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
@@ -186,8 +186,8 @@ class GroupManager:
     # --- receive ---------------------------------------------------------------------------
     def receive(self, topic: str, group: str, max_messages: int,
                 lease_ms: int) -> ReceiveResult:
-        if not 1 <= max_messages <= RECEIVE_MAX:
-            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        if not 1 <= max_messages <= MAX_PULL_MESSAGES:
+            raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         if not LEASE_MS_MIN <= lease_ms <= LEASE_MS_MAX:
             raise InvalidArgument(f"leaseMs must be in {LEASE_MS_MIN}..{LEASE_MS_MAX}")
         self._check_running()
@@ -400,8 +400,8 @@ class GroupManager:
                      max_messages: int) -> DeadLetters:
         """Dead letters from ``offset`` of the dead-letter log (default: the first one not
         redriven)."""
-        if not 1 <= max_messages <= RECEIVE_MAX:
-            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        if not 1 <= max_messages <= MAX_PULL_MESSAGES:
+            raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         if offset is not None and offset < 0:
             raise InvalidArgument("offset must be >= 0")
         self._check_running()
@@ -415,8 +415,8 @@ class GroupManager:
     def redrive(self, topic: str, group: str, max_messages: int) -> int:
         """Hand up to ``max_messages`` dead letters back to the group (as retries due now,
         reconsumeTimes 0), oldest first; one write."""
-        if not 1 <= max_messages <= RECEIVE_MAX:
-            raise InvalidArgument(f"max must be in 1..{RECEIVE_MAX}")
+        if not 1 <= max_messages <= MAX_PULL_MESSAGES:
+            raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         self._check_running()
         g = self._group(topic, group)
         with g.lock:
@@ -485,6 +485,6 @@ def read_records(read_many: Callable[[list[int]], list[bytes]],
     return read
 
 
-__all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "RECEIVE_MAX", "AckResult", "DeadLetters",
+__all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "AckResult", "DeadLetters",
            "GroupManager", "GroupState", "NackResult", "ReceiveResult", "Received",
            "read_records"]

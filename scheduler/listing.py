@@ -23,7 +23,7 @@ from storage.constants import timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, decode_timer_key, time_bound
 from storage.records import MessageStatus
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 CURSOR_VERSION = 2  # 1 carried the last key looked at, possibly another topic's
 MAX_PAGE = 1000
@@ -64,13 +64,13 @@ def resume_after(key: bytes, own: bytes) -> bytes:
     return time_bound(min(decode_timer_key(key)[0] + 1, MAX_U64))
 
 
-def _shard_keys(store: TimerStore, cf: str, start: bytes, end: bytes | None) -> Iterator[bytes]:
+def _shard_keys(store: RocksStore, cf: str, start: bytes, end: bytes | None) -> Iterator[bytes]:
     for key, _ in store.scan(cf, start, end):
         yield key
 
 
 def list_scheduled(
-    store: TimerStore, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
+    store: RocksStore, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
     cursor: str | None, scan_budget: int = SCAN_BUDGET,
 ) -> tuple[list[MessageInfo], str | None]:
     """Pending messages of ``topic`` with from_ms <= deliverAt < to_ms, by deliver time."""

@@ -30,7 +30,7 @@ from scheduler.metrics import EngineMetrics
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
 from storage.keys import MAX_U64, time_bound, unpack_u64
 from storage.records import FINAL_STATUSES, decode_index
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ EXPIRY_BATCH = 1000
 
 class Maintenance(threading.Thread):
     def __init__(
-        self, *, store: TimerStore, clock: Clock, metrics: EngineMetrics, retention_ms: int,
+        self, *, store: RocksStore, clock: Clock, metrics: EngineMetrics, retention_ms: int,
         compact_after_deletes: int, cleanup_interval_ms: int,
     ) -> None:
         super().__init__(name="maintenance", daemon=True)

@@ -36,7 +36,7 @@ from storage.constants import CF_INDEX, CF_META, META_PARKED_PREFIX, timer_cf
 from storage.errors import CorruptionError, StorageError
 from storage.keys import MAX_U64, pack_u64, topic_shard, unpack_u64
 from storage.records import MessageStatus, decode_index, encode_index
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Quarantine:
     """``commit_due`` for the delivery stage, parking poison messages; lists and redrives
     them."""
 
-    def __init__(self, *, committer: Committer, store: TimerStore, shards: Sequence[ShardState],
+    def __init__(self, *, committer: Committer, store: RocksStore, shards: Sequence[ShardState],
                  max_payload: int, clock: Clock, metrics: EngineMetrics,
                  shard_locks: Callable[[Sequence[int]], contextlib.AbstractContextManager[None]],
                  ) -> None:

@@ -42,7 +42,7 @@ from scheduler.committer import ScanBatch
 from scheduler.metrics import EngineMetrics
 from storage.constants import timer_cf
 from storage.keys import MAX_U64, time_bound, unpack_u64
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ NOTHING_PENDING = MAX_U64  # covered_ms of a shard with no pending key at all
 
 class ShardState:
     def __init__(self, shard: int, frontier_key: bytes) -> None:
-        """``frontier_key``: the persisted frontier (TimerStore.frontier)."""
+        """``frontier_key``: the persisted frontier (RocksStore.frontier)."""
         self.shard = shard
         self.cf = timer_cf(shard)
         self.lock = threading.Lock()
@@ -97,7 +97,7 @@ class Progress:
 
 class Scanner(threading.Thread):
     def __init__(
-        self, *, state: ShardState, store: TimerStore, clock: Clock, batch_size: int,
+        self, *, state: ShardState, store: RocksStore, clock: Clock, batch_size: int,
         hand_off: Callable[[ScanBatch], bool], progress: Progress, metrics: EngineMetrics,
         stopping: threading.Event, max_backoff_ms: int = 60_000, interval_ms: int = 0,
     ) -> None:

@@ -81,7 +81,7 @@ from storage.records import (
     decode_index,
     encode_index,
 )
-from storage.timer_store import Batch, TimerStore
+from storage.rocks import Batch, RocksStore
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class TransactionManager:
     """Owns the ``half`` and ``tx`` column families; built and driven by the Broker."""
 
     def __init__(
-        self, *, store: TimerStore, config: EngineConfig, clock: Clock, intake: Intake,
+        self, *, store: RocksStore, config: EngineConfig, clock: Clock, intake: Intake,
         committer: Committing, submit: Submit, metrics: EngineMetrics,
         shard_locks: Callable[[Sequence[int]], AbstractContextManager[None]],
         on_appended: Callable[[Sequence[PreparedMessage], CommitOutcome], None],

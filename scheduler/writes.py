@@ -28,12 +28,12 @@ from storage.constants import CF_EXPIRY, CF_INDEX
 from storage.errors import AlreadyDelivered, Conflict, NotFound
 from storage.keys import encode_handle, encode_timer_key, index_key
 from storage.records import IndexEntry, MessageStatus, decode_index, encode_index
-from storage.timer_store import Batch, TimerStore
+from storage.rocks import Batch, RocksStore
 
 
 class WritePaths:
     def __init__(
-        self, *, store: TimerStore, committer: Committer, shards: list[ShardState],
+        self, *, store: RocksStore, committer: Committer, shards: list[ShardState],
         clock: Clock, metrics: EngineMetrics, backlog: Backlog, retention_ms: int,
         check_running: Callable[[], None], notify: Callable[[Collection[str]], None],
     ) -> None:
@@ -127,7 +127,7 @@ class WritePaths:
                              duplicates + len(markers))
 
     def _find_duplicates(
-        self, store: TimerStore, messages: Sequence[PreparedMessage],
+        self, store: RocksStore, messages: Sequence[PreparedMessage],
         results: list[SendResult | None], replace_prepared: bool,
     ) -> tuple[int, list[int]]:
         """Fill ``results`` for re-sends (stored before, or earlier in this batch); returns

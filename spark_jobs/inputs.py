@@ -28,13 +28,11 @@ from spark_jobs.sources import (
     sst_rows,
 )
 from spark_jobs.timer_aggregates import AGG_DDL, aggregate, encode_watermarks
-from storage.constants import CF_TIMER_PREFIX
+from storage.constants import CF_TIMER_PREFIX, ROCKSDB_DIR, SNAPSHOTS_DIR
 from storage.errors import StorageError
 from storage.snapshots import check_snapshot_id, open_read_only, read_manifest, resolve_db_dir
 
 EXPORT_MARKER = "snapshot.json"
-DATA_DIR_MARKER = "rocksdb"  # a server's data directory holds its store here ...
-SNAPSHOTS_DIR = "snapshots"  # ... and its snapshots here (scheduler/broker.py)
 EXPORT_FORMAT = 1
 
 
@@ -193,7 +191,7 @@ def open_input(path: str | Path) -> SnapshotInput:
 
 def refuse_data_dir(path: Path) -> None:
     """A server's data directory is not a snapshot: say which directory to give instead."""
-    if (path / DATA_DIR_MARKER / "CURRENT").is_file():
+    if (path / ROCKSDB_DIR / "CURRENT").is_file():
         raise FileNotFoundError(
             f"{path} is a data directory, not a snapshot: give {path / SNAPSHOTS_DIR} (every "
             f"snapshot in it) or one snapshot directory inside it")

@@ -1,4 +1,4 @@
-"""Batch: the operations one ``TimerStore.write`` applies atomically (one RocksDB WriteBatch).
+"""Batch: the operations one ``RocksStore.write`` applies atomically (one RocksDB WriteBatch).
 
 A Batch holds the store's handle table itself (not a copy) and looks a handle up inside the
 store's Gate (storage/gate.py) for each operation, so it always uses the handles of the DB
@@ -20,7 +20,7 @@ from storage.gate import Gate
 
 
 class Batch:
-    """Operations applied atomically by ``TimerStore.write``; written once (using it after
+    """Operations applied atomically by ``RocksStore.write``; written once (using it after
     ``write`` raises ``InvalidArgument``)."""
 
     __slots__ = ("_gate", "_handles", "_wb")

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import re
 
+# --- a data directory ---------------------------------------------------------------------
+ROCKSDB_DIR = "rocksdb"  # data_dir / ROCKSDB_DIR: the RocksStore (storage/rocks.py)
+COMMITLOG_DIR = "commitlog"  # data_dir / COMMITLOG_DIR: the CommitLog segments
+SNAPSHOTS_DIR = "snapshots"  # data_dir / SNAPSHOTS_DIR: one directory per snapshot
+
+# --- limits of the contract -----------------------------------------------------------------
+MAX_BATCH_MESSAGES = 1000  # messages in one batch send
+MAX_PULL_MESSAGES = 1000  # messages in one pull or one group receive
+
 # --- column families --------------------------------------------------------------------
 #: Delayed messages, sharded: ``timer.0`` .. ``timer.{n-1}``. Key = timer key (see keys.py),
 #: value = encoded MessageRecord. Shard = stable hash of (topic, msgId) modulo n.

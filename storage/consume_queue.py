@@ -25,7 +25,7 @@ from storage.constants import CF_CQ
 from storage.errors import CorruptionError, InvalidArgument
 from storage.keys import MAX_U64, cq_key, topic_prefix
 from storage.records import decode_log_record
-from storage.timer_store import Batch, TimerStore
+from storage.rocks import Batch, RocksStore
 
 VALUE = struct.Struct(">QI")
 _OFFSET = struct.Struct(">Q")
@@ -41,7 +41,7 @@ class CqEntry:
 
 
 class ConsumeQueue:
-    def __init__(self, store: TimerStore) -> None:
+    def __init__(self, store: RocksStore) -> None:
         self._store = store
 
     @staticmethod
@@ -137,7 +137,7 @@ def _after(prefix: bytes) -> bytes:
     return prefix[:-1] + b"\x01"
 
 
-def rebuild(store: TimerStore, commitlog: CommitLog, from_position: int = 0) -> int:
+def rebuild(store: RocksStore, commitlog: CommitLog, from_position: int = 0) -> int:
     """Re-create the consume-queue entries of every log record from ``from_position`` on,
     from the records alone (each LogRecord carries topic and queue offset). Idempotent: an
     existing entry is overwritten with the same value. Returns the number of records."""

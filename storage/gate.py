@@ -1,4 +1,4 @@
-"""Gate: every TimerStore operation passes it shared; a reopen or close passes it alone.
+"""Gate: every RocksStore operation passes it shared; a reopen or close passes it alone.
 
 Closing a rocksdict DB does not really close it while any column-family handle or iterator
 is alive (the DB lock stays held and the reopen fails, notes/libraries.md), and a handle

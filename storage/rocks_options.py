@@ -1,4 +1,4 @@
-"""RocksDB options of the TimerStore, per column-family kind, with their tunables in one table.
+"""RocksDB options of the RocksStore, per column-family kind, with their tunables in one table.
 
 Reasons and measurements: docs/storage.md ("RocksDB options"). In short:
 - every Options is ``raw_mode=True`` (rocksdict requires all CFs to match the DB's mode);

@@ -37,7 +37,7 @@ _TABLE_PROPS = "rocksdb.aggregated-table-properties"
 
 
 class SnapshotSource(Protocol):
-    """What ``create_snapshot`` (storage/snapshots.py) needs of a store (a TimerStore)."""
+    """What ``create_snapshot`` (storage/snapshots.py) needs of a store (a RocksStore)."""
 
     def checkpoint(self, dest: str | Path) -> Path: ...
 

@@ -1,4 +1,4 @@
-"""WriteGuard: whether the TimerStore takes writes, and when it tries to take them again.
+"""WriteGuard: whether the RocksStore takes writes, and when it tries to take them again.
 
 A full disk reaches RocksDB in two ways, and the guard answers both with StorageError
 (503 UNAVAILABLE) until the store can write again, without a restart:

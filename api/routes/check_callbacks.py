@@ -14,14 +14,14 @@ from fastapi import APIRouter, Path, Request
 from msgspec import UNSET, Meta, UnsetType
 from starlette.responses import Response
 
-from api import schemas
 from api.auth import Permission
 from api.bodies import JSON, decode, read_body
 from api.context import ApiContext, Authenticated, respond
 from api.openapi import operation
 from scheduler.checkback import CallbackRegistration
+from storage.constants import GROUP_REGEX
 
-Group = Annotated[str, Path(pattern=schemas.GROUP_REGEX, description="Producer group.")]
+Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Producer group.")]
 MAX_BODY = 16 << 10
 
 

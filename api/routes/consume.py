@@ -16,11 +16,11 @@ from api.context import ApiContext, Authenticated, query_bool, query_int, respon
 from api.openapi import operation, query_parameter
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
-from storage.constants import GROUP_PATTERN
+from storage.constants import GROUP_PATTERN, GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.errors import InvalidArgument
 from storage.records import LogRecord
 
-Group = Annotated[str, Path(pattern=schemas.GROUP_REGEX, description="Consumer group.")]
+Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Consumer group.")]
 
 
 def delivered(message: LogRecord) -> schemas.Delivered:
@@ -36,15 +36,15 @@ def delivered(message: LogRecord) -> schemas.Delivered:
 MAX_OFFSET = (1 << 63) - 1
 GROUP_PARAMETER = {"name": "group", "in": "path", "required": True,
                    "description": "Consumer group.",
-                   "schema": {"type": "string", "pattern": schemas.GROUP_REGEX}}
+                   "schema": {"type": "string", "pattern": GROUP_REGEX}}
 PULL_PARAMETERS = [
     TOPIC_PARAMETER,
     query_parameter("offset", "First offset to read; default: the group's committed offset "
                     "(0 if none).", {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}),
     query_parameter("group", "Consumer group: where to start when no offset is given.",
-                    {"type": "string", "pattern": schemas.GROUP_REGEX}),
+                    {"type": "string", "pattern": GROUP_REGEX}),
     query_parameter("max", "At most this many messages.",
-                    {"type": "integer", "minimum": 1, "maximum": schemas.MAX_PULL,
+                    {"type": "integer", "minimum": 1, "maximum": MAX_PULL_MESSAGES,
                      "default": schemas.DEFAULT_PULL}),
     query_parameter("waitMs", "Wait up to this long for a first message (long poll).",
                     {"type": "integer", "minimum": 0, "maximum": schemas.MAX_WAIT_MS,
@@ -76,7 +76,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         topic = request.path_params["topic"]
         ctx.allow(principal, Permission.PULL, topic)
         offset = query_int(request, "offset", None, 0, MAX_OFFSET)
-        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, schemas.MAX_PULL)
+        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, MAX_PULL_MESSAGES)
         wait_ms = query_int(request, "waitMs", 0, 0, schemas.MAX_WAIT_MS)
         assert max_messages is not None and wait_ms is not None
         group = request.query_params.get("group")

@@ -23,13 +23,14 @@ from api.openapi import operation, query_parameter
 from api.routes.consume import MAX_OFFSET, Group, check_group
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler.groups import Received, ReceiveResult
+from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.records import LogRecord
 
 T = TypeVar("T", bound=msgspec.Struct)
 
 GROUP_PARAMETER = {"name": "group", "in": "path", "required": True,
                    "description": "Consumer group.",
-                   "schema": {"type": "string", "pattern": schemas.GROUP_REGEX}}
+                   "schema": {"type": "string", "pattern": GROUP_REGEX}}
 GROUP_PARAMETERS = [TOPIC_PARAMETER, GROUP_PARAMETER]
 #: operationIds served ahead of FastAPI's router (api/app.py)
 HOT = frozenset({"receiveMessages", "ackMessages", "nackMessages"})
@@ -81,12 +82,15 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def receive_messages(request: Request) -> Response:
         topic, group, body = await parse(request, schemas.ReceiveIn, optional=True)
         groups = broker.groups
+        acked = None if body.ack is msgspec.UNSET else groups.ack(topic, group, body.ack)
         result = groups.receive(topic, group, body.max, body.lease_ms)
         if not result.messages and body.wait_ms > 0:
             result = await _long_poll(topic, group, body, body.wait_ms / 1000.0)
-        return respond(schemas.ReceiveResult(
-            messages=[received(m) for m in result.messages],
-            lease_until=result.lease_until), 200, request)
+        answer = schemas.ReceiveResult(messages=[received(m) for m in result.messages],
+                                       lease_until=result.lease_until)
+        if acked is not None:
+            answer.acked, answer.stale = acked.acked, acked.stale
+        return respond(answer, 200, request)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
                          timeout_s: float) -> ReceiveResult:
@@ -157,14 +161,14 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                             "the first one not redriven.",
                             {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}),
             query_parameter("max", "At most this many.",
-                            {"type": "integer", "minimum": 1, "maximum": schemas.MAX_PULL,
+                            {"type": "integer", "minimum": 1, "maximum": MAX_PULL_MESSAGES,
                              "default": schemas.DEFAULT_PULL})],
     ))
     async def list_dead_letters(topic: Topic, group: Group, request: Request,
                                 principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.PULL, topic)
         offset = query_int(request, "offset", None, 0, MAX_OFFSET)
-        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, schemas.MAX_PULL)
+        max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, MAX_PULL_MESSAGES)
         assert max_messages is not None
         page = broker.groups.dead_letters(topic, group, offset, max_messages)
         return respond(schemas.DeadLetterPage(

@@ -13,9 +13,11 @@ from api.auth import Permission
 from api.bodies import decode, read_body, to_send_request
 from api.context import ApiContext, Authenticated, respond
 from api.openapi import operation
-from api.schemas import MSG_ID_REGEX, TOPIC_PARAMETER, Topic
+from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
 from scheduler.intake import check_msg_id
+from scheduler.listing import MAX_PAGE
+from storage.constants import MAX_BATCH_MESSAGES, MSG_ID_REGEX
 from storage.errors import Forbidden, InvalidArgument
 from storage.keys import decode_handle
 
@@ -47,7 +49,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         return respond(result, 200 if result.duplicate else 201)  # == schemas.SendResult
 
     @router.post("/v1/topics/{topic}/messages:batch", **operation(
-        "sendBatch", tag="messages", summary="Send up to 1000 messages atomically", ok=201,
+        "sendBatch", tag="messages", ok=201,
+        summary=f"Send up to {MAX_BATCH_MESSAGES} messages atomically",
         result="BatchResult", result_description="All stored; results in request order.",
         body="BatchIn", msgpack=True, errors=(503,), parameters=[TOPIC_PARAMETER],
     ))
@@ -111,7 +114,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                                              description="Earliest deliverAt, epoch ms.")] = None,
         to_ms: Annotated[int | None, Query(alias="to", ge=0,
                                            description="End (exclusive), epoch ms.")] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
         cursor: Annotated[str | None, Query(max_length=1024,
                                             description="nextCursor of the previous page.")]
         = None,

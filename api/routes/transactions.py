@@ -23,6 +23,8 @@ from api.openapi import operation
 from api.schemas import Topic
 from app.settings import Role
 from scheduler import model
+from scheduler.transactions import MAX_CHECKS_PER_POLL
+from storage.constants import GROUP_REGEX
 from storage.errors import NotFound
 
 TransactionId = Annotated[str, Path(alias="transactionId", min_length=1, max_length=256,
@@ -102,9 +104,10 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         result="TransactionChecks", errors=(503,),
     ))
     async def poll_transaction_checks(
-        group: Annotated[str, Path(pattern=schemas.GROUP_REGEX, description="Producer group.")],
+        group: Annotated[str, Path(pattern=GROUP_REGEX, description="Producer group.")],
         principal: Authenticated,
-        max_checks: Annotated[int, Query(alias="max", ge=1, le=1000)] = schemas.DEFAULT_PULL,
+        max_checks: Annotated[int, Query(alias="max", ge=1, le=MAX_CHECKS_PER_POLL)]
+        = schemas.DEFAULT_PULL,
     ) -> Response:
         ctx.allow(principal, Permission.TRANSACT)
         # a poll scans the group's checks under the commit lock: keep the event loop free

@@ -32,8 +32,8 @@ from storage.consume_queue import ConsumeQueue
 from storage.keys import unpack_u64
 from storage.log_format import CRC_SEED, HEADER, RECORD_MAGIC
 from storage.records import LogRecord, encode_log_record
+from storage.rocks import RocksStore
 from storage.segment import NAME_PATTERN
-from storage.timer_store import TimerStore
 
 MODES = ("zero", "garble", "truncate")
 
@@ -54,7 +54,7 @@ class TornWrite:
 
 def _store_state(data_dir: Path, topic: str) -> tuple[int, int]:
     """(log position applied to RocksDB, next queue offset of ``topic``)."""
-    store = TimerStore(data_dir / "rocksdb", timer_shards=None, read_only=True)
+    store = RocksStore(data_dir / "rocksdb", timer_shards=None, read_only=True)
     try:
         raw = store.get(CF_META, META_APPLIED_POSITION)
         next_offset = ConsumeQueue(store).end_offset(topic)

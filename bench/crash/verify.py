@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 
 from bench.crash.ledger import ALREADY_DELIVERED, CANCELLED, UNKNOWN, Ledger
+from storage.constants import MAX_PULL_MESSAGES
 
-PULL_MAX = 1000
 MAX_REPORTED = 20  # violations listed per kind; the count says how many there were
 
 LogEntry = Mapping[str, Any]  # a ``Delivered`` document of the API
@@ -33,7 +33,7 @@ def read_logs(client: httpx.Client, topics: Iterable[str]) -> dict[str, list[Log
         entries: list[LogEntry] = []
         while True:
             r = client.get(f"/v1/topics/{topic}/messages",
-                           params={"offset": len(entries), "max": PULL_MAX})
+                           params={"offset": len(entries), "max": MAX_PULL_MESSAGES})
             r.raise_for_status()
             page = r.json()["messages"]
             if not page:

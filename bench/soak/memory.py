@@ -61,7 +61,7 @@ def serve_small_buffers() -> int:
     from app.settings import load_settings
     from scheduler.broker import Broker
     from scheduler.config import EngineConfig
-    from storage.timer_store import StoreTuning, TimerStore
+    from storage.rocks import RocksStore, StoreTuning
 
     args = parse_args(sys.argv[1:])
     settings = ensure_admin_token(load_settings(
@@ -69,10 +69,10 @@ def serve_small_buffers() -> int:
         env=os.environ))
     logging.basicConfig(level=settings.log_level.upper())
     tuning = StoreTuning(**SMALL_BUFFERS)
-    stores: list[TimerStore] = []
+    stores: list[RocksStore] = []
 
-    def store_factory(directory: Path, cfg: EngineConfig) -> TimerStore:
-        store = TimerStore(directory, timer_shards=cfg.timer_shards, sync_writes=cfg.sync_writes,
+    def store_factory(directory: Path, cfg: EngineConfig) -> RocksStore:
+        store = RocksStore(directory, timer_shards=cfg.timer_shards, sync_writes=cfg.sync_writes,
                            tuning=tuning)
         stores.append(store)
         return store

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from app.verify_cli import main, verify
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR, Broker
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
-from storage.constants import CF_CQ
+from storage.constants import CF_CQ, COMMITLOG_DIR, ROCKSDB_DIR
 from storage.consume_queue import ConsumeQueue, run_entries
 from storage.keys import cq_key
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_a_flipped_bit_in_the_log_is_reported(data_dir: Path) -> None:
 
 
 def test_a_gap_in_a_consume_queue_is_reported(data_dir: Path) -> None:
-    with TimerStore(data_dir / ROCKSDB_DIR, timer_shards=None) as store:
+    with RocksStore(data_dir / ROCKSDB_DIR, timer_shards=None) as store:
         prefix = cq_key("t0", 0)[:-8]
         runs = [(k, v) for k, v in store.scan(CF_CQ) if k.startswith(prefix)]
         entries = [e for k, v in runs for e in run_entries(k, v, len(prefix))]

@@ -17,7 +17,7 @@ from storage.commitlog import CHECKPOINT_NAME, CommitLog
 from storage.constants import CF_META, META_APPLIED_POSITION
 from storage.keys import pack_u64
 from storage.records import LogRecord, decode_log_record, encode_log_record
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 SEGMENT = 64 * 1024
 
@@ -35,7 +35,7 @@ def make_data_dir(tmp_path: Path, records: int, applied: int) -> tuple[Path, lis
     floor = positions[applied] if applied < records else end
     raw = struct.pack("<Q", floor)
     (data / "commitlog" / CHECKPOINT_NAME).write_bytes(raw + struct.pack("<I", crc32c(raw)))
-    store = TimerStore(data / "rocksdb", timer_shards=2)
+    store = RocksStore(data / "rocksdb", timer_shards=2)
     batch = store.batch()
     batch.put(CF_META, META_APPLIED_POSITION, pack_u64(floor))
     store.write(batch)

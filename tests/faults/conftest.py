@@ -1,7 +1,7 @@
 """Fixtures of the fault suites.
 
 - ``faulty_server``: the real app over real HTTP (uvicorn in a thread, 127.0.0.1) on a real
-  Broker whose CommitLog and TimerStore are the fault-injecting wrappers of the engine tests
+  Broker whose CommitLog and RocksStore are the fault-injecting wrappers of the engine tests
   (tests/scheduler/conftest.py: ``FlakyLog.fail_appends``, ``FlakyStore.fail_writes``).
 - ``small_fs``: a size-limited tmpfs mounted under tmp_path, for a real full disk (ENOSPC
   from the kernel); skipped where this process may not mount.
@@ -28,7 +28,7 @@ from scheduler.broker import Broker, open_commitlog
 from scheduler.clock import SystemClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 from tests.disk import tmpfs
 from tests.scheduler.conftest import FlakyLog, FlakyStore
 
@@ -67,7 +67,7 @@ def serve_faulty(data_dir: Path, **engine: Any) -> Iterator[FaultyServer]:
         parts["log"] = FlakyLog(open_commitlog(directory, cfg))
         return parts["log"]
 
-    def store_factory(directory: Path, cfg: EngineConfig) -> TimerStore:
+    def store_factory(directory: Path, cfg: EngineConfig) -> RocksStore:
         parts["store"] = FlakyStore(directory, timer_shards=cfg.timer_shards)
         return parts["store"]
 

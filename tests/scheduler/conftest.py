@@ -17,7 +17,7 @@ from scheduler.committer import Log
 from scheduler.config import EngineConfig
 from storage.errors import StorageError
 from storage.records import LogRecord
-from storage.timer_store import Batch, TimerStore
+from storage.rocks import Batch, RocksStore
 
 START_MS = 1_700_000_000_000
 
@@ -77,8 +77,8 @@ class FlakyLog:
         self.inner.close()
 
 
-class FlakyStore(TimerStore):
-    """A real TimerStore whose ``write`` fails ``fail_writes`` times when armed; it records
+class FlakyStore(RocksStore):
+    """A real RocksStore whose ``write`` fails ``fail_writes`` times when armed; it records
     the prefix clean-ups it is asked for."""
 
     fail_writes = 0
@@ -129,7 +129,7 @@ class Harness:
             self.log = FlakyLog(open_commitlog(directory, cfg))
             return self.log
 
-        def store_factory(directory: Path, cfg: EngineConfig) -> TimerStore:
+        def store_factory(directory: Path, cfg: EngineConfig) -> RocksStore:
             self.store = FlakyStore(directory, timer_shards=cfg.timer_shards)
             return self.store
 

@@ -18,17 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR, Broker, open_commitlog
+from scheduler.broker import Broker, open_commitlog
 from scheduler.clock import FakeClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
 from storage.commitlog import CommitLog
-from storage.constants import CF_META, META_APPLIED_POSITION
+from storage.constants import CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR
 from storage.errors import InvalidArgument, NotFound, StorageError
 from storage.keys import unpack_u64
 from storage.records import FLAG_BATCH, MessageStatus, decode_log_record
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 from .conftest import START_MS, FlakyLog, FlakyStore, Harness, read_topic
 
@@ -81,7 +81,7 @@ def log_records(data_dir: Path) -> list[tuple[int, str, int]]:
 
 
 def applied_position(data_dir: Path) -> int:
-    store = TimerStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
+    store = RocksStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
     try:
         raw = store.get(CF_META, META_APPLIED_POSITION)
     finally:

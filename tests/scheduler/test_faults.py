@@ -9,7 +9,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.errors import StorageError, Unavailable
 from storage.records import MessageStatus
-from storage.timer_store import Batch
+from storage.rocks import Batch
 
 from .conftest import Harness, advance_until, open_failing_after_append, read_topic
 

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.broker import COMMITLOG_DIR, ROCKSDB_DIR
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.commitlog import CommitLog
-from storage.constants import CF_META, META_APPLIED_POSITION
+from storage.constants import CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR
 from storage.keys import unpack_u64
 from storage.records import MessageStatus
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 from .conftest import Harness, advance_until, open_failing_after_append, read_topic
 
@@ -93,7 +92,7 @@ def _log_and_applied(data_dir: Path) -> tuple[int, int]:
         records = sum(1 for _ in log.iter_from(0))
     finally:
         log.close()
-    store = TimerStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
+    store = RocksStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
     try:
         raw = store.get(CF_META, META_APPLIED_POSITION)
     finally:

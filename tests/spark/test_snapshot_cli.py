@@ -132,8 +132,8 @@ def test_locked_store_and_no_server_is_a_clear_error(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from storage.timer_store import TimerStore;"
-         f"s = TimerStore({str(data_dir / 'rocksdb')!r}, timer_shards=None); print('open');"
+        [sys.executable, "-c", "import sys, time; from storage.rocks import RocksStore;"
+         f"s = RocksStore({str(data_dir / 'rocksdb')!r}, timer_shards=None); print('open');"
          "sys.stdout.flush(); sys.stdin.read()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -12,6 +12,7 @@ import pytest
 from bench.analysis_workload import WorkloadSpec, build_store
 from storage.constants import timer_cf
 from storage.errors import InvalidArgument, NotFound
+from storage.rocks import RocksStore
 from storage.snapshots import (
     create_snapshot,
     disk_usage,
@@ -21,7 +22,6 @@ from storage.snapshots import (
     read_manifest,
     remove_snapshot,
 )
-from storage.timer_store import TimerStore
 from tests.spark import direct
 
 SMALL = WorkloadSpec(messages=2_000, delivered=600, cancelled=200)
@@ -34,7 +34,7 @@ def store(tmp_path: Path) -> Any:
     store.close()
 
 
-def test_manifest_records_the_moment(store: TimerStore, tmp_path: Path) -> None:
+def test_manifest_records_the_moment(store: RocksStore, tmp_path: Path) -> None:
     info = create_snapshot(store, tmp_path / "snaps", extra={"appliedPosition": 42},
                            now_ms=SMALL.now_ms)
     assert info.created_at == SMALL.now_ms and info.path.parent == tmp_path / "snaps"
@@ -61,13 +61,13 @@ def test_manifest_records_the_moment(store: TimerStore, tmp_path: Path) -> None:
     assert timer0["tableProperties"]["# entries"] > 0
 
 
-def test_bad_extra_changes_nothing(store: TimerStore, tmp_path: Path) -> None:
+def test_bad_extra_changes_nothing(store: RocksStore, tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="JSON"):
         create_snapshot(store, tmp_path / "snaps", extra={"x": object()})
     assert not (tmp_path / "snaps").exists() or not any((tmp_path / "snaps").iterdir())
 
 
-def test_list_get_remove(store: TimerStore, tmp_path: Path) -> None:
+def test_list_get_remove(store: RocksStore, tmp_path: Path) -> None:
     root = tmp_path / "snaps"
     a = create_snapshot(store, root, extra={}, now_ms=1_000)
     b = create_snapshot(store, root, extra={}, now_ms=2_000)
@@ -90,7 +90,7 @@ def _gone(snapshot_db: Path, live: Path) -> list[Path]:
 
 
 def test_pinned_bytes_grow_when_compaction_replaces_files(
-    store: TimerStore, tmp_path: Path,
+    store: RocksStore, tmp_path: Path,
 ) -> None:
     root, live = tmp_path / "snaps", tmp_path / "rocksdb"
     old = create_snapshot(store, root, extra={})
@@ -113,7 +113,7 @@ def test_pinned_bytes_grow_when_compaction_replaces_files(
     assert not old.path.exists()
 
 
-def test_read_only_open_writes_nothing_into_the_snapshot(store: TimerStore,
+def test_read_only_open_writes_nothing_into_the_snapshot(store: RocksStore,
                                                          tmp_path: Path) -> None:
     info = create_snapshot(store, tmp_path / "snaps", extra={})
 

@@ -12,23 +12,23 @@ from storage.consume_queue import ConsumeQueue, CqEntry, rebuild
 from storage.errors import CorruptionError, InvalidArgument
 from storage.keys import cq_key
 from storage.records import LogRecord, encode_log_record
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 
 @pytest.fixture
 def store(tmp_path: Path):
-    s = TimerStore(tmp_path / "db", timer_shards=1)
+    s = RocksStore(tmp_path / "db", timer_shards=1)
     yield s
     s.close()
 
 
-def _fill(store: TimerStore, topic: str, n: int, base: int = 0) -> None:
+def _fill(store: RocksStore, topic: str, n: int, base: int = 0) -> None:
     b = store.batch()
     ConsumeQueue.put_many(b, topic, [(i, base + i * 100, 90 + i % 7) for i in range(n)])
     store.write(b)
 
 
-def test_read_and_end_offset(store: TimerStore) -> None:
+def test_read_and_end_offset(store: RocksStore) -> None:
     cq = ConsumeQueue(store)
     assert cq.end_offset("orders") == 0
     assert cq.read("orders", 0, 10) == []
@@ -53,7 +53,7 @@ def test_read_and_end_offset(store: TimerStore) -> None:
             "orders", offset, n)]
 
 
-def test_a_malformed_entry_is_corruption(store: TimerStore) -> None:
+def test_a_malformed_entry_is_corruption(store: RocksStore) -> None:
     _fill(store, "t", 10)
     cq = ConsumeQueue(store)
     b = store.batch()
@@ -67,7 +67,7 @@ def test_a_malformed_entry_is_corruption(store: TimerStore) -> None:
     assert cq.positions("t", 5, 5) == [i * 100 for i in range(5, 10)]  # not reaching it
 
 
-def test_a_commit_writes_one_run_and_reads_cut_it_anywhere(store: TimerStore) -> None:
+def test_a_commit_writes_one_run_and_reads_cut_it_anywhere(store: RocksStore) -> None:
     """Consecutive offsets are ONE stored entry (a run); runs of one (replay, older stores)
     and runs of many read alike, from any offset, across run boundaries."""
     b = store.batch()
@@ -89,7 +89,7 @@ def test_a_commit_writes_one_run_and_reads_cut_it_anywhere(store: TimerStore) ->
             assert cq.positions("t", offset, n) == [e.position for e in want]
 
 
-def test_read_costs_two_seeks_and_a_step_per_run(store: TimerStore) -> None:
+def test_read_costs_two_seeks_and_a_step_per_run(store: RocksStore) -> None:
     _fill(store, "t", 20_000)  # one run
     b = store.batch()
     for i in range(1000):  # runs of one, as replays and stores before runs wrote them
@@ -107,7 +107,7 @@ def test_read_costs_two_seeks_and_a_step_per_run(store: TimerStore) -> None:
         assert nexts <= steps, nexts
 
 
-def test_bad_input_changes_nothing(store: TimerStore) -> None:
+def test_bad_input_changes_nothing(store: RocksStore) -> None:
     b = store.batch()
     with pytest.raises(InvalidArgument):
         ConsumeQueue.put(b, "t", 0, -1, 10)
@@ -120,7 +120,7 @@ def test_bad_input_changes_nothing(store: TimerStore) -> None:
         ConsumeQueue(store).read("t", -1, 5)
 
 
-def test_rebuild_from_the_log(store: TimerStore, tmp_path: Path) -> None:
+def test_rebuild_from_the_log(store: RocksStore, tmp_path: Path) -> None:
     records = [
         LogRecord(topic=t, msg_id=f"m{i}", queue_offset=i // 2, body=b"x" * i)
         for i in range(300) for t in (("a", "b")[i % 2],)

@@ -18,7 +18,7 @@ from storage.constants import CF_INDEX, timer_cf
 from storage.errors import StorageError
 from storage.gate import Gate
 from storage.records import MessageStatus
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 from storage.write_guard import SPACE_CHECK_MS, is_sticky, wal_bytes
 from tests.disk import fill_disk, tmpfs
 
@@ -35,18 +35,18 @@ def fs(tmp_path: Path) -> Iterator[Path]:
         yield mountpoint
 
 
-def open_store(fs: Path, clock: FakeClock, reserve: int = 0) -> TimerStore:
-    return TimerStore(fs / "db", timer_shards=1, clock=clock, disk_reserve_bytes=reserve,
+def open_store(fs: Path, clock: FakeClock, reserve: int = 0) -> RocksStore:
+    return RocksStore(fs / "db", timer_shards=1, clock=clock, disk_reserve_bytes=reserve,
                       disk_retry_interval_ms=INTERVAL_MS)
 
 
-def put(store: TimerStore, keys: list[bytes]) -> None:
+def put(store: RocksStore, keys: list[bytes]) -> None:
     batch = store.batch()
     batch.put_many(CF_INDEX, [(k, VALUE) for k in keys])
     store.write(batch)
 
 
-def write_until_refused(store: TimerStore, prefix: str) -> tuple[list[bytes], StorageError]:
+def write_until_refused(store: RocksStore, prefix: str) -> tuple[list[bytes], StorageError]:
     """Batches of 8 x 1 KiB until a write fails; returns the acknowledged keys and the error."""
     acked: list[bytes] = []
     for i in range(100_000):
@@ -59,7 +59,7 @@ def write_until_refused(store: TimerStore, prefix: str) -> tuple[list[bytes], St
     pytest.fail("the disk never filled")
 
 
-def refused(store: TimerStore, key: bytes) -> str:
+def refused(store: RocksStore, key: bytes) -> str:
     with pytest.raises(StorageError) as info:
         put(store, [key])
     return str(info.value)
@@ -88,7 +88,7 @@ def test_acknowledged_writes_are_all_there_after_the_reopen(fs: Path) -> None:
     assert store.multi_get(CF_INDEX, everything) == [VALUE] * len(everything)
     assert store.get(CF_INDEX, b"x") is None  # refused writes are nowhere
     store.close()
-    with TimerStore(fs / "db", timer_shards=1) as again:  # and durable: in the WAL / SSTs
+    with RocksStore(fs / "db", timer_shards=1) as again:  # and durable: in the WAL / SSTs
         assert again.multi_get(CF_INDEX, everything) == [VALUE] * len(everything)
 
 
@@ -180,7 +180,7 @@ def test_reopen_under_concurrent_reads_and_writes(tmp_path: Path) -> None:
     """Threads build batches, write and read while the store reopens again and again: every
     operation works (those that meet a reopen wait for it), nothing acknowledged is lost,
     and no handle of an old DB survives a reopen (the reopen would fail with "lock")."""
-    store = TimerStore(tmp_path / "db", timer_shards=1)
+    store = RocksStore(tmp_path / "db", timer_shards=1)
     stop = threading.Event()
     acked: list[bytes] = []
     errors: list[BaseException] = []

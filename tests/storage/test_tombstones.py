@@ -19,7 +19,7 @@ import pytest
 
 from storage.constants import timer_cf
 from storage.keys import encode_timer_key, unpack_u64
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 N = 1_000_000
 BATCH = 10_000
@@ -29,7 +29,7 @@ T = TypeVar("T")
 NEXT = "rocksdb.number.db.next"
 
 
-def _delta(store: TimerStore, action: Callable[[], T]) -> tuple[dict[str, int], T]:
+def _delta(store: RocksStore, action: Callable[[], T]) -> tuple[dict[str, int], T]:
     """The statistics tickers that ``action`` moved, and its result."""
     before = store.statistics()
     result = action()
@@ -40,7 +40,7 @@ def _delta(store: TimerStore, action: Callable[[], T]) -> tuple[dict[str, int], 
 @pytest.mark.slow
 def test_scan_from_watermark_skips_one_million_tombstones(tmp_path: Path) -> None:
     cf = timer_cf(0)
-    with TimerStore(tmp_path / "db", timer_shards=1) as store:
+    with RocksStore(tmp_path / "db", timer_shards=1) as store:
         keys = [encode_timer_key(t, "topic", "m") for t in range(N)]
         for i in range(0, N, BATCH):
             b = store.batch()

@@ -26,7 +26,7 @@ from scheduler.checkback import (
 from scheduler.clock import FakeClock
 from scheduler.model import TransactionCheck
 from storage.errors import InvalidArgument, NotFound
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 from tests.txn.callback_server import Producer, producer_endpoint
 
 ALLOWED = ("127.0.0.1:*", "*.internal.example:8443", "Checks.Example.COM")
@@ -171,7 +171,7 @@ def test_signed_callbacks_verify() -> None:
 
 def test_registry_persists_and_validates(tmp_path: Path) -> None:
     clock = FakeClock()
-    store = TimerStore(tmp_path / "db", timer_shards=1)
+    store = RocksStore(tmp_path / "db", timer_shards=1)
     try:
         registry = CallbackRegistry(store, ALLOWED, clock)
         reg = registry.register("pg-1", "http://127.0.0.1:9/x")
@@ -187,7 +187,7 @@ def test_registry_persists_and_validates(tmp_path: Path) -> None:
         registry.register("pg-1", "http://127.0.0.1:10/z")  # replaces
     finally:
         store.close()
-    store = TimerStore(tmp_path / "db", timer_shards=1)
+    store = RocksStore(tmp_path / "db", timer_shards=1)
     try:
         registry = CallbackRegistry(store, ALLOWED, clock)
         assert sorted(registry.snapshot()) == ["pg-1", "pg-2"]
@@ -198,7 +198,7 @@ def test_registry_persists_and_validates(tmp_path: Path) -> None:
             registry.delete("pg-1")
     finally:
         store.close()
-    store = TimerStore(tmp_path / "db", timer_shards=1)
+    store = RocksStore(tmp_path / "db", timer_shards=1)
     try:
         assert sorted(CallbackRegistry(store, ALLOWED, clock).snapshot()) == ["pg-2"]
     finally:

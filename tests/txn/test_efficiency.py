@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 from .conftest import Harness, prepare
 
@@ -18,7 +18,7 @@ N = 2_000
 T = TypeVar("T")
 
 
-def _moved(store: TimerStore, action: Callable[[], T]) -> tuple[int, int, T]:
+def _moved(store: RocksStore, action: Callable[[], T]) -> tuple[int, int, T]:
     before = store.statistics()
     result = action()
     after = store.statistics()

@@ -1,4 +1,4 @@
-"""TimerStore against a real RocksDB under tmp_path."""
+"""RocksStore against a real RocksDB under tmp_path."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import pytest
 from storage.constants import CF_HALF, CF_INDEX, CF_META, META_SHARDS, timer_cf
 from storage.errors import InvalidArgument, StorageError
 from storage.keys import encode_timer_key, topic_shard, unpack_u64
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 
 @pytest.fixture
 def store(tmp_path: Path):
-    s = TimerStore(tmp_path / "db", timer_shards=2)
+    s = RocksStore(tmp_path / "db", timer_shards=2)
     yield s
     s.close()
 
 
-def test_put_get_delete_round_trip(store: TimerStore) -> None:
+def test_put_get_delete_round_trip(store: RocksStore) -> None:
     b = store.batch()
     b.put(CF_INDEX, b"t\x00a", b"A")
     b.put(CF_INDEX, b"t\x00b", b"B")
@@ -34,7 +34,7 @@ def test_put_get_delete_round_trip(store: TimerStore) -> None:
     assert store.get(CF_INDEX, b"t\x00b") == b"B"
 
 
-def test_batch_is_atomic_across_column_families_and_single_use(store: TimerStore) -> None:
+def test_batch_is_atomic_across_column_families_and_single_use(store: RocksStore) -> None:
     b = store.batch()
     b.put(timer_cf(0), b"k", b"v")
     b.put(CF_HALF, b"h", b"v")
@@ -46,7 +46,7 @@ def test_batch_is_atomic_across_column_families_and_single_use(store: TimerStore
         b.put(CF_HALF, b"x", b"y")
 
 
-def test_unknown_column_family_is_invalid_argument(store: TimerStore) -> None:
+def test_unknown_column_family_is_invalid_argument(store: RocksStore) -> None:
     with pytest.raises(InvalidArgument):
         store.get("nope", b"k")
     with pytest.raises(InvalidArgument):
@@ -55,7 +55,7 @@ def test_unknown_column_family_is_invalid_argument(store: TimerStore) -> None:
         store.due(2, 0, 10, 10)
 
 
-def test_due_returns_exactly_keys_up_to_now_in_order(store: TimerStore) -> None:
+def test_due_returns_exactly_keys_up_to_now_in_order(store: RocksStore) -> None:
     times = [5, 1, 9, 10, 10, 11, 3, 100, 0]
     keys = [encode_timer_key(t, "topic", f"m{i}") for i, t in enumerate(times)]
     b = store.batch()
@@ -75,40 +75,40 @@ def test_due_returns_exactly_keys_up_to_now_in_order(store: TimerStore) -> None:
 
 
 def test_watermark_persists_with_the_batch(tmp_path: Path) -> None:
-    with TimerStore(tmp_path / "db", timer_shards=2) as s:
+    with RocksStore(tmp_path / "db", timer_shards=2) as s:
         assert s.watermark(0) == 0
         b = s.batch()
         s.put_watermark(b, 1, 12345)
         s.write(b, sync=True)
         assert s.watermark(1) == 12345 and s.watermark(0) == 0
-    with TimerStore(tmp_path / "db", timer_shards=2) as s:
+    with RocksStore(tmp_path / "db", timer_shards=2) as s:
         assert s.watermark(1) == 12345
 
 
 def test_shard_count_is_persisted_and_enforced(tmp_path: Path) -> None:
-    with TimerStore(tmp_path / "db", timer_shards=3) as s:
+    with RocksStore(tmp_path / "db", timer_shards=3) as s:
         assert unpack_u64(s.get(CF_META, META_SHARDS) or b"") == 3
         b = s.batch()
         b.put(timer_cf(2), b"k", b"v")
         s.write(b)
     with pytest.raises(InvalidArgument, match="timer_shards=3"):
-        TimerStore(tmp_path / "db", timer_shards=4)
+        RocksStore(tmp_path / "db", timer_shards=4)
     # the refused open created nothing and released the lock
-    with TimerStore(tmp_path / "db", timer_shards=None) as s:
+    with RocksStore(tmp_path / "db", timer_shards=None) as s:
         assert s.timer_shards == 3
         assert s.get(timer_cf(2), b"k") == b"v"
         with pytest.raises(InvalidArgument):
             s.get(timer_cf(3), b"k")
 
 
-def test_shard_of_places_a_topic_in_one_shard_and_spreads_topics(store: TimerStore) -> None:
+def test_shard_of_places_a_topic_in_one_shard_and_spreads_topics(store: RocksStore) -> None:
     shards = {store.shard_of(f"t{i}") for i in range(100)}
     assert shards == {0, 1}
     assert store.shard_of("t1") == store.shard_of("t1") == topic_shard("t1", 2)
 
 
 def test_close_really_closes_even_with_an_abandoned_scan(tmp_path: Path) -> None:
-    s = TimerStore(tmp_path / "db", timer_shards=1)
+    s = RocksStore(tmp_path / "db", timer_shards=1)
     b = s.batch()
     b.put_many(CF_INDEX, [(b"k%05d" % i, b"v") for i in range(3000)])
     s.write(b)
@@ -117,12 +117,12 @@ def test_close_really_closes_even_with_an_abandoned_scan(tmp_path: Path) -> None
     s.close()
     with pytest.raises(StorageError):
         s.get(CF_INDEX, b"k")
-    s2 = TimerStore(tmp_path / "db", timer_shards=1)  # the lock was released
+    s2 = RocksStore(tmp_path / "db", timer_shards=1)  # the lock was released
     assert s2.get(CF_INDEX, b"k02999") == b"v"
     s2.close()
 
 
-def test_scan_bounds_limit_and_reverse(store: TimerStore) -> None:
+def test_scan_bounds_limit_and_reverse(store: RocksStore) -> None:
     keys = [b"k%05d" % i for i in range(2500)]
     b = store.batch()
     b.put_many(CF_INDEX, [(k, k) for k in keys])
@@ -137,7 +137,7 @@ def test_scan_bounds_limit_and_reverse(store: TimerStore) -> None:
     assert list(store.scan(CF_INDEX, b"k5", b"k4")) == []
 
 
-def test_checkpoint_opens_read_only(store: TimerStore, tmp_path: Path) -> None:
+def test_checkpoint_opens_read_only(store: RocksStore, tmp_path: Path) -> None:
     b = store.batch()
     b.put(timer_cf(0), encode_timer_key(7, "t", "m"), b"payload")
     store.write(b)
@@ -145,7 +145,7 @@ def test_checkpoint_opens_read_only(store: TimerStore, tmp_path: Path) -> None:
     b = store.batch()
     b.put(timer_cf(0), encode_timer_key(8, "t", "later"), b"x")
     store.write(b)
-    with TimerStore(dest, timer_shards=None, read_only=True) as ro:
+    with RocksStore(dest, timer_shards=None, read_only=True) as ro:
         assert ro.timer_shards == 2
         assert [v for _, v in ro.due(0, 0, 100, 10)] == [b"payload"]
         w = ro.batch()
@@ -156,7 +156,7 @@ def test_checkpoint_opens_read_only(store: TimerStore, tmp_path: Path) -> None:
         store.checkpoint(dest)
 
 
-def test_properties_statistics_and_live_files(store: TimerStore) -> None:
+def test_properties_statistics_and_live_files(store: RocksStore) -> None:
     b = store.batch()
     b.put_many(timer_cf(0), [(encode_timer_key(i, "t", "m"), b"v" * 100) for i in range(1000)])
     store.write(b)
@@ -170,20 +170,20 @@ def test_properties_statistics_and_live_files(store: TimerStore) -> None:
 
 
 def test_rocksdb_failures_are_storage_errors(tmp_path: Path) -> None:
-    with TimerStore(tmp_path / "db", timer_shards=1) as s:
+    with RocksStore(tmp_path / "db", timer_shards=1) as s:
         with pytest.raises(StorageError, match="lock"):
-            TimerStore(tmp_path / "db", timer_shards=1)  # held by the open store
+            RocksStore(tmp_path / "db", timer_shards=1)  # held by the open store
         b = s.batch()
     with pytest.raises(StorageError):
         b.put(CF_INDEX, b"k", b"v")  # a batch of a closed store
     with pytest.raises(StorageError):
-        TimerStore(tmp_path / "nowhere", timer_shards=1, read_only=True)
+        RocksStore(tmp_path / "nowhere", timer_shards=1, read_only=True)
     (tmp_path / "file").write_bytes(b"not a directory")
     with pytest.raises(StorageError):
-        TimerStore(tmp_path / "file", timer_shards=1)
+        RocksStore(tmp_path / "file", timer_shards=1)
 
 
-def test_cleanup_prefix_removes_only_below_the_bound(store: TimerStore) -> None:
+def test_cleanup_prefix_removes_only_below_the_bound(store: RocksStore) -> None:
     cf = timer_cf(0)
     b = store.batch()
     b.put_many(cf, [(encode_timer_key(t, "t", "m"), b"v") for t in range(1, 101)])

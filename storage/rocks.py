@@ -1,4 +1,4 @@
-"""TimerStore: one RocksDB (rocksdict, raw mode) with hourglass's column families.
+"""RocksStore: one RocksDB (rocksdict, raw mode) with hourglass's column families.
 
 Column families (storage/constants.py): ``timer.0..n-1`` (delayed messages, key = timer key),
 ``half`` (half messages by next-check time), ``index``, ``cq``, ``expiry``, ``tx``, ``meta``.
@@ -63,7 +63,7 @@ def _storage_error(what: str, exc: BaseException) -> StorageError:
     return StorageError(f"RocksDB {what} failed: {exc}")
 
 
-class TimerStore:
+class RocksStore:
     def __init__(
         self, path: str | Path, *, timer_shards: int | None = 2, sync_writes: bool = False,
         read_only: bool = False, tuning: StoreTuning | None = None, clock: NowMs | None = None,
@@ -467,7 +467,7 @@ class TimerStore:
     @staticmethod
     def put_watermark(batch: Batch, shard: int, ms: int) -> None:
         """Add "watermark of shard = ms" to ``batch``."""
-        TimerStore.put_frontier(batch, shard, pack_u64(ms))
+        RocksStore.put_frontier(batch, shard, pack_u64(ms))
 
     @staticmethod
     def put_frontier(batch: Batch, shard: int, key: bytes) -> None:
@@ -624,7 +624,7 @@ class TimerStore:
         if exc is not None and not self._guard.sticky:
             raise _storage_error("close", exc) from exc
 
-    def __enter__(self) -> TimerStore:
+    def __enter__(self) -> RocksStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -632,7 +632,7 @@ class TimerStore:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("read-only" if self._read_only else "open")
-        return f"TimerStore({str(self._path)!r}, timer_shards={self._shards}, {state})"
+        return f"RocksStore({str(self._path)!r}, timer_shards={self._shards}, {state})"
 
 
-__all__ = ["Batch", "StoreTuning", "TimerStore"]
+__all__ = ["Batch", "RocksStore", "StoreTuning"]

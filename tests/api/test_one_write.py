@@ -1,0 +1,135 @@
+"""A response leaves in one write: uvicorn's protocol, as the server runs it, driven with real
+HTTP bytes and a transport that records what it is asked to send."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from api.connections import ConnectionLimits
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[bytes] = []  # one entry per write / writelines call
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.calls.append(bytes(data))
+
+    def writelines(self, chunks: Any) -> None:
+        self.calls.append(b"".join(bytes(c) for c in chunks))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8080)}.get(
+            name, default)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def app(scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    answer = b"echo:" + body if body else b"hello"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"),
+                            (b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def exchange(requests: list[bytes], *, settle: int = 20) -> RecordingTransport:
+    """Feed ``requests`` to a fresh connection, one chunk at a time, each followed by a few
+    loop turns for the application to answer."""
+    config = Config(app=app, lifespan="off", log_level="warning", access_log=False)
+    config.load()
+    limits = ConnectionLimits(max_connections=10, max_header_bytes=65536,
+                              header_timeout_ms=10_000)
+    protocol = limits(config=config, server_state=ServerState(), app_state={},
+                      _loop=asyncio.get_running_loop())
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    for chunk in requests:
+        protocol.data_received(chunk)
+        for _ in range(settle):
+            await asyncio.sleep(0)
+    protocol.connection_lost(None)
+    return transport
+
+
+def responses(transport: RecordingTransport) -> list[bytes]:
+    return [c for c in transport.calls if not c.startswith(b"HTTP/1.1 100")]
+
+
+def test_status_line_headers_and_body_leave_in_one_write() -> None:
+    transport = asyncio.run(exchange([b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"] * 3))
+    assert len(transport.calls) == 3, transport.calls  # one per response, not two
+    for call in transport.calls:
+        assert call.startswith(b"HTTP/1.1 200 OK\r\n") and call.endswith(b"\r\n\r\nhello")
+
+
+def test_head_response_without_body_write_is_still_sent() -> None:
+    transport = asyncio.run(exchange([b"HEAD / HTTP/1.1\r\nhost: x\r\n\r\n",
+                                      b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"]))
+    assert len(transport.calls) == 2, transport.calls
+    head, get = transport.calls
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+    assert get.endswith(b"hello")
+
+
+def test_interim_100_continue_goes_out_before_the_body_arrives() -> None:
+    async def run() -> tuple[list[bytes], RecordingTransport]:
+        config = Config(app=app, lifespan="off", log_level="warning", access_log=False)
+        config.load()
+        protocol = ConnectionLimits(max_connections=10, max_header_bytes=65536,
+                                    header_timeout_ms=10_000)(
+            config=config, server_state=ServerState(), app_state={},
+            _loop=asyncio.get_running_loop())
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n"
+                               b"expect: 100-continue\r\n\r\n")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        before_body = list(transport.calls)  # the client waits for this before sending
+        protocol.data_received(b"abc")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return before_body, transport
+
+    before_body, transport = asyncio.run(run())
+    assert before_body == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    assert len(responses(transport)) == 1
+    assert responses(transport)[0].endswith(b"echo:abc")
+
+
+@pytest.mark.parametrize("pipelined", [2, 4])
+def test_pipelined_requests_get_their_responses_in_order(pipelined: int) -> None:
+    requests = b"".join(f"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\n{k}".encode()
+                        for k in range(pipelined))
+    transport = asyncio.run(exchange([requests], settle=50))
+    answers = responses(transport)
+    assert len(answers) == pipelined
+    assert [a.rsplit(b":", 1)[1] for a in answers] == [str(k).encode()
+                                                      for k in range(pipelined)]
