@@ -1,6 +1,6 @@
 """``hourglass bench timeline``: ``GET /v1/admin/timeline`` with 10 M messages pending.
 
-1. Writes ``--messages`` timer keys straight into a TimerStore (as a send stores them; no
+1. Writes ``--messages`` timer keys straight into the RocksStore (as a send stores them; no
    index entries, which neither the start-up scan nor the timeline reads), over 8 topics,
    deliverAt from the analysis workload's mixture (bench/analysis_workload.py: 10 % in one
    burst second 30 min ahead, 40 % within the hour, 30 % within the day, 20 % within 7 days).
@@ -30,13 +30,12 @@ import psutil
 
 from bench.analysis_workload import WorkloadSpec, _future_delay
 from bench.http import _call, _free_port, _start_server
-from scheduler.broker import ROCKSDB_DIR
 from scheduler.codec import message_value
 from scheduler.config import EngineConfig
 from scheduler.timeline import DAY, HOUR, Timeline
-from storage.constants import timer_cf
+from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 TOPICS = tuple(f"topic-{i}" for i in range(8))
 WRITE_BATCH = 10_000
@@ -49,7 +48,7 @@ def write_pending(data_dir: Path, messages: int, now: int, seed: int = 17) -> fl
     spec = WorkloadSpec()
     started = time.perf_counter()
     shards = EngineConfig(data_dir=data_dir).timer_shards  # what the server will open
-    store = TimerStore(data_dir / ROCKSDB_DIR, timer_shards=shards)
+    store = RocksStore(data_dir / ROCKSDB_DIR, timer_shards=shards)
     try:
         cfs = {t: timer_cf(store.shard_of(t)) for t in TOPICS}
         value = message_value(b"0123456789abcdef", None, (), {}, now, now, 0)

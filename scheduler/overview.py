@@ -16,7 +16,7 @@ from pathlib import Path
 from scheduler.tx_records import prefix_end
 from storage.constants import CF_CQ, CF_TX, TX_GROUP_PREFIX
 from storage.keys import SEP
-from storage.timer_store import TimerStore
+from storage.rocks import RocksStore
 
 TOPICS_MAX = 1_000
 TRANSACTIONS_SCAN_MAX = 100_000
@@ -40,7 +40,7 @@ class Overview:
     disk_bytes: dict[str, int] = field(default_factory=dict)  # "rocksdb", "commitlog"
 
 
-def delivered_by_topic(store: TimerStore, end_offset: Callable[[str], int],
+def delivered_by_topic(store: RocksStore, end_offset: Callable[[str], int],
                        limit: int = TOPICS_MAX) -> dict[str, int]:
     """Every topic with a consume queue (at most ``limit``, in name order) -> its end offset:
     one seek finds the next topic's first key, ``end_offset`` its last."""
@@ -57,7 +57,7 @@ def delivered_by_topic(store: TimerStore, end_offset: Callable[[str], int],
     return out
 
 
-def waiting_transactions(store: TimerStore, now: int, limit: int = TRANSACTIONS_SCAN_MAX,
+def waiting_transactions(store: RocksStore, now: int, limit: int = TRANSACTIONS_SCAN_MAX,
                          ) -> tuple[dict[str, WaitingTransactions], bool]:
     """Per producer group: prepared transactions, how many are due for a check, the next
     check; and whether ``limit`` keys were not enough to see them all."""
