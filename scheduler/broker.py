@@ -559,8 +559,8 @@ class Broker:
 
     def timeline(self, from_ms: int, to_ms: int, buckets: int,
                  topic: str | None = None) -> TimelineView:
-        """Pending messages of ``topic`` (None: every topic) by deliver time, in at most
-        ``buckets`` buckets over [from, to): maintained counts (scheduler/timeline.py)."""
+        """Pending messages of ``topic`` (None: every topic) by deliver time over [from, to),
+        in ``buckets`` buckets or one more: maintained counts (scheduler/timeline.py)."""
         if topic is not None:
             check_topic(topic, allow_system=True)
         self._check_running()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from msgspec import UNSET
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
@@ -17,10 +17,12 @@ from api.openapi import operation
 from api.schemas import TOPIC_REGEX
 from scheduler.metrics import HistogramSnapshot
 from scheduler.timeline import HOUR, MAX_BUCKETS, RESOLUTION_MS
+from storage.errors import InvalidArgument
 
 DEFAULT_BUCKETS = 60
 DEFAULT_WINDOW_MS = 24 * HOUR
 _EPOCH_MAX = 2**63 - 1
+TIMELINE_PARAMETERS = frozenset({"from", "to", "buckets", "topic"})
 
 
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
@@ -32,7 +34,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         result="Timeline", errors=(503,),
     ))
     async def timeline(
-        principal: Authenticated,
+        request: Request, principal: Authenticated,
         from_ms: Annotated[int | None, Query(
             alias="from", ge=0, le=_EPOCH_MAX,
             description="Start of the window, epoch ms (default: now). The first bucket "
@@ -52,6 +54,10 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             description="One topic (default: every topic).")] = None,
     ) -> Response:
         ctx.allow(principal, Permission.ADMIN, topic)
+        unknown = set(request.query_params) - TIMELINE_PARAMETERS
+        if unknown:  # a misspelt "form=" must not answer another window
+            raise InvalidArgument(f"unknown query parameter(s) {sorted(unknown)}; known: "
+                                  f"{sorted(TIMELINE_PARAMETERS)}")
         now = broker.clock.now_ms()
         start = now if from_ms is None else from_ms
         end = start + DEFAULT_WINDOW_MS if to_ms is None else to_ms

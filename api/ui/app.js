@@ -539,7 +539,10 @@ document.addEventListener("DOMContentLoaded", () => {
   };
   $("pan-back").addEventListener("click", () => move(-0.5));
   $("pan-forward").addEventListener("click", () => move(0.5));
-  $("pan-now").addEventListener("click", () => { state.timeline.from = null; move(0); });
+  $("pan-now").addEventListener("click", () => {
+    state.timeline.from = null; // follow the server's now again
+    refreshTimeline().catch((err) => showError(`Timeline: ${err.message}`));
+  });
   $("zoom-out").addEventListener("click", () => {
     const tl = state.timeline;
     const from = tl.from !== null ? tl.from : state.serverNow;

@@ -157,6 +157,8 @@ def test_bucket_width_and_alignment(live: Live) -> None:
     ({"topic": "bad topic"}, "topic"),
     ({"topic": "orders.a\n"}, "topic"),
     ({"from": T0 + 1, "to": T0 + 3_661 * DAY, "buckets": 1}, "at most"),
+    ({"bucket": 10}, "unknown query parameter"),
+    ({"": "false"}, "unknown query parameter"),
 ])
 def test_bad_windows_are_400(shared_live: Live, params: dict[str, object],
                              what: str) -> None:
