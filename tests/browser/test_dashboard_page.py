@@ -87,9 +87,13 @@ def open_page(browser: Any, live: Live, token: str, refresh_ms: int = 500) -> No
 
 
 def wait_for(browser: Any, condition: Any) -> Any:
+    """``condition(browser)`` once truthy; elements the page redrew meanwhile are looked up
+    again."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(condition)
+    return WebDriverWait(browser, WAIT_S, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def value(browser: Any, element_id: str) -> str:
