@@ -31,7 +31,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
-from scheduler.timeline import RESOLUTION_MS, Timeline
+from scheduler.timeline import Loader, Timeline
 from storage.keys import decode_timer_key, topic_shard
 
 if TYPE_CHECKING:
@@ -64,12 +64,17 @@ class Backlog:
         topics: Counter[bytes] = Counter()
         oldest: dict[bytes, int] = {}
         levels: Counter[int] = Counter()
-        seconds: Counter[tuple[bytes, int]] = Counter()
+        loader = Loader()  # the timeline's counts, in C a chunk at a time
+        prefixes, chunk, n = loader.prefixes, Loader.CHUNK, 0
         for shard, cf in enumerate(self._cfs):
             for key, value in store.scan(cf, store.frontier(shard)):
                 ikey = key[8:]
                 raw_topic = ikey[:ikey.index(0)]
-                seconds[raw_topic, int.from_bytes(key[:8], "big") // RESOLUTION_MS] += 1
+                prefixes[raw_topic].append(key[:8])
+                n += 1
+                if n == chunk:
+                    loader.flush()
+                    n = 0
                 if raw_topic not in oldest:  # the first key of a topic: its oldest
                     oldest[raw_topic] = int.from_bytes(key[:8], "big")
                 topics[raw_topic] += 1
@@ -81,8 +86,7 @@ class Backlog:
             self._oldest = {t.decode("utf-8"): at for t, at in oldest.items()}
             self._stale.clear()
             self._levels = dict(levels)
-        names = {raw: raw.decode("utf-8") for raw in topics}
-        self.timeline.reset({(names[t], s): n for (t, s), n in seconds.items()})
+        loader.into(self.timeline)
         return sum(topics.values())
 
     def scheduled(self, messages: Sequence[PreparedMessage]) -> None:

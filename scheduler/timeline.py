@@ -16,11 +16,12 @@ hour counts).
 
 Kept by the Backlog (scheduler/backlog.py), at the same points and under the same locks as
 its per-topic counts: a send that schedules, a cancel, a delivery commit, a run-time replay;
-rebuilt from the keys by the Backlog's start-up scan. The cost is per batch: the batch's
-(topic, second) pairs are counted in C (``collections.Counter`` over ``zip``/``map``, no
-Python call per message), then each *distinct* pair updates six counts (three levels, its
-topic and all) under the lock. A delivery batch, or a send batch of messages due at about the
-same time, has a handful of distinct pairs.
+rebuilt from the keys by the Backlog's start-up scan (``Loader``: in C, a chunk at a time).
+The cost is per batch: the batch's (topic, second) pairs are counted in C
+(``collections.Counter`` over ``zip``/``map``, no Python call per message), then each
+*distinct* pair updates six counts (three levels, its topic and all) under the lock. A
+delivery batch, or a send batch of messages due at about the same time, has a handful of
+distinct pairs.
 
 Parked poison messages (scheduler/poison.py) stay counted at their first deliverAt until a
 restart, as in the Backlog's per-topic counts.
@@ -29,12 +30,12 @@ restart, as in the Backlog's per-topic counts.
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import floordiv
-from typing import Any
+from typing import Any, Literal
 
 from storage.errors import InvalidArgument
 
@@ -49,6 +50,7 @@ WIDTHS_MS: tuple[int, ...] = (
     *(d * DAY for d in (1, 2, 7, 14, 30, 60, 90, 180, 365, 730, 1830, 3660)),
 )
 _RATIOS = tuple(unit // RESOLUTION_MS for unit in LEVELS)
+_BIG: Literal["big"] = "big"
 _FEW = 32  # distinct deliverAt values of a batch counted one by one
 MAX_BUCKETS = 1_000
 MAX_SPAN_MS = 3_660 * DAY  # to - from: the longest window (the default max delay + 10 days)
@@ -109,12 +111,12 @@ class Timeline:
         """One message stopped being pending (cancelled)."""
         self.remove((topic,), (deliver_at,))
 
-    def reset(self, seconds: Mapping[tuple[str, int], int]) -> None:
-        """Start again from (topic, deliverAt // RESOLUTION_MS) -> count (the start-up scan)."""
+    def replace(self, series: dict[str | None, tuple[dict[int, int], ...]]) -> None:
+        """Start again from per-topic (None: all) tables of counts per level (``Loader``)."""
+        totals = {key: sum(levels[0].values()) for key, levels in series.items()}
         with self._lock:
-            self._series.clear()
-            self._totals.clear()
-        self._apply(_split(seconds), 1)
+            self._series = {key: levels for key, levels in series.items() if totals[key]}
+            self._totals = {key: n for key, n in totals.items() if n}
 
     def _apply(self, counts: dict[str, tuple[Mapping[int, int], ...]], sign: int) -> None:
         """Add ``sign`` x the per-level counts of each topic to its series and to all's."""
@@ -161,6 +163,41 @@ class Timeline:
         """Counts held (every level, every series): what the timeline's memory grows with."""
         with self._lock:
             return sum(len(table) for levels in self._series.values() for table in levels)
+
+
+class Loader:
+    """The counts of the start-up scan (Backlog.rebuild), in bulk: for each pending key the
+    scan appends its 8-byte deliverAt prefix to ``prefixes[raw topic]`` (one append, no
+    other Python step per key) and calls ``flush()`` every ``CHUNK`` keys; the counting is
+    done in C, a chunk at a time. (Counting a (topic, second) per key in Python cost ~2 µs a
+    key, more than the rest of the scan.)"""
+
+    CHUNK = 1 << 16
+
+    def __init__(self) -> None:
+        self.prefixes: defaultdict[bytes, list[bytes]] = defaultdict(list)
+        self._levels: dict[bytes | None, tuple[Counter[int], ...]] = {}
+
+    def flush(self) -> None:
+        for raw_topic, prefixes in self.prefixes.items():
+            seconds = list(map(floordiv, map(int.from_bytes, prefixes, repeat(_BIG)),
+                               repeat(RESOLUTION_MS)))
+            for key in (raw_topic, None):
+                levels = self._levels.get(key)
+                if levels is None:
+                    levels = self._levels[key] = tuple(Counter() for _ in LEVELS)
+                for level, ratio in zip(levels, _RATIOS, strict=True):
+                    level.update(seconds if ratio == 1 else map(floordiv, seconds,
+                                                                repeat(ratio)))
+        self.prefixes.clear()
+
+    def into(self, timeline: Timeline) -> None:
+        """Replace ``timeline``'s counts with what was loaded."""
+        self.flush()
+        series: dict[str | None, tuple[dict[int, int], ...]] = {
+            None if raw is None else raw.decode("utf-8"): levels  # Counters: dicts
+            for raw, levels in self._levels.items()}
+        timeline.replace(series)
 
 
 def _level_counts(topics: Sequence[str], deliver_ats: Sequence[int],
@@ -225,5 +262,5 @@ def _bump(table: dict[Any, int], key: object, n: int) -> int:
     return value
 
 
-__all__ = ["LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS", "Timeline",
-           "TimelineView", "check_window", "pick_width"]
+__all__ = ["LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS", "Loader",
+           "Timeline", "TimelineView", "check_window", "pick_width"]

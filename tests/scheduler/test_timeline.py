@@ -6,7 +6,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.timeline import DAY, HOUR, MAX_SPAN_MS, WIDTHS_MS, Timeline, pick_width
+from scheduler.timeline import (
+    DAY,
+    HOUR,
+    MAX_SPAN_MS,
+    WIDTHS_MS,
+    Loader,
+    Timeline,
+    pick_width,
+)
+from storage.keys import pack_u64
 
 T0 = 1_700_000_000_000
 TOPICS = ("a", "b", "c")
@@ -66,10 +75,21 @@ def test_widths_are_the_narrowest_that_fit() -> None:
     assert (width, unit, start) == (DAY, HOUR, (T0 + 1_234) // HOUR * HOUR)
 
 
-def test_rebuild_replaces_everything() -> None:
+def test_a_load_replaces_everything() -> None:
+    """The start-up scan's bulk load (Loader), over two chunks, replaces what was kept."""
     timeline = Timeline()
     timeline.add(["a", "b"], [T0, T0 + 5_000])
-    timeline.reset({("c", T0 // 1000): 4})
-    view = timeline.query(T0, T0 + 10_000, 10, None)
-    assert view.counts[0] == 4 and sum(view.counts) == 4 == view.pending
-    assert timeline.pending("a") == 0 and timeline.pending("c") == 4
+    loader = Loader()
+    loader.prefixes[b"c"] += [pack_u64(T0 + i) for i in range(4)]
+    loader.flush()  # a full chunk
+    loader.prefixes[b"c"].append(pack_u64(T0 + HOUR))
+    loader.prefixes[b"d"].append(pack_u64(T0 + 61_000))
+    loader.into(timeline)
+    view = timeline.query(T0, T0 + 2 * HOUR, 120, None)  # 1-min buckets from T0's minute
+    start = view.start
+    assert view.counts[(T0 - start) // 60_000] == 4 and sum(view.counts) == 6 == view.pending
+    assert view.counts[(T0 + HOUR - start) // 60_000] == 1
+    assert (timeline.pending("a"), timeline.pending("c"), timeline.pending("d")) == (0, 5, 1)
+    assert sum(timeline.query(T0, T0 + 2 * HOUR, 120, "c").counts) == 5
+    timeline.remove(["c"] * 4, [T0 + i for i in range(4)])  # and it is kept from there
+    assert timeline.pending("c") == 1 and timeline.pending(None) == 2
