@@ -4,6 +4,10 @@ HTTP bytes and a transport that records what it is asked to send."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +15,8 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from api.connections import ConnectionLimits
+from scheduler.clock import FakeClock
+from tests.api.conftest import ADMIN, T0, make_settings, serve
 
 
 class RecordingTransport(asyncio.Transport):
@@ -133,3 +139,55 @@ def test_pipelined_requests_get_their_responses_in_order(pipelined: int) -> None
     assert len(answers) == pipelined
     assert [a.rsplit(b":", 1)[1] for a in answers] == [str(k).encode()
                                                       for k in range(pipelined)]
+
+
+def test_responses_larger_than_the_socket_takes_arrive_whole_and_in_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real server, a client that reads nothing while three pipelined requests are
+    answered as far as the socket takes: the direct ``writev`` sends part of a 12 MiB pull
+    answer, the transport queues the rest, and what follows waits behind it."""
+    writes = {"whole": 0, "part": 0}
+    writev = os.writev
+
+    def counting_writev(fd: int, chunks: Any) -> int:
+        sent = writev(fd, chunks)
+        writes["whole" if sent == sum(map(len, chunks)) else "part"] += 1
+        return sent
+
+    monkeypatch.setattr(os, "writev", counting_writev)
+    with serve(make_settings(tmp_path / "data"), FakeClock(T0)) as live:
+        with live.client() as c:  # 6 MiB of bodies: a pull answer beyond the socket's 4 MiB
+            for i in range(12):
+                r = c.post("/v1/topics/big/messages", json={"msgId": f"m{i}",
+                                                             "body": f"{i:x}" * (512 << 10)})
+                assert r.status_code == 201, r.text
+            pull = c.get("/v1/topics/big/messages?offset=0&max=12").content
+            health = c.get("/healthz").content
+        assert len(pull) > 8 << 20
+        host, port = live.base_url.removeprefix("http://").split(":")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        with sock:
+            sock.connect((host, int(port)))
+            get = (b"GET %s HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + ADMIN.encode()
+                   + b"\r\n\r\n")
+            pulling = get % b"/v1/topics/big/messages?offset=0&max=12"
+            sock.sendall(pulling + get % b"/healthz" + pulling)
+            time.sleep(0.3)  # let the server meet a full socket (the check is the bytes)
+            received = b""
+            bodies: list[bytes] = []
+            while len(bodies) < 3:
+                chunk = sock.recv(1 << 20)
+                assert chunk, "connection closed early"
+                received += chunk
+                while b"\r\n\r\n" in received:
+                    head, rest = received.split(b"\r\n\r\n", 1)
+                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                      if line.lower().startswith(b"content-length")))
+                    if len(rest) < length:
+                        break
+                    assert head.startswith(b"HTTP/1.1 200 OK")
+                    bodies.append(rest[:length])
+                    received = rest[length:]
+        assert bodies == [pull, health, pull]
+    assert writes["whole"] >= 2 and writes["part"] >= 1, writes  # both paths were taken
