@@ -19,7 +19,7 @@ reads the headers alone, finds the response incomplete and sleeps again. Each wr
 with the GIL held, so when the kernel switches to the woken client in the middle of it the
 engine's threads wait too. The protocol here hands every request's cycle a
 :class:`HeadHeldTransport`, which keeps the header bytes and sends them with the first body
-chunk in one ``writelines`` (one ``writev``); a response without a body write (HEAD) sends
+chunk in one ``writev``, made without the GIL; a response without a body write (HEAD) sends
 them when it completes. An interim ``100 Continue`` goes out at once.
 """
 
@@ -176,7 +176,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
-        self._fd = sock.fileno() if sock is not None else None
+        if sock is not None and transport.get_extra_info("ssl_object") is None:
+            self._fd = sock.fileno()  # (under TLS the bytes must go through the transport)
         self.header_since = self.loop.time()
         limits.watch(self.loop, self.connections)
 

@@ -20,10 +20,12 @@ from tests.api.conftest import ADMIN, T0, make_settings, serve
 
 
 class RecordingTransport(asyncio.Transport):
-    def __init__(self) -> None:
+    def __init__(self, extra: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.calls: list[bytes] = []  # one entry per write / writelines call
         self.closed = False
+        self.extra = {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8080),
+                      **(extra or {})}
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.calls.append(bytes(data))
@@ -32,8 +34,7 @@ class RecordingTransport(asyncio.Transport):
         self.calls.append(b"".join(bytes(c) for c in chunks))
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8080)}.get(
-            name, default)
+        return self.extra.get(name, default)
 
     def is_closing(self) -> bool:
         return self.closed
@@ -64,7 +65,8 @@ async def app(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": answer})
 
 
-async def exchange(requests: list[bytes], *, settle: int = 20) -> RecordingTransport:
+async def exchange(requests: list[bytes], *, settle: int = 20,
+                   transport: RecordingTransport | None = None) -> RecordingTransport:
     """Feed ``requests`` to a fresh connection, one chunk at a time, each followed by a few
     loop turns for the application to answer."""
     config = Config(app=app, lifespan="off", log_level="warning", access_log=False)
@@ -73,7 +75,7 @@ async def exchange(requests: list[bytes], *, settle: int = 20) -> RecordingTrans
                               header_timeout_ms=10_000)
     protocol = limits(config=config, server_state=ServerState(), app_state={},
                       _loop=asyncio.get_running_loop())
-    transport = RecordingTransport()
+    transport = transport or RecordingTransport()
     protocol.connection_made(transport)
     for chunk in requests:
         protocol.data_received(chunk)
@@ -92,6 +94,18 @@ def test_status_line_headers_and_body_leave_in_one_write() -> None:
     assert len(transport.calls) == 3, transport.calls  # one per response, not two
     for call in transport.calls:
         assert call.startswith(b"HTTP/1.1 200 OK\r\n") and call.endswith(b"\r\n\r\nhello")
+
+
+def test_under_tls_every_byte_goes_through_the_transport() -> None:
+    """A TLS transport also names its socket: writing there would bypass the encryption."""
+    plain, peer = socket.socketpair()
+    with plain, peer:
+        tls = RecordingTransport({"socket": plain, "ssl_object": object()})
+        asyncio.run(exchange([b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"], transport=tls))
+        assert len(tls.calls) == 1 and tls.calls[0].endswith(b"hello")
+        peer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            peer.recv(1)  # nothing was written to the socket itself
 
 
 def test_head_response_without_body_write_is_still_sent() -> None:
