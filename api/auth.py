@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from api.errors import Unauthorized
 from app.settings import Role, TokenSpec
-from storage.errors import Unauthorized
 
 
 class Permission(enum.StrEnum):

@@ -13,11 +13,12 @@ from starlette.responses import Response
 
 from api.auth import Authenticator, Permission, Principal
 from api.bodies import JSON, MSGPACK, is_msgpack
+from api.errors import Forbidden
 from api.longpoll import DeliveryNotifier
 from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.intake import check_topic
-from storage.errors import Forbidden, InvalidArgument
+from storage.errors import InvalidArgument
 
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()

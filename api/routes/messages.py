@@ -12,13 +12,14 @@ from api import schemas
 from api.auth import Permission
 from api.bodies import decode, read_body, to_send_request
 from api.context import ApiContext, Authenticated, respond
+from api.errors import Forbidden
 from api.openapi import operation
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
 from scheduler.intake import check_msg_id
 from scheduler.listing import MAX_PAGE
 from storage.constants import MAX_BATCH_MESSAGES, MSG_ID_REGEX
-from storage.errors import Forbidden, InvalidArgument
+from storage.errors import InvalidArgument
 from storage.keys import decode_handle
 
 #: Path parameters, validated in the handler (after auth) but documented here.

@@ -7,7 +7,9 @@ import base64
 import httpx
 import pytest
 
+from storage.constants import CF_INDEX
 from storage.errors import StorageError
+from storage.keys import index_key
 from tests.api.conftest import T0, Live
 
 TOPIC = "orders.eu"
@@ -249,6 +251,19 @@ def test_storage_fault_is_503_and_stores_nothing(live: Live,
                        json={"messages": [{"body": "x"}]}), 503, "UNAVAILABLE")
         monkeypatch.undo()
         problem(c.get(f"/v1/topics/{TOPIC}/messages/x"), 404, "NOT_FOUND")
+
+
+def test_corrupt_stored_data_is_a_corruption_problem(live: Live) -> None:
+    with live.client() as c:
+        assert send(c, msgId="m-bad", delayMs=5_000).status_code == 201
+        store = live.broker._store  # the live RocksDB: overwrite the message's index entry
+        assert store is not None
+        batch = store.batch()
+        batch.put(CF_INDEX, index_key(TOPIC, "m-bad"), b"\xff not an index entry")
+        store.write(batch)
+        doc = problem(c.get(f"/v1/topics/{TOPIC}/messages/m-bad"), 500, "CORRUPTION")
+        assert doc["title"] == "Data corruption"
+        assert "IndexEntry" in doc["detail"]
 
 
 def test_unknown_path_and_method_are_problems(live: Live) -> None:
