@@ -366,6 +366,12 @@ class Broker:
                                    atomic=atomic)
 
     # --- cancelling -----------------------------------------------------------------------
+    @staticmethod
+    def handle_topic(handle: str) -> str:
+        """The topic of the message a cancel handle names (to authorise the cancel first);
+        NotFound for a handle that is not one of ours."""
+        return decode_handle(handle)[1]
+
     def cancel_by_handle(self, handle: str) -> CancelResult:
         """Raises NotFound, AlreadyDelivered."""
         deliver_at, topic, msg_id = decode_handle(handle)

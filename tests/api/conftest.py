@@ -4,9 +4,6 @@ a real Broker on tmp_path, so tests can drive its FakeClock and call ``broker.dr
 from __future__ import annotations
 
 import inspect
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -17,11 +14,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from api.app import create_app
-from app.server import Server, uvicorn_config
-from app.settings import Role, Settings, TokenSpec, load_settings
+from api.auth import Role, TokenSpec
+from app.settings import Settings, load_settings
+from app.wiring import build_app
 from scheduler.broker import Broker
 from scheduler.clock import Clock, FakeClock
+from tests.support.uvicorn_thread import serve_in_thread
 
 ADMIN = "admin-token-0123456789abcdef"
 PRODUCER = "producer-orders-0123456789"  # producer, topics orders.*
@@ -74,31 +72,11 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 @contextmanager
 def serve(settings: Settings, clock: Clock, *, freeze_gc: bool = False) -> Iterator[Live]:
-    """Start app + uvicorn on a pre-bound loopback socket; stop and join on exit."""
-    app = create_app(settings, clock=clock)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn_config(app, replace(settings, host="127.0.0.1", port=port,
-                                         log_level="warning"))
-    server = Server(config, on_shutdown=app.state.ctx.notifier.close, freeze_gc=freeze_gc)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:  # start-up, not a due time: a short poll is fine here
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.01)
-    try:
-        yield Live(base_url=f"http://127.0.0.1:{port}", app=app,
-                   broker=app.state.ctx.broker, clock=clock,
+    """The app over a new Broker driven by ``clock``, served in a thread."""
+    app = build_app(settings, clock=clock)
+    with serve_in_thread(app, settings, freeze_gc=freeze_gc) as base_url:
+        yield Live(base_url=base_url, app=app, broker=app.state.ctx.broker, clock=clock,
                    settings=settings)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-        sock.close()
 
 
 @pytest.fixture

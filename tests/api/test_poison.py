@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from api.app import create_app
+from app.wiring import build_app
 from scheduler.clock import FakeClock
 from storage.errors import InvalidArgument
 from tests.api.conftest import ADMIN, T0, make_settings, serve
@@ -80,4 +80,4 @@ def test_a_send_whose_record_would_not_fit_a_segment_is_refused(tmp_path: Path) 
 
 def test_a_segment_smaller_than_the_largest_body_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="segment_size"):
-        create_app(settings(tmp_path / "data", segment_size=2 * MIB, max_body_bytes=4 * MIB))
+        build_app(settings(tmp_path / "data", segment_size=2 * MIB, max_body_bytes=4 * MIB))

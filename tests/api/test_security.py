@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Role, TokenSpec
+from api.auth import Role, TokenSpec
 from scheduler.clock import FakeClock
 from tests.api.conftest import (
     ADMIN,
