@@ -32,7 +32,7 @@ from scheduler.codec import message_level
 from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import RECORD_SLACK, EngineConfig
 from scheduler.delivery import DeliveryStage
-from scheduler.group_state import group_offset_key
+from scheduler.group_state import check_group
 from scheduler.groups import GroupManager, read_records
 from scheduler.intake import (
     Intake,
@@ -60,7 +60,6 @@ from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
 from storage.constants import (
     CF_INDEX,
-    CF_META,
     COMMITLOG_DIR,
     MAX_BATCH_MESSAGES,
     MAX_PULL_MESSAGES,
@@ -76,7 +75,6 @@ from storage.errors import (
 from storage.keys import (
     decode_handle,
     index_key,
-    unpack_u64,
 )
 from storage.log_format import HEADER_SIZE
 from storage.private import private_dir
@@ -439,9 +437,10 @@ class Broker:
         self._listeners.append(listener)
 
     def get_group_offset(self, topic: str, group: str) -> int:
-        store, _ = self._live()
-        raw = store.get(CF_META, group_offset_key(topic, group))
-        return 0 if raw is None else unpack_u64(raw)
+        check_topic(topic, allow_system=True)
+        check_group(group)
+        self._live()
+        return self._queues.group_offset(topic, group)
 
     def commit_group_offset(self, topic: str, group: str, offset: int) -> int:
         """Move the group's committed offset; its leases end (scheduler/groups.py)."""

@@ -48,7 +48,6 @@ from scheduler.group_state import (
     as_original,
     check_group,
     dlq_topic,
-    group_offset_key,
     retry_topic,
     state_key,
 )
@@ -64,6 +63,7 @@ from storage.constants import (
     PROP_ORIGIN_OFFSET,
     PROP_RECONSUME_TIME,
 )
+from storage.consume_queue import ConsumeQueue
 from storage.errors import InvalidArgument, NotFound
 from storage.keys import pack_u64, unpack_u64
 from storage.records import LogRecord, decode_log_records
@@ -121,6 +121,7 @@ class GroupManager:
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
     ) -> None:
         self._store = store
+        self._offsets = ConsumeQueue(store)
         self._read = read
         self._end_offset = end_offset
         self._intake = intake
@@ -169,8 +170,7 @@ class GroupManager:
             tag_key=f"{topic}\0{group}".encode())
 
     def _offset(self, log_topic: str, group: str) -> int:
-        raw = self._store.get(CF_META, group_offset_key(log_topic, group))
-        return 0 if raw is None else unpack_u64(raw)
+        return self._offsets.group_offset(log_topic, group)
 
     def _load_stream(self, log_topic: str, group: str) -> Stream:
         prefix = ack_prefix(log_topic, group)
@@ -255,8 +255,7 @@ class GroupManager:
             prefix = ack_prefix(stream.log_topic, g.group)
             committed = plan.committed.get(kind)
             if committed is not None:
-                batch.put(CF_META, group_offset_key(stream.log_topic, g.group),
-                          pack_u64(committed))
+                ConsumeQueue.put_group_offset(batch, stream.log_topic, g.group, committed)
                 if stream.acked:
                     batch.delete_many(CF_META, [prefix + pack_u64(o) for o in stream.acked
                                                 if o < committed])
@@ -384,7 +383,7 @@ class GroupManager:
         with g.lock:
             main = g.streams[MAIN]
             batch = self._store.batch()
-            batch.put(CF_META, group_offset_key(topic, group), pack_u64(offset))
+            ConsumeQueue.put_group_offset(batch, topic, group, offset)
             prefix = ack_prefix(topic, group)
             batch.delete_many(CF_META, [prefix + pack_u64(o) for o in main.acked])
             self._store.write(batch)
@@ -431,7 +430,7 @@ class GroupManager:
             retrying = g.retrying + len(messages)
 
             def extra(batch: Batch) -> None:
-                batch.put(CF_META, group_offset_key(g.dlq_topic, group), pack_u64(cursor))
+                ConsumeQueue.put_group_offset(batch, g.dlq_topic, group, cursor)
                 batch.put(CF_META, state_key(topic, group), pack_u64(retrying))
 
             self._submit(messages, extra=extra, atomic=True)
