@@ -30,7 +30,7 @@ from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
 from scheduler.codec import message_level
 from scheduler.committer import CommitOutcome, Committer, Log
-from scheduler.config import RECORD_SLACK, EngineConfig
+from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
 from scheduler.group_state import check_group
 from scheduler.groups import GroupManager, read_records
@@ -40,7 +40,6 @@ from scheduler.intake import (
     check_msg_id,
     check_topic,
 )
-from scheduler.levels import DelayLevels
 from scheduler.listing import list_scheduled
 from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
@@ -89,7 +88,6 @@ from storage.rocks import Batch, RocksStore, StoreTuning
 
 log = logging.getLogger(__name__)
 
-
 LogFactory = Callable[[Path, EngineConfig], Log]
 StoreFactory = Callable[[Path, EngineConfig], RocksStore]
 
@@ -106,41 +104,6 @@ def open_store(directory: Path, config: EngineConfig) -> RocksStore:
                       disk_retry_interval_ms=config.disk_retry_interval_ms)
 
 
-def check_config(config: EngineConfig) -> DelayLevels:
-    """Validate the tunables; returns the parsed delay levels. InvalidArgument on a bad one."""
-    levels = DelayLevels.parse(config.message_delay_level)
-    positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
-                "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
-                "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms",
-                "group_lease_window", "listing_scan_budget", "max_answer_bytes",
-                "backlog_topic_labels")
-    for name in positive:
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
-            raise InvalidArgument(f"engine setting {name} must be a positive integer, got "
-                                  f"{value!r}")
-    if not isinstance(config.max_reconsume_times, int) or config.max_reconsume_times < 0:
-        raise InvalidArgument("engine setting max_reconsume_times must be an integer >= 0")
-    for name in ("retention_ms", "scan_interval_ms"):
-        if getattr(config, name) < 0:
-            raise InvalidArgument(f"engine setting {name} must be >= 0")
-    if max_record_bytes(config) < config.max_body_bytes:
-        raise InvalidArgument(
-            f"segment_size={config.segment_size} cannot hold a message of max_body_bytes="
-            f"{config.max_body_bytes} (it would be accepted and never delivered): make "
-            f"segment_size at least max_body_bytes + {RECORD_SLACK + HEADER_SIZE}")
-    if levels.max_delay_ms > config.max_delay_ms:
-        raise InvalidArgument(f"messageDelayLevel has a level of {levels.max_delay_ms} ms, "
-                              f"beyond max_delay_ms={config.max_delay_ms}")
-    return levels
-
-
-def max_record_bytes(config: EngineConfig) -> int:
-    """Bytes of body and attributes (tags, keys, properties) one message may have: what a
-    CommitLog segment holds besides the record's framing and names."""
-    return config.segment_size - HEADER_SIZE - RECORD_SLACK
-
-
 class Broker:
     def __init__(
         self, config: EngineConfig, clock: Clock | None = None, *,
@@ -150,7 +113,7 @@ class Broker:
         ``open_commitlog`` / ``open_store``); tests pass ones that wrap them to inject faults."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
-        self.levels = check_config(config)
+        self.levels = config.check()
         self.metrics = EngineMetrics()
         self._log_factory = log_factory or open_commitlog
         self._store_factory = store_factory or open_store
@@ -186,7 +149,7 @@ class Broker:
             self._queues = ConsumeQueue(store)
             self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
                                   max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
-                                  max_record_bytes=max_record_bytes(cfg))
+                                  max_record_bytes=cfg.max_record_bytes)
             self._committer = Committer(store=store, log=self._log, queues=self._queues,
                                         clock=self.clock, retention_ms=cfg.retention_ms,
                                         on_replayed=self._on_replayed)
@@ -645,5 +608,5 @@ class Broker:
             self._notify({r.topic for r in records})
 
 
-__all__ = ["Broker", "check_config",
+__all__ = ["Broker",
            "open_commitlog", "open_store"]
