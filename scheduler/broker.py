@@ -45,6 +45,7 @@ from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
 from scheduler.model import (
     CancelResult,
+    EngineStats,
     MessageInfo,
     PullResult,
     SendRequest,
@@ -491,44 +492,43 @@ class Broker:
         return {"snapshotId": info.snapshot_id, "path": str(info.path),
                 "createdAt": info.created_at}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         """Pending count, delivered/cancelled totals, watermarks, delivery lag, log sizes."""
         self._live()
         m = self.metrics
         now = self.clock.now_ms()
         lateness = m.lateness_ms.snapshot()
-        return {
-            "ready": self.ready,
-            "pending": int(m.pending.value),
-            "scheduled": m.scheduled.value,
-            "delivered": m.delivered.value,
-            "deliveredImmediate": m.delivered_immediate.value,
-            "cancelled": m.cancelled.value,
-            "duplicates": m.duplicates.value,
-            "retries": m.retries.value,
-            "deliveryQueueBatches": int(m.delivery_queue_batches.value),
-            "deliveryQueueMessages": int(m.delivery_queue_messages.value),
-            "watermarkLagMs": max(self._lags(now).values(), default=0),
-            "latenessP50Ms": lateness.quantile(0.5),
-            "latenessP99Ms": lateness.quantile(0.99),
-            "transactionsPrepared": int(m.tx_prepared_pending.value),
-            "groups": self.groups.stats(),
-            "parked": int(m.parked.value),
-            **self._backlog_stats(),
-            **self._positions(),
-        }
-
-    def _backlog_stats(self) -> dict[str, Any]:
-        """The backlog per topic (capped as in /metrics) and per delay level."""
         topics = self._backlog.labelled()
-        return {
-            "pendingByTopic": {t: n for t, (n, _) in topics.items()},
-            "oldestPendingByTopic": {t: at for t, (_, at) in topics.items()},
-            "pendingByLevel": {str(level): n for level, n in sorted(
+        positions = self._positions()
+        return EngineStats(
+            ready=self.ready,
+            pending=int(m.pending.value),
+            scheduled=m.scheduled.value,
+            delivered=m.delivered.value,
+            delivered_immediate=m.delivered_immediate.value,
+            cancelled=m.cancelled.value,
+            duplicates=m.duplicates.value,
+            retries=m.retries.value,
+            delivery_queue_batches=int(m.delivery_queue_batches.value),
+            delivery_queue_messages=int(m.delivery_queue_messages.value),
+            watermark_lag_ms=max(self._lags(now).values(), default=0),
+            lateness_p50_ms=lateness.quantile(0.5),
+            lateness_p99_ms=lateness.quantile(0.99),
+            transactions_prepared=int(m.tx_prepared_pending.value),
+            groups=self.groups.stats(),
+            parked=int(m.parked.value),
+            pending_by_topic={t: n for t, (n, _) in topics.items()},
+            oldest_pending_by_topic={t: at for t, (_, at) in topics.items()},
+            pending_by_level={str(level): n for level, n in sorted(
                 self._backlog.by_level().items())},
-        }
+            timer_shards=positions["timerShards"],
+            watermarks=positions["watermarks"],
+            applied_log_position=positions["appliedLogPosition"],
+            log_end_position=positions["logEndPosition"],
+        )
 
     def _positions(self) -> dict[str, Any]:
+        """The log's positions, as the stats and a snapshot's manifest name them."""
         store, committer = self._live()
         assert self._log is not None
         return {

@@ -53,7 +53,7 @@ from scheduler.group_state import (
 )
 from scheduler.intake import Intake, PreparedMessage, check_topic
 from scheduler.metrics import EngineMetrics
-from scheduler.model import SendRequest, SendResult
+from scheduler.model import GroupStats, SendRequest, SendResult
 from storage.constants import (
     CF_META,
     MAX_PULL_MESSAGES,
@@ -133,7 +133,7 @@ class GroupManager:
         self._metrics = metrics
         for gauge, name in ((metrics.group_backlog, "backlog"), (metrics.group_leased, "leased"),
                             (metrics.group_retrying, "retrying"),
-                            (metrics.group_dead_letters, "deadLettered")):
+                            (metrics.group_dead_letters, "dead_lettered")):
             gauge.set_label_function(self._gauge(name))
         self._groups: dict[tuple[str, str], Group] = {}
         self._groups_lock = threading.Lock()
@@ -438,7 +438,7 @@ class GroupManager:
         return len(messages)
 
     # --- stats and metrics ---------------------------------------------------------------------
-    def stats(self) -> dict[str, dict[str, int]]:
+    def stats(self) -> dict[str, GroupStats]:
         """Per group ("topic/group"): backlog (end - committed offset), leased, retrying,
         dead-lettered, and redeliveries after a lease expired."""
         out = {}
@@ -446,15 +446,16 @@ class GroupManager:
             groups = sorted(self._groups.items())
         for _, g in groups:
             state = self._state(g)
-            out[g.name] = {
-                "backlog": state.end_offset - state.committed_offset,
-                "committedOffset": state.committed_offset, "endOffset": state.end_offset,
-                "leased": state.leased, "retrying": state.retrying,
-                "deadLettered": state.dead_lettered, "redelivered": g.redelivered}
+            out[g.name] = GroupStats(
+                backlog=state.end_offset - state.committed_offset,
+                committed_offset=state.committed_offset, end_offset=state.end_offset,
+                leased=state.leased, retrying=state.retrying,
+                dead_lettered=state.dead_lettered, redelivered=g.redelivered)
         return out
 
     def _gauge(self, name: str) -> Callable[[], dict[str, float]]:
-        return lambda: {group: float(values[name]) for group, values in self.stats().items()}
+        return lambda: {group: float(getattr(values, name))
+                        for group, values in self.stats().items()}
 
     def _write_state(self, g: Group, retrying: int) -> None:
         batch = self._store.batch()

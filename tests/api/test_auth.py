@@ -141,7 +141,7 @@ def test_cancel_by_handle_checks_the_handles_topic(live: Live) -> None:
         problem(consumer.delete(f"/v1/scheduled/{handle}"), 403, "FORBIDDEN")
     with live.client(token=None) as anonymous:
         problem(anonymous.delete(f"/v1/scheduled/{handle}"), 401, "UNAUTHORIZED")
-    assert live.broker.stats()["pending"] == 1  # none of that cancelled anything
+    assert live.broker.stats().pending == 1  # none of that cancelled anything
     with live.client(token=PRODUCER_ALL) as c:
         assert c.delete(f"/v1/scheduled/{handle}").json()["status"] == "CANCELLED"
 

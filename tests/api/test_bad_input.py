@@ -30,7 +30,7 @@ def small_limits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 def stored(live: Live) -> tuple[Any, ...]:
     stats = live.broker.stats()
-    return (stats["pending"], stats["scheduled"], stats["delivered"],
+    return (stats.pending, stats.scheduled, stats.delivered,
             live.broker.end_offset(TOPIC))
 
 

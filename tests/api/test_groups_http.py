@@ -82,7 +82,7 @@ def test_receive_ack_nack_dead_letters_and_redrive(live: Live) -> None:
         assert retry["properties"] == {"n": "1"}
 
     live_groups = live.broker.groups
-    assert live_groups.stats()["orders.g/workers"]["redelivered"] == 1
+    assert live_groups.stats()["orders.g/workers"].redelivered == 1
 
 
 def test_dead_letters_after_max_reconsume_times_and_redrive(live_factory: Any) -> None:

@@ -88,7 +88,7 @@ def test_duplicate_send_answers_200_with_the_first_result(live: Live) -> None:
         again = send(c, msgId="dup", delayMs=9_000, body="other")
         assert (first.status_code, again.status_code) == (201, 200)
         assert again.json() == {**first.json(), "duplicate": True}
-        assert live.broker.stats()["pending"] == 1
+        assert live.broker.stats().pending == 1
 
 
 def test_batch_in_order_and_atomic(live: Live) -> None:
@@ -229,6 +229,26 @@ def test_health_ready_stats_snapshot_metrics(live: Live) -> None:
                '{group}/offset",status="400"} 1.0' in body
         assert "hourglass_http_requests_in_flight 1.0" in body  # this very request only
         assert "hourglass_delivery_lateness_ms_bucket" in body
+
+
+def test_stats_document_names_and_types(live: Live) -> None:
+    with live.client() as c:
+        send(c, msgId="later", delayMs=1_000)
+        assert c.post(f"/v1/topics/{TOPIC}/groups/g:receive", json={"max": 1}).status_code == 200
+        stats = c.get("/v1/admin/stats").json()
+    assert list(stats) == [
+        "ready", "pending", "scheduled", "delivered", "deliveredImmediate", "cancelled",
+        "duplicates", "retries", "deliveryQueueBatches", "deliveryQueueMessages",
+        "watermarkLagMs", "latenessP50Ms", "latenessP99Ms", "transactionsPrepared", "groups",
+        "parked", "pendingByTopic", "oldestPendingByTopic", "pendingByLevel", "timerShards",
+        "watermarks", "appliedLogPosition", "logEndPosition"]
+    assert stats["ready"] is True and stats["pending"] == stats["scheduled"] == 1
+    assert stats["pendingByTopic"] == {TOPIC: 1}
+    assert stats["oldestPendingByTopic"] == {TOPIC: T0 + 1_000}
+    assert stats["timerShards"] == 2 and set(stats["watermarks"]) == {"0", "1"}
+    assert stats["groups"] == {f"{TOPIC}/g": {
+        "backlog": 0, "committedOffset": 0, "endOffset": 0, "leased": 0, "retrying": 0,
+        "deadLettered": 0, "redelivered": 0}}
 
 
 def test_readyz_503_when_the_engine_is_not_ready(live: Live,

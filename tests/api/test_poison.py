@@ -75,7 +75,7 @@ def test_a_send_whose_record_would_not_fit_a_segment_is_refused(tmp_path: Path) 
                         json={"body": "x" * 1000, "properties": properties, "deliverAt": T0 + 10})
         assert r.status_code == 413, r.text
         assert r.json()["code"] == "PAYLOAD_TOO_LARGE"
-        assert live.broker.stats()["pending"] == 0
+        assert live.broker.stats().pending == 0
 
 
 def test_a_segment_smaller_than_the_largest_body_is_refused_at_start(tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ def test_a_topic_with_a_trailing_control_character_is_refused(live: Live, topic:
         problem(client.post(f"/v1/topics/{topic}/messages:batch",
                             json={"messages": [{"body": "x"}]}), 400, "TOPIC_INVALID")
         problem(client.get(f"/v1/topics/{topic}/messages"), 400, "TOPIC_INVALID")
-    assert live.broker.stats()["pending"] == 0
+    assert live.broker.stats().pending == 0
 
 
 @pytest.mark.parametrize("field,value", [("msgId", "m1\n"), ("producerGroup", "g\n")])

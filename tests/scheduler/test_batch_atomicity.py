@@ -113,7 +113,7 @@ def test_a_failed_write_revokes_the_due_half_and_nothing_is_ever_visible(
     assert_none_of_it(broker)
     assert [(m.msg_id, m.offset) for m in read_topic(broker, "t")] == [("before", 0),
                                                                        ("after", 1)]
-    assert broker.stats()["pending"] == 0 and broker.metrics.replayed.value == 0
+    assert broker.stats().pending == 0 and broker.metrics.replayed.value == 0
     broker.close()
     broker = harness.open()  # and after a restart
     assert broker.metrics.replayed.value == 0

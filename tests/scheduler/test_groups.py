@@ -50,7 +50,7 @@ def test_receive_leases_each_message_to_one_member_until_the_lease_ends(
     again = g.receive("t", "g", 10, LEASE)  # expired: handed out again, oldest first
     assert [m.record.msg_id for m in again.messages] == [f"m{i}" for i in range(10)]
     assert all(m.delivery_count == 2 for m in again.messages)
-    assert g.stats()["t/g"]["redelivered"] == 10
+    assert g.stats()["t/g"].redelivered == 10
     # another group reads the same topic on its own
     assert len(g.receive("t", "other", 10, LEASE).messages) == 10
 

@@ -35,6 +35,6 @@ def test_an_undecodable_message_is_parked_and_its_batch_delivered(harness: Harne
     [parked] = broker.parked()
     assert (parked.topic, parked.msg_id, parked.deliver_at) == ("t", "m2", due)
     assert "cannot be decoded" in parked.reason
-    assert broker.stats()["parked"] == 1 and broker.stats()["pending"] == 0
+    assert broker.stats().parked == 1 and broker.stats().pending == 0
     broker.send(SendRequest(topic="t", body=b"after", msg_id="after"))  # delivery goes on
     assert [m.msg_id for m in read_topic(broker, "t")][-1] == "after"

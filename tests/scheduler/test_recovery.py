@@ -31,11 +31,11 @@ def test_restart_keeps_pending_messages_and_watermarks(harness: Harness,
     clock.advance(350)
     broker.drain()
     assert broker.end_offset("t") == 3
-    watermarks = broker.stats()["watermarks"]
+    watermarks = broker.stats().watermarks
     broker.close()
     broker = harness.open()
-    assert broker.stats()["watermarks"] == watermarks
-    assert broker.stats()["pending"] == 7
+    assert broker.stats().watermarks == watermarks
+    assert broker.stats().pending == 7
     assert broker.status("t", "m9").status is MessageStatus.SCHEDULED
     clock.advance(1000)
     broker.drain()
@@ -75,7 +75,7 @@ def test_crash_between_log_append_and_rocksdb_commit(harness: Harness,
     assert sorted(got) == sorted(f"m{i}" for i in range(40))
     assert broker.metrics.replayed.value == log.records
     assert all(broker.status("t", f"m{i}").status is MessageStatus.DELIVERED for i in range(40))
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0
 
 
 def _run_child(data_dir: Path, mode: str, count: int) -> list[str]:
@@ -121,7 +121,7 @@ def test_kill_9_during_an_unacknowledged_immediate_send(harness: Harness,
     broker = harness.open()
     # the unacknowledged send is there at most once; the acknowledged ones are pending
     assert [m.msg_id for m in read_topic(broker, "t")] in ([], ["now"])
-    assert broker.stats()["pending"] == 200
+    assert broker.stats().pending == 200
     again = broker.send(SendRequest(topic="t", body=b"now", msg_id="now"))  # client retry
     assert again.status is MessageStatus.DELIVERED
     clock.advance(1000)

@@ -130,7 +130,7 @@ class EngineMachine(RuleBasedStateMachine):
             info = self.broker.status(topic, msg_id)
             assert (info.status, info.deliver_at) == (expected.status, expected.deliver_at)
         pending = sum(e.status is MessageStatus.SCHEDULED for e in self.model.values())
-        assert self.broker.stats()["pending"] == pending
+        assert self.broker.stats().pending == pending
 
 
 EngineMachine.TestCase.settings = settings(

@@ -46,7 +46,7 @@ def test_a_commit_that_reached_only_the_log_is_finished_not_repeated(
     broker.drain()
     assert [m.msg_id for m in read_topic(broker, "orders")] == ["m"]
     assert broker.status("orders", "m").status is MessageStatus.DELIVERED
-    assert broker.stats()["transactionsPrepared"] == 0
+    assert broker.stats().transactions_prepared == 0
 
 
 def test_a_rollback_after_a_half_written_commit_conflicts(
