@@ -3,7 +3,6 @@ a real Broker on tmp_path, so tests can drive its FakeClock and call ``broker.dr
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -92,15 +91,6 @@ def shared_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     data = tmp_path_factory.mktemp("shared") / "data"
     with serve(make_settings(data), clock=FakeClock(T0)) as server:
         yield server
-
-
-def _transactions_are_a_stub() -> bool:
-    return "NotImplementedError" in inspect.getsource(Broker.prepare_transaction)
-
-
-#: Transactions are issue 5 (another engineer); their routes are tested as soon as they exist.
-requires_transactions = pytest.mark.skipif(
-    _transactions_are_a_stub(), reason="Broker transactions not implemented yet (issue 5)")
 
 
 @pytest.fixture

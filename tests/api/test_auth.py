@@ -13,7 +13,6 @@ from tests.api.conftest import (
     PRODUCER,
     PRODUCER_ALL,
     Live,
-    requires_transactions,
 )
 from tests.api.test_http_contract import problem
 
@@ -89,7 +88,7 @@ def allowed(response: httpx.Response) -> bool:
 
 
 @pytest.mark.parametrize("name", [
-    *sorted(CALLS), *(pytest.param(n, marks=requires_transactions) for n in sorted(TX_CALLS))])
+    *sorted(CALLS), *sorted(TX_CALLS)])
 def test_topic_calls(shared_live: Live, name: str) -> None:
     live = shared_live
     call, roles = {**CALLS, **TX_CALLS}[name]
@@ -115,8 +114,7 @@ def test_topic_calls(shared_live: Live, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [
-    *sorted(TOPICLESS),
-    *(pytest.param(n, marks=requires_transactions) for n in sorted(TX_TOPICLESS))])
+    *sorted(TOPICLESS), *sorted(TX_TOPICLESS)])
 def test_topicless_calls(shared_live: Live, name: str) -> None:
     live = shared_live
     call, roles = {**TOPICLESS, **TX_TOPICLESS}[name]

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from bench.crash.ledger import Ledger
 from bench.crash.verify import check, check_statuses, read_logs
@@ -57,6 +58,7 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+@pytest.mark.slow  # a storm of at least STORM_MIN_S on the real clock, then the last due times
 def test_random_storage_faults_under_load_lose_nothing_acknowledged(
         faulty_server: FaultyServer) -> None:
     server = faulty_server
