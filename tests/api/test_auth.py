@@ -7,14 +7,14 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.api.conftest import (
+from tests.api.test_http_contract import problem
+from tests.support.live import (
     ADMIN,
     CONSUMER,
     PRODUCER,
     PRODUCER_ALL,
     Live,
 )
-from tests.api.test_http_contract import problem
 
 OK_TOPIC = "orders.eu"  # inside orders.*
 OTHER_TOPIC = "billing"  # outside orders.*

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import T0, Live, make_settings, serve
 from tests.api.test_http_contract import problem
+from tests.support.live import T0, Live, make_settings, serve
 
 TOPIC = "orders.bad"
 MAX_BODY = 64 * 1024

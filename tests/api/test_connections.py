@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import ADMIN, CONSUMER, T0, Live, make_settings, serve
+from tests.support.live import ADMIN, CONSUMER, T0, Live, make_settings, serve
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
 

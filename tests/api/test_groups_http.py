@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from scheduler.group_state import retry_topic
-from tests.api.conftest import ADMIN, CONSUMER, T0, Live
+from tests.support.live import ADMIN, CONSUMER, T0, Live
 
 REPO = Path(__file__).resolve().parents[2]
 G = "/v1/topics/orders.g/groups/workers"

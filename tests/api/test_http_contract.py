@@ -10,7 +10,7 @@ import pytest
 from storage.constants import CF_INDEX
 from storage.errors import StorageError
 from storage.keys import index_key
-from tests.api.conftest import T0, Live
+from tests.support.live import T0, Live
 
 TOPIC = "orders.eu"
 

@@ -14,7 +14,7 @@ import pytest
 from app.wiring import build_app
 from scheduler.clock import FakeClock
 from storage.errors import InvalidArgument
-from tests.api.conftest import ADMIN, T0, make_settings, serve
+from tests.support.live import ADMIN, T0, make_settings, serve
 
 MIB = 1 << 20
 

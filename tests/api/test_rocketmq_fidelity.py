@@ -21,7 +21,7 @@ from storage.constants import timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import decode_timer_key
 from storage.records import decode_message
-from tests.api.conftest import T0, Live, make_settings, serve
+from tests.support.live import T0, Live, make_settings, serve
 
 TOPIC = "orders.eu"
 

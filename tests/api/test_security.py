@@ -14,7 +14,7 @@ import pytest
 
 from api.auth import Role, TokenSpec
 from scheduler.clock import FakeClock
-from tests.api.conftest import (
+from tests.support.live import (
     ADMIN,
     CONSUMER,
     PRODUCER,

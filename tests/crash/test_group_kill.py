@@ -19,7 +19,7 @@ from scheduler.clock import SystemClock
 from scheduler.config import EngineConfig
 from scheduler.group_state import retry_topic
 from storage.constants import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import read_topic
 
 TOKEN = "group-kill-admin-token-0123456789"
 TOPIC, GROUP = "jobs", "workers"

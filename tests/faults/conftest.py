@@ -27,7 +27,7 @@ from scheduler.committer import Log
 from scheduler.config import EngineConfig
 from storage.rocks import RocksStore
 from tests.disk import tmpfs
-from tests.scheduler.conftest import FlakyLog, FlakyStore
+from tests.support.engine import FlakyLog, FlakyStore
 from tests.support.uvicorn_thread import serve_in_thread
 
 TOKEN = "faults-admin-token-0123456789"

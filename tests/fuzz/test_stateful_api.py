@@ -29,8 +29,8 @@ with warnings.catch_warnings():
     import tests.api.schemathesis_hooks  # noqa: F401  (hypothesis-jsonschema shim, waitMs cap)
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import ADMIN, T0, Live
 from tests.fuzz.conftest import assert_problem, fuzz_server, fuzz_settings
+from tests.support.live import ADMIN, T0, Live
 
 M = "/v1/topics/{topic}/messages"
 MSG = "/v1/topics/{topic}/messages/{msgId}"

@@ -29,8 +29,7 @@ from storage.errors import InvalidArgument, NotFound, StorageError
 from storage.keys import unpack_u64
 from storage.records import FLAG_BATCH, MessageStatus, decode_log_record
 from storage.rocks import RocksStore
-
-from .conftest import START_MS, FlakyLog, FlakyStore, Harness, read_topic
+from tests.support.engine import START_MS, FlakyLog, FlakyStore, Harness, read_topic
 
 REPO = Path(__file__).resolve().parents[2]
 LATER_MS = 1000

@@ -15,8 +15,7 @@ from scheduler.model import SendRequest
 from storage.errors import AlreadyDelivered, InvalidArgument, NotFound
 from storage.keys import encode_handle
 from storage.records import MessageStatus
-
-from .conftest import START_MS, Harness, advance_until, read_topic, run_threads
+from tests.support.engine import START_MS, Harness, advance_until, read_topic, run_threads
 
 
 def test_cancel_before_at_and_after_the_due_time(broker: Broker, clock: FakeClock) -> None:

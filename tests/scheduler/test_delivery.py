@@ -9,8 +9,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.errors import DelayTooLong, InvalidArgument, NotFound, TopicInvalid
 from storage.records import MessageStatus
-
-from .conftest import START_MS, Harness, advance_until, read_topic
+from tests.support.engine import START_MS, Harness, advance_until, read_topic
 
 
 def test_never_early_and_in_deliver_time_order(broker: Broker, clock: FakeClock) -> None:

@@ -10,8 +10,7 @@ from scheduler.model import SendRequest
 from storage.errors import StorageError, Unavailable
 from storage.records import MessageStatus
 from storage.rocks import Batch
-
-from .conftest import Harness, advance_until, open_failing_after_append, read_topic
+from tests.support.engine import Harness, advance_until, open_failing_after_append, read_topic
 
 
 def test_commitlog_failure_is_retried_with_backoff_and_nothing_is_lost(

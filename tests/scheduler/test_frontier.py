@@ -20,8 +20,7 @@ from scheduler.model import SendRequest
 from scheduler.scanner import Scanner
 from storage.constants import CF_META, META_WATERMARK_PREFIX
 from storage.keys import time_bound
-
-from .conftest import START_MS, Harness, advance_until, read_topic
+from tests.support.engine import START_MS, Harness, advance_until, read_topic
 
 TIMER = "timer.0"
 

@@ -15,7 +15,7 @@ from scheduler.group_state import retry_topic
 from scheduler.groups import GroupManager
 from scheduler.model import SendRequest
 from storage.errors import InvalidArgument, NotFound, StorageError
-from tests.scheduler.conftest import Harness, read_topic, run_threads
+from tests.support.engine import Harness, read_topic, run_threads
 
 LEASE = 30_000
 LEVELS_MS = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,

@@ -15,8 +15,7 @@ from scheduler.model import SendRequest
 from storage.constants import CF_EXPIRY
 from storage.errors import InvalidArgument, NotFound
 from storage.records import MessageStatus
-
-from .conftest import START_MS, Harness, read_topic, run_threads
+from tests.support.engine import START_MS, Harness, read_topic, run_threads
 
 
 def test_list_scheduled_pages_by_deliver_time(broker: Broker, clock: FakeClock) -> None:

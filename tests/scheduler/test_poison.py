@@ -9,8 +9,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.constants import timer_cf
 from storage.keys import encode_timer_key, topic_shard
-
-from .conftest import START_MS, Harness, read_topic
+from tests.support.engine import START_MS, Harness, read_topic
 
 
 def test_an_undecodable_message_is_parked_and_its_batch_delivered(harness: Harness,

@@ -18,8 +18,7 @@ from storage.constants import CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROC
 from storage.keys import unpack_u64
 from storage.records import MessageStatus
 from storage.rocks import RocksStore
-
-from .conftest import Harness, advance_until, open_failing_after_append, read_topic
+from tests.support.engine import Harness, advance_until, open_failing_after_append, read_topic
 
 REPO = Path(__file__).resolve().parents[2]
 

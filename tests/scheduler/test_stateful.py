@@ -20,8 +20,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.errors import AlreadyDelivered, NotFound
 from storage.records import MessageStatus
-
-from .conftest import START_MS, make_config, read_topic
+from tests.support.engine import START_MS, make_config, read_topic
 
 TOPICS = ("a", "b", "c")
 IDS = tuple(f"m{i}" for i in range(8))

@@ -15,13 +15,6 @@ from storage.records import LogRecord, encode_log_record
 from storage.rocks import RocksStore
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = RocksStore(tmp_path / "db", timer_shards=1)
-    yield s
-    s.close()
-
-
 def _fill(store: RocksStore, topic: str, n: int, base: int = 0) -> None:
     b = store.batch()
     ConsumeQueue.put_many(b, topic, [(i, base + i * 100, 90 + i % 7) for i in range(n)])

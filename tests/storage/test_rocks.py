@@ -12,13 +12,6 @@ from storage.keys import encode_timer_key, pack_u64, topic_shard, unpack_u64
 from storage.rocks import RocksStore
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = RocksStore(tmp_path / "db", timer_shards=2)
-    yield s
-    s.close()
-
-
 def test_put_get_delete_round_trip(store: RocksStore) -> None:
     b = store.batch()
     b.put(CF_INDEX, b"t\x00a", b"A")

@@ -15,7 +15,7 @@ from pathlib import Path
 from scheduler.checkback import CallbackRegistration, CheckAnswer, CheckbackClient
 from scheduler.clock import FakeClock
 from scheduler.model import TransactionCheck
-from tests.api.conftest import ADMIN, T0, make_settings, serve
+from tests.support.live import ADMIN, T0, make_settings, serve
 
 
 @contextmanager

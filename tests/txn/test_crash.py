@@ -10,9 +10,9 @@ from scheduler.clock import FakeClock
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.errors import Conflict, StorageError
 from storage.records import MessageStatus
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import Harness, read_topic
 
-from .conftest import Harness, prepare
+from .conftest import prepare
 
 
 def _fail_the_write_after_the_next_append(harness: Harness) -> None:

@@ -19,7 +19,7 @@ from scheduler.broker import Broker
 from scheduler.clock import FakeClock, SystemClock
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.records import MessageStatus
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import read_topic
 
 from .crash_child import START_MS, config
 

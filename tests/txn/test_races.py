@@ -15,9 +15,9 @@ from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.errors import Conflict
-from tests.scheduler.conftest import read_topic, run_threads
+from tests.support.engine import Harness, read_topic, run_threads
 
-from .conftest import Harness, prepare
+from .conftest import prepare
 
 
 @pytest.fixture(autouse=True)

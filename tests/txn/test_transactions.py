@@ -13,9 +13,9 @@ from scheduler.tx_records import is_transaction_id, new_transaction_id
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.errors import Conflict, InvalidArgument, NotFound, TopicInvalid
 from storage.records import MessageStatus
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import START_MS, Harness, read_topic
 
-from .conftest import START_MS, Harness, prepare
+from .conftest import prepare
 
 INTERVAL = 30_000
 
@@ -341,7 +341,7 @@ def test_finished_transactions_expire_after_the_retention(
             return True
         return False
 
-    from tests.scheduler.conftest import advance_until
+    from tests.support.engine import advance_until
     advance_until(clock, lambda: expired(rolled.transaction_id)
                   and expired(committed.transaction_id), step=1)
     assert broker.transaction_status(open_tx.transaction_id).status == "PREPARED"

@@ -1,16 +1,16 @@
-"""A real uvicorn on 127.0.0.1 (a free port, in a thread of this process) serving the API over
-a real Broker on tmp_path, so tests can drive its FakeClock and call ``broker.drain()``."""
+"""A live server for tests: the API served by a real uvicorn on 127.0.0.1 (a free port, in a
+thread of this process) over a real Broker, so tests can drive its FakeClock and call
+``broker.drain()``; the tokens of each role, and settings for test servers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 
 from api.auth import Role, TokenSpec
@@ -76,34 +76,3 @@ def serve(settings: Settings, clock: Clock, *, freeze_gc: bool = False) -> Itera
     with serve_in_thread(app, settings, freeze_gc=freeze_gc) as base_url:
         yield Live(base_url=base_url, app=app, broker=app.state.ctx.broker, clock=clock,
                    settings=settings)
-
-
-@pytest.fixture
-def live(tmp_path: Path) -> Iterator[Live]:
-    """A server over a FakeClock-driven Broker."""
-    with serve(make_settings(tmp_path / "data"), clock=FakeClock(T0)) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def shared_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    """One server for a whole module, for tests that do not care about each other's data."""
-    data = tmp_path_factory.mktemp("shared") / "data"
-    with serve(make_settings(data), clock=FakeClock(T0)) as server:
-        yield server
-
-
-@pytest.fixture
-def live_factory(tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    """Start servers with custom settings (each on its own data directory)."""
-    stack: list[Any] = []
-
-    def start(clock: Clock | None = None, **overrides: Any) -> Live:
-        cm = serve(make_settings(tmp_path / f"data{len(stack)}", **overrides),
-                   clock=clock or FakeClock(T0))
-        stack.append(cm)
-        return cm.__enter__()
-
-    yield start
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
