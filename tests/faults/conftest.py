@@ -2,7 +2,7 @@
 
 - ``faulty_server``: the real app over real HTTP (uvicorn in a thread, 127.0.0.1) on a real
   Broker whose CommitLog and RocksStore are the fault-injecting wrappers of the engine tests
-  (tests/scheduler/conftest.py: ``FlakyLog.fail_appends``, ``FlakyStore.fail_writes``).
+  (tests/support/engine.py: ``FlakyLog.fail_appends``, ``FlakyStore.fail_writes``).
 - ``small_fs``: a size-limited tmpfs mounted under tmp_path, for a real full disk (ENOSPC
   from the kernel); skipped where this process may not mount.
 """
