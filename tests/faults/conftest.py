@@ -34,7 +34,7 @@ TOKEN = "faults-admin-token-0123456789"
 
 
 class FaultyServer:
-    """A served Broker with fault switches; ``client()`` as bench.crash's ServerProcess."""
+    """A served Broker with fault switches; ``client()`` as a ServerProcess's."""
 
     def __init__(self, base_url: str, broker: Broker, log: FlakyLog, store: FlakyStore) -> None:
         self.base_url = base_url

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from bench.analysis_workload import WorkloadSpec, build_store
 from storage.constants import timer_cf
 from storage.errors import InvalidArgument, NotFound
 from storage.rocks import RocksStore
@@ -24,6 +23,7 @@ from storage.snapshots import (
     remove_snapshot,
 )
 from tests.spark import direct
+from tests.support.analysis_workload import WorkloadSpec, build_store
 
 SMALL = WorkloadSpec(messages=2_000, delivered=600, cancelled=200)
 
