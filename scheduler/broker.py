@@ -417,7 +417,7 @@ class Broker:
         assert self._groups is not None
         return self._groups
 
-    # --- transactions (issue 5) -------------------------------------------------------------
+    # --- transactions -------------------------------------------------------------------
     def prepare_transaction(
         self, request: SendRequest, *, producer_group: str,
         check_immunity_seconds: str | float | None = None,
@@ -484,7 +484,7 @@ class Broker:
     # --- operations -----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """RocksDB checkpoint + manifest: {"snapshotId", "path", "createdAt"}."""
-        from storage.snapshots import create_snapshot  # lazily: an optional colleague module
+        from storage.snapshots import create_snapshot  # lazily: only a snapshot needs it
 
         store, _ = self._live()
         info = create_snapshot(store, self.config.data_dir / SNAPSHOTS_DIR,

@@ -3,7 +3,7 @@
 Also a spark-submit entry point (ship the code as a zip)::
 
     spark-submit --master spark://HOST:7077 --py-files hourglass.zip \\
-        spark_jobs/analyze.py /shared/snapshots/ID --out /shared/report
+        spark_jobs/analyze.py /mnt/nfs/snapshots/ID --out /mnt/nfs/report
 
 Each SNAPSHOT is a snapshot directory, a bare RocksDB checkpoint, a Parquet export, or a
 snapshot root (``DATA_DIR/snapshots``: every snapshot in it, oldest first). Several make a

@@ -1,4 +1,4 @@
-"""Connection limits over real sockets (issue 12): a cap on open connections and on long
+"""Connection limits over real sockets: a cap on open connections and on long
 polls (503 UNAVAILABLE with Retry-After past it), request headers of at most 64 KiB (431),
 and connections whose headers do not arrive in time are closed."""
 

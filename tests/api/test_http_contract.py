@@ -1,4 +1,4 @@
-"""Every endpoint of shared/api.md over real HTTP against a real Broker (FakeClock-driven)."""
+"""Every endpoint of the v1 contract over real HTTP against a real Broker (FakeClock-driven)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Poison messages over real HTTP (issue 12): a scheduled message that can never be delivered
+"""Poison messages over real HTTP: a scheduled message that can never be delivered
 (here: bigger than a CommitLog segment, after the segment size was lowered) is parked, the
 rest of its batch and every other topic are delivered, the operator sees it in
 ``/v1/admin/stats``, ``/metrics`` and ``/v1/admin/parked``, and redrives it once fixed."""

@@ -1,4 +1,4 @@
-"""RocketMQ fidelity (issue 15) over real HTTP and a real Broker: delay properties cleared on
+"""RocketMQ fidelity over real HTTP and a real Broker: delay properties cleared on
 delivery, cancel by message (TIMER_DEL_UNIQKEY), backlog gauges, checks without a producer."""
 
 from __future__ import annotations

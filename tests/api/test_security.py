@@ -1,4 +1,4 @@
-"""Security and robustness over real HTTP (issue 12): tenant isolation, whole-string names,
+"""Security and robustness over real HTTP: tenant isolation, whole-string names,
 bounded inputs and answers. Each test here failed on the code before the fix."""
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def ready(client: httpx.Client) -> int:
 
 
 def unavailable(r: httpx.Response) -> bool:
-    """A 503 problem, whose detail names no file (issue 12: no paths to the network)."""
+    """A 503 problem, whose detail names no file (the network learns no paths)."""
     ok = (r.status_code == 503
           and r.headers["content-type"].startswith("application/problem+json")
           and r.json()["code"] == "UNAVAILABLE")

@@ -66,7 +66,7 @@ LINKS: list[tuple[str, str, str, str, str, dict[str, str]]] = [
     (OFFSET, "PUT", "200", M, "GET", {**same_topic, "query.group": "$request.path.group"}),
     (CALLBACK, "PUT", "200", CALLBACK, "GET", {"path.group": "$request.path.group"}),
     (CALLBACK, "PUT", "200", CALLBACK, "DELETE", {"path.group": "$request.path.group"}),
-    # issue 12: the check-back poll of a group followed by a commit of one of its checks, and
+    # the check-back poll of a group followed by a commit of one of its checks, and
     # the parked messages' listing after a redrive
     ("/v1/producer-groups/{group}/transaction-checks", "GET", "200",
      "/v1/transactions/{transactionId}/commit", "POST",

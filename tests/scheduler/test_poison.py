@@ -1,4 +1,4 @@
-"""Poison isolation in the engine (issue 12): a due message whose stored value cannot be
+"""Poison isolation in the engine: a due message whose stored value cannot be
 decoded is parked, the messages around it in the same delivery batch are delivered with
 gapless offsets, and a storage fault still blocks and retries (tests/scheduler/test_faults.py).
 The HTTP side, with a message too big for a segment, is tests/api/test_poison.py."""

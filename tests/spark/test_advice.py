@@ -1,4 +1,4 @@
-"""The advice on a workload it was never tuned on (issue 13): one hot topic, a few large
+"""The advice on a workload it was never tuned on: one hot topic, a few large
 values with little compaction, cancels ahead of the due window and none inside it, delivered
 keys left below the watermark for the periodic clean-up."""
 

@@ -1,4 +1,4 @@
-"""Check-back callbacks against hostile producer endpoints, over real HTTP (issue 12): an
+"""Check-back callbacks against hostile producer endpoints, over real HTTP: an
 answer that drips in or never ends is cut at a total deadline and a size cap (UNKNOWN), and
 URLs on ports outside the allow-list cannot be registered."""
 
