@@ -196,6 +196,10 @@ class ReceiveIn(_In, kw_only=True):
         "Wait up to this long for a first message (long poll)."))] = 0
     lease_ms: Annotated[int, Meta(ge=LEASE_MS_MIN, le=LEASE_MS_MAX, description=(
         "How long the messages stay leased to this caller."))] = DEFAULT_LEASE_MS
+    ack: Annotated[Receipts, Meta(description=(
+        "Acknowledge these receipts first, durably, exactly as `:ack` does, then receive: "
+        "a consumer that acknowledges what it processed makes one request per batch. The "
+        "answer's `acked` and `stale` say what the acknowledgement did."))] | UnsetType = UNSET
 
 
 class AckIn(_In, kw_only=True):
@@ -231,6 +235,10 @@ class Received(Delivered, kw_only=True):
 class ReceiveResult(_Out, kw_only=True):
     messages: list[Received]
     lease_until: EpochMs
+    acked: Annotated[int, Meta(ge=0, description=(
+        "With `ack` in the request: how many it acknowledged."))] | UnsetType = UNSET
+    stale: Annotated[list[str], Meta(description=(
+        "With `ack` in the request: receipts that changed nothing."))] | UnsetType = UNSET
 
 
 class AckResult(msgspec.Struct, rename="camel", kw_only=True):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import uvicorn
 
-from app.settings import MIN_TOKEN_LENGTH, Role, Settings, TokenSpec, load_settings
+from api.auth import Role, TokenSpec
+from app.settings import MIN_TOKEN_LENGTH, Settings, load_settings
 from storage.errors import InvalidArgument
 from storage.private import UMASK, private_dir, readable_by_others
 

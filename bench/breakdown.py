@@ -163,8 +163,8 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
                 "server": ("127.0.0.1", 7740),
                 "headers": [auth, (b"content-type", ctype), (b"host", b"127.0.0.1")]}
 
-    async def call(sc: dict[str, Any], body: bytes) -> int:
-        status = 0
+    async def call(sc: dict[str, Any], body: bytes) -> tuple[int, bytes]:
+        status, answer = 0, []
 
         async def receive() -> dict[str, Any]:
             return {"type": "http.request", "body": body, "more_body": False}
@@ -173,29 +173,59 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            else:
+                answer.append(message.get("body", b""))
 
         await app(sc, receive, send)
-        return status
+        return status, b"".join(answer)
+
+    async def timed(sc: dict[str, Any], body: bytes, expect: int) -> tuple[float, bytes]:
+        started = time.thread_time()
+        status, answer = await call(sc, body)
+        spent = (time.thread_time() - started) * 1e6
+        if status != expect:
+            raise RuntimeError(f"{sc['method']} {sc['path']} answered {status}")
+        return spent, answer
 
     async def per_request(sc: dict[str, Any], body: bytes, expect: int) -> float:
-        samples = []
-        for _ in range(rounds):
-            started = time.thread_time()
-            status = await call(sc, body)
-            samples.append((time.thread_time() - started) * 1e6)
-            if status != expect:
-                raise RuntimeError(f"{sc['method']} {sc['path']} answered {status}")
+        samples = [(await timed(sc, body, expect))[0] for _ in range(rounds)]
         return round(statistics.median(samples), 1)
+
+    async def receive_acking(n: int) -> float:
+        """A member's loop: ``n`` new messages each round, received with the previous
+        round's receipts acknowledged in the same request."""
+        samples, receipts = [], []
+        for _ in range(rounds):
+            broker.send_batch([SendRequest(topic="r", body=BODY.encode())] * n)
+            ask = {"max": 1000, **({"ack": receipts} if receipts else {})}
+            spent, answer = await timed(scope("POST", "/v1/topics/r/groups/g:receive"),
+                                        orjson.dumps(ask), 200)
+            samples.append(spent)
+            receipts = [m["receipt"] for m in orjson.loads(answer)["messages"]]
+            if len(receipts) != n:
+                raise RuntimeError(f"received {len(receipts)} messages, not {n}")
+        return round(statistics.median(samples), 1)
+
+    async def send_as_the_peers_bench(r: int) -> float:
+        """A batch as bench/peers sends it: msgpack, 40 client msgIds, spread deliverAt."""
+        body = msgspec.msgpack.encode({"messages": [
+            {"msgId": f"p{r}-{i}", "body": BODY, "deliverAt": START_MS + 1000 + (r * 40 + i) % 2000}
+            for i in range(40)]})
+        return (await timed(scope("POST", "/v1/topics/p/messages:batch",
+                                  ctype=b"application/x-msgpack"), body, 201))[0]
 
     async def run() -> dict[str, float]:
         out = {}
         out["POST batch of 40"] = await per_request(
             scope("POST", "/v1/topics/t/messages:batch"), send_40, 201)
+        out["POST batch of 40, msgpack, client msgIds"] = round(statistics.median(
+            [await send_as_the_peers_bench(r) for r in range(rounds)]), 1)
         broker.send_batch([SendRequest(topic="t", body=b"x")])
         out["GET pull of 1"] = await per_request(
             scope("GET", "/v1/topics/t/messages", b"offset=0&max=1"), b"", 200)
         out["PUT group offset"] = await per_request(
             scope("PUT", "/v1/topics/t/groups/g/offset"), b'{"offset": 1}', 200)
+        out["POST receive of 10, acking the previous 10"] = await receive_acking(10)
         out["GET /healthz"] = await per_request(scope("GET", "/healthz"), b"", 200)
         return out
 

@@ -82,12 +82,15 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def receive_messages(request: Request) -> Response:
         topic, group, body = await parse(request, schemas.ReceiveIn, optional=True)
         groups = broker.groups
+        acked = None if body.ack is msgspec.UNSET else groups.ack(topic, group, body.ack)
         result = groups.receive(topic, group, body.max, body.lease_ms)
         if not result.messages and body.wait_ms > 0:
             result = await _long_poll(topic, group, body, body.wait_ms / 1000.0)
-        return respond(schemas.ReceiveResult(
-            messages=[received(m) for m in result.messages],
-            lease_until=result.lease_until), 200, request)
+        answer = schemas.ReceiveResult(messages=[received(m) for m in result.messages],
+                                       lease_until=result.lease_until)
+        if acked is not None:
+            answer.acked, answer.stale = acked.acked, acked.stale
+        return respond(answer, 200, request)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
                          timeout_s: float) -> ReceiveResult:

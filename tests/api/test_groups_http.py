@@ -85,6 +85,28 @@ def test_receive_ack_nack_dead_letters_and_redrive(live: Live) -> None:
     assert live_groups.stats()["orders.g/workers"].redelivered == 1
 
 
+def test_receive_acknowledges_the_previous_batch_first(live: Live) -> None:
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 3)
+        first = consumer.post(f"{G}:receive", json={"max": 2}).json()
+        assert "acked" not in first and "stale" not in first  # no ack asked, none answered
+        receipts = [m["receipt"] for m in first["messages"]]
+        nxt = consumer.post(f"{G}:receive", json={"max": 2, "ack": receipts})
+        assert nxt.status_code == 200, nxt.text
+        doc = nxt.json()
+        assert (doc["acked"], doc["stale"]) == (2, [])
+        assert [m["msgId"] for m in doc["messages"]] == ["m2"]
+        assert state(consumer)["committedOffset"] == 2  # durable, as :ack
+        live.advance(30_000)  # the leases end: the acknowledged two never come back
+        again = consumer.post(f"{G}:receive", json={"ack": receipts}).json()
+        assert [m["msgId"] for m in again["messages"]] == ["m2"]
+        assert (again["acked"], again["stale"]) == (0, receipts)
+        for bad in ([], ["not a receipt"] * 1001, "r"):
+            r = consumer.post(f"{G}:receive", json={"ack": bad})
+            assert r.status_code == 400, (bad, r.text)
+        assert state(consumer)["leased"] == 1  # the refused requests leased nothing
+
+
 def test_dead_letters_after_max_reconsume_times_and_redrive(live_factory: Any) -> None:
     live: Live = live_factory()
     with live.client() as c:

@@ -5,7 +5,8 @@
   201 expected. ``msgId`` makes the send idempotent server-side (the peers do without that).
 - consumers (``--hourglass-consume receive``, the default): ``--consumers`` threads, competing
   members of one group, as many as the peers run: ``POST /v1/topics/{topic}/groups/G:receive``
-  with ``max=1000, waitMs=1000``, then ``POST …/groups/G:ack`` with the receipts.
+  with ``max=1000, waitMs=1000`` and ``ack`` = the previous batch's receipts (acknowledged
+  before the receive, one request per batch); the last batch with ``POST …/groups/G:ack``.
   ``--hourglass-consume pull`` (the mode before competing consumers): one thread per topic (a
   topic is one ordered log, like a Kafka partition):
   ``GET /v1/topics/{topic}/messages?group=G&max=1000&waitMs=1000``, then
@@ -160,8 +161,9 @@ class HourglassSystem(System):
                          "&offset=<previous nextOffset>&commit=true (pull + offset commit in "
                          "one request)" if self.consume_mode == "pull" else
                          f"{self.consumers} members of one group: POST …:receive max={PULL_MAX}"
-                         f" waitMs={WAIT_MS}, then POST …:ack with the receipts"),
-            "bodies": ("msgpack batches and pulls (Content-Type / Accept "
+                         f" waitMs={WAIT_MS} ack=<the previous batch's receipts> (ack + "
+                         "receive in one request)"),
+            "bodies": ("msgpack batches, pulls and receives (Content-Type / Accept "
                        "application/x-msgpack)" if self.msgpack else "JSON"),
         }
         shards = _find_number(self.stats_doc, ("timerShards",))
@@ -257,21 +259,29 @@ class HourglassSystem(System):
             self._receive_loop(sink, stop)
 
     def _receive_loop(self, sink: Sink, stop: threading.Event) -> None:
+        """Receive, hand the batch to the sink, and acknowledge it with the next receive
+        (``ack`` in the request body: one request per batch); the last batch with ``:ack``."""
         assert self.http is not None
         group = f"/v1/topics/{self.topic}/groups/{self.group}"
-        ask = orjson.dumps({"max": PULL_MAX, "waitMs": WAIT_MS, "leaseMs": LEASE_MS})
+        ask = {"max": PULL_MAX, "waitMs": WAIT_MS, "leaseMs": LEASE_MS}
+        headers = {**MSGPACK_BODY, "Accept": MSGPACK} if self.msgpack else {}
+        pack = msgpack.packb if self.msgpack else orjson.dumps
+        unpack = msgpack.unpackb if self.msgpack else orjson.loads
+        receipts: list[str] = []  # the previous batch's, acknowledged with the next receive
         while not stop.is_set():
-            r = self.http.post(f"{group}:receive", content=ask)
+            body = {**ask, "ack": receipts} if receipts else ask
+            r = self.http.post(f"{group}:receive", content=pack(body), headers=headers)
             if r.status_code != 200:
                 raise RuntimeError(f"hourglass receive: HTTP {r.status_code}: {r.text[:300]}")
             t = now_ms()
-            msgs = orjson.loads(r.content).get("messages") or []
-            if not msgs:
-                continue
-            sink([m["msgId"] for m in msgs], t,
-                 [m["storedAt"] - m["deliverAt"] for m in msgs])
-            a = self.http.post(f"{group}:ack", content=orjson.dumps(
-                {"receipts": [m["receipt"] for m in msgs]}))
+            msgs = unpack(r.content).get("messages") or []
+            receipts = [m["receipt"] for m in msgs]
+            if msgs:
+                sink([m["msgId"] for m in msgs], t,
+                     [m["storedAt"] - m["deliverAt"] for m in msgs])
+        if receipts:
+            a = self.http.post(f"{group}:ack", content=pack({"receipts": receipts}),
+                               headers=headers)
             if a.status_code != 200:
                 raise RuntimeError(f"hourglass ack: HTTP {a.status_code}: {a.text[:300]}")
 
