@@ -140,8 +140,9 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
     """CPU µs per request of small requests through the ASGI app (no socket, no uvicorn)."""
     import asyncio
 
-    from api.app import create_app
-    from app.settings import Role, TokenSpec, load_settings
+    from api.auth import Role, TokenSpec
+    from app.settings import load_settings
+    from app.wiring import build_app
     from scheduler.clock import FakeClock
     from scheduler.model import SendRequest
 
@@ -149,7 +150,7 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
     settings = load_settings(cli={"data_dir": str(data_dir)})
     settings = replace(settings, tokens=(TokenSpec(token=token, role=Role.ADMIN, name="a"),))
     clock = FakeClock(START_MS)
-    app = create_app(settings, clock=clock)
+    app = build_app(settings, clock=clock)
     broker = app.state.ctx.broker
     auth = (b"authorization", f"Bearer {token}".encode())
     send_40 = orjson.dumps({"messages": [{"body": BODY, "delayMs": 1000}] * 40})

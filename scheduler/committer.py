@@ -13,7 +13,7 @@ path, synchronously) or found due by a scanner (the delivery stage):
    definition, every reader of the timer CFs starts at the watermark, and
    scheduler/maintenance.py removes the dead prefix now and then with one ``delete_range`` +
    compaction. One range tombstone per commit (up to ~1000 a second at a steady rate) made
-   every new RocksDB iterator pay for all of them until the next flush (notes/libraries.md:
+   every new RocksDB iterator pay for all of them until the next flush (measured:
    0.9 ms each with 5000); point deletes would cost a tombstone and ~0.3 µs per message.
 
 A crash between 2 and 3 leaves records in the log that RocksDB does not know; ``replay``

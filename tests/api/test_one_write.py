@@ -16,7 +16,7 @@ from uvicorn.server import ServerState
 
 from api.connections import ConnectionLimits
 from scheduler.clock import FakeClock
-from tests.api.conftest import ADMIN, T0, make_settings, serve
+from tests.support.live import ADMIN, T0, make_settings, serve
 
 
 class RecordingTransport(asyncio.Transport):
