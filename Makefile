@@ -1,4 +1,5 @@
-# The two commands of the README: `make run` and `make test`. Both build .venv first.
+# The two commands of the README: `make run` and `make test`. Both build .venv first, with
+# every extra: the analysis (PySpark, pandas, matplotlib), the benchmarks (psutil) and dev.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[analysis,bench,dev]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -1,5 +1,6 @@
-"""The FastAPI application: ``create_app(settings)`` wires the engine, auth, routes, problem
-handlers, metrics and the OpenAPI document. The lifespan owns the Broker's start and close."""
+"""The FastAPI application: ``create_app(broker, auth=..., limits=...)`` puts routes, problem
+handlers, metrics and the OpenAPI document over an engine it is given (app/wiring.py builds
+the engine from the settings). The lifespan owns the Broker's start and close."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
-from api.context import ApiContext
+from api.context import ApiContext, ApiLimits
 from api.hot import HOT_OPERATIONS, HourglassApp
 from api.longpoll import DeliveryNotifier
 from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
@@ -30,9 +31,7 @@ from api.routes import (
     transactions,
     ui,
 )
-from app.settings import Settings
 from scheduler.broker import Broker
-from scheduler.clock import Clock, SystemClock
 
 log = logging.getLogger("hourglass.api")
 
@@ -53,19 +52,11 @@ def _version() -> str:
         return "0.0.0"
 
 
-def create_app(settings: Settings, *, clock: Clock | None = None,
-               broker: Broker | None = None) -> FastAPI:
-    """The HTTP app over ``broker`` (default: a new Broker over ``settings.engine`` driven
-    by ``clock``). Starting the app starts the broker; stopping it closes the broker."""
-    if not settings.tokens:
-        raise ValueError("no token configured: the server would accept nobody "
-                         "(app.server generates an admin token when none is set)")
-    engine = broker if broker is not None else Broker(settings.engine, clock or SystemClock())
-    notifier = DeliveryNotifier(max_polls=settings.max_long_polls)
-    ctx = ApiContext(
-        settings=settings, broker=engine, auth=Authenticator(settings.tokens),
-        notifier=notifier,
-    )
+def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> FastAPI:
+    """The HTTP app over ``engine``, authenticating with ``auth``, enforcing ``limits``.
+    Starting the app starts the engine; stopping it closes the engine."""
+    notifier = DeliveryNotifier(max_polls=limits.max_long_polls)
+    ctx = ApiContext(limits=limits, broker=engine, auth=auth, notifier=notifier)
     registry = CollectorRegistry(auto_describe=True)
     http_metrics = HttpMetrics(registry)
     registry.register(EngineCollector(engine.metrics, ready=lambda: engine.ready))
@@ -75,8 +66,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         notifier.bind(asyncio.get_running_loop())
         engine.add_delivery_listener(notifier.on_delivery)
         await run_in_threadpool(engine.start)  # recovery may replay the log: keep the loop free
-        log.info("hourglass ready on %s:%s, data in %s", settings.host, settings.port,
-                 settings.data_dir)
+        log.info("hourglass ready, data in %s", engine.config.data_dir)
         try:
             yield
         finally:
@@ -97,7 +87,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     groups.add_routes(app.router, ctx)
     transactions.add_routes(app.router, ctx)
     operations.add_routes(app.router, ctx, registry)
-    dashboard.add_routes(app.router, ctx)  # the dashboard (issue 17): its API and its page
+    dashboard.add_routes(app.router, ctx)  # the dashboard: its API and its page
     ui.add_routes(app.router)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)

@@ -14,10 +14,23 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from app.settings import Role, TokenSpec
-from storage.errors import Unauthorized
+from api.errors import Unauthorized
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"  # everything
+    PRODUCER = "producer"  # send, cancel, status, scheduled peek, transactions
+    CONSUMER = "consumer"  # pull, group offsets, status
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenSpec:
+    token: str = field(repr=False)
+    role: Role
+    topics: tuple[str, ...] = ("*",)  # glob patterns (fnmatch, case-sensitive)
+    name: str = ""  # a label for logs; never the token itself
 
 
 class Permission(enum.StrEnum):

@@ -19,7 +19,7 @@ reads the headers alone, finds the response incomplete and sleeps again. Each wr
 with the GIL held, so when the kernel switches to the woken client in the middle of it the
 engine's threads wait too. The protocol here hands every request's cycle a
 :class:`HeadHeldTransport`, which keeps the header bytes and sends them with the first body
-chunk in one ``writelines`` (one ``writev``); a response without a body write (HEAD) sends
+chunk in one ``writev``, made without the GIL; a response without a body write (HEAD) sends
 them when it completes. An interim ``100 Continue`` goes out at once.
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -85,12 +86,20 @@ class ConnectionLimits:
 
 class HeadHeldTransport:
     """A request's view of the connection's transport: the response's header bytes wait for
-    its first body chunk and leave with it in one ``writelines``."""
+    its first body chunk and leave with it in one ``writev``.
 
-    __slots__ = ("_transport", "_cycle", "_held", "_armed", "_on_response")
+    The ``writev`` is made with ``os.writev`` on the socket, which releases the GIL, when the
+    transport has nothing queued (so the bytes keep their order): uvloop's own write holds
+    the GIL through the system call, and on loopback that call does the client's share of
+    the TCP work and wakes it, often switching this thread out in the middle, while the
+    engine's threads wait for the GIL. What the socket does not take, or an error, goes to
+    the transport as before (it queues the rest, or reports and closes)."""
 
-    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+    __slots__ = ("_armed", "_cycle", "_fd", "_held", "_on_response", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, fd: int | None, cycle: Any) -> None:
         self._transport = transport
+        self._fd = fd  # the socket's descriptor; None: always through the transport
         self._cycle = cycle  # uvicorn's RequestResponseCycle: says whether the response began
         self._held: bytes | None = None
         self._armed = True  # the response's first write (its headers) is still to come
@@ -102,19 +111,35 @@ class HeadHeldTransport:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.writelines((held, data))
+            self._send((held, data))
         elif self._armed and self._cycle.response_started:
             self._armed = False
             self._cycle = None  # no reference cycle left to the garbage collector
             self._held = data  # status line and headers; an interim 100 comes before the start
         else:
-            self._transport.write(data)
+            self._send((data,))
+
+    def _send(self, chunks: tuple[bytes, ...]) -> None:
+        transport = self._transport
+        if self._fd is None or transport.is_closing() or transport.get_write_buffer_size():
+            transport.writelines(chunks)
+            return
+        try:
+            sent = os.writev(self._fd, chunks)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the transport meets the same error and deals with it
+            transport.writelines(chunks)
+            return
+        if sent == sum(map(len, chunks)):
+            return
+        transport.write(b"".join(chunks)[sent:])  # queued; flow control as usual
 
     def flush(self) -> None:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held)
+            self._send((held,))
 
     def _completed(self) -> None:
         self.flush()  # a response without a body write (HEAD)
@@ -135,6 +160,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, limits: ConnectionLimits, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
+        self._fd: int | None = None  # the socket's descriptor, once connected
         # bytes of the chunks read while in a request's headers (they may never end)
         self._raw_header_bytes = 0
         self._in_headers = True  # the next bytes are (still) a request's line and headers
@@ -149,6 +175,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(limits.busy)
             return
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("ssl_object") is None:
+            self._fd = sock.fileno()  # (under TLS the bytes must go through the transport)
         self.header_since = self.loop.time()
         limits.watch(self.loop, self.connections)
 
@@ -182,7 +211,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
-            HeadHeldTransport(self.transport, cycle)  # the cycle writes through it from now on
+            HeadHeldTransport(self.transport, self._fd, cycle)  # the cycle writes through it
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

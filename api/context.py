@@ -1,5 +1,5 @@
-"""What every route needs, built once per app (the engine, settings, auth, the long-poll
-notifier), and the helpers every route uses: authenticate, authorise, parse, respond."""
+"""What every route needs, built once per app (the engine, the HTTP limits, auth, the
+long-poll notifier), and the helpers every route uses: authenticate, authorise, parse, respond."""
 
 from __future__ import annotations
 
@@ -13,19 +13,28 @@ from starlette.responses import Response
 
 from api.auth import Authenticator, Permission, Principal
 from api.bodies import JSON, MSGPACK, is_msgpack
+from api.errors import Forbidden
 from api.longpoll import DeliveryNotifier
-from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.intake import check_topic
-from storage.errors import Forbidden, InvalidArgument
+from storage.errors import InvalidArgument
 
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
 
 
 @dataclass(frozen=True, kw_only=True)
+class ApiLimits:
+    """The limits the routes enforce (app/settings.py documents each)."""
+
+    max_request_bytes: int  # bytes of one request body -> 413
+    max_batch_messages: int  # messages in one batch send -> 400
+    max_long_polls: int  # pulls waiting at once -> 503
+
+
+@dataclass(frozen=True, kw_only=True)
 class ApiContext:
-    settings: Settings
+    limits: ApiLimits
     broker: Broker
     auth: Authenticator
     notifier: DeliveryNotifier

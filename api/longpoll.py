@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Collection, Iterator
 
-from storage.errors import Overloaded
+from api.errors import Overloaded
 
 
 class DeliveryNotifier:

@@ -1,7 +1,8 @@
 """RFC 9457 problem documents: the one place where errors become HTTP responses.
 
-Routes raise the hierarchy of storage/errors.py (each class carries ``code`` and ``status``);
-the handlers installed here turn those, FastAPI's request validation errors (400, never 422),
+Routes raise the hierarchy of storage/errors.py and api/errors.py (each class carries a
+``code``; ``CODES`` below gives each code its status and title); the handlers installed here
+turn those, FastAPI's request validation errors (400, never 422),
 Starlette's HTTP errors (unknown path, wrong method) and storage faults (503) into
 ``application/problem+json`` bodies with ``type, title, status, detail, code``;
 ``UnexpectedErrors`` answers anything else (a bug) with 500 ``INTERNAL``.
@@ -45,6 +46,7 @@ CODES: dict[str, tuple[int, str]] = {
     "FORBIDDEN": (403, "Forbidden"),
     "TOO_MANY_REQUESTS": (429, "Too many requests"),
     "UNAVAILABLE": (503, "Service unavailable"),
+    "CORRUPTION": (500, "Data corruption"),
     "INTERNAL": (500, "Internal server error"),
 }
 _CODE_BY_STATUS = {
@@ -93,12 +95,12 @@ def known_problem(exc: Exception) -> Response | None:
     """The problem document of an error the API expects (the storage.errors hierarchy, an
     OSError below the engine), or None. Used by the handlers below and by api/hot.py."""
     if isinstance(exc, HourglassError):
-        detail = exc.detail or CODES.get(exc.code, ("", exc.code))[1]
-        if exc.status >= 500:
+        status, title = CODES.get(exc.code, CODES["INTERNAL"])
+        detail = exc.detail or title
+        if status >= 500:
             log.warning("%s: %s", exc.code, exc.detail or type(exc).__name__)
             detail = without_paths(detail)
-        return problem_response(exc.code, detail, status=exc.status,
-                                retry_after_s=getattr(exc, "retry_after_s", None))
+        return problem_response(exc.code, detail, retry_after_s=getattr(exc, "retry_after_s", None))
     if isinstance(exc, OSError):  # disk full, I/O error: nothing acknowledged, try again later
         log.error("storage fault: %s", exc)
         return problem_response("UNAVAILABLE",

@@ -1,4 +1,4 @@
-"""The wire schemas of the v1 contract (shared/api.md), as msgspec Structs.
+"""The wire schemas of the v1 contract, as msgspec Structs.
 
 One definition serves three purposes: decoding + validating request bodies (JSON or msgpack,
 ~10x faster than pydantic), encoding responses, and the OpenAPI components (api/openapi.py

@@ -2,14 +2,21 @@
 
 Each subcommand lives in its own module and is imported only when it runs, so
 ``hourglass --help`` stays fast and a missing optional piece fails only its own command.
+``bench`` lives in the source checkout only (bench/ is not installed): an editable install
+finds it beside the installed packages.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+#: the source checkout of an editable install: bench/ and tests/ are there
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 # subcommand -> "module:function"; each function takes (argv: list[str]) and returns an exit code
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,6 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(args[:1])
     target, _ = COMMANDS[ns.command]
     module_name, func_name = target.split(":")
+    if ns.command == "bench" and importlib.util.find_spec("bench") is None:
+        if not (CHECKOUT / "bench" / "cli.py").is_file():
+            print("hourglass bench: the benchmarks run from a source checkout of hourglass "
+                  "(pip install -e '.[bench]' there)", file=sys.stderr)
+            return 2
+        sys.path.insert(0, str(CHECKOUT))
     func = getattr(importlib.import_module(module_name), func_name)
     return int(func(args[1:]) or 0)
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvicorn
-from starlette.types import ASGIApp
 
-from app.settings import MIN_TOKEN_LENGTH, Role, Settings, TokenSpec, load_settings
+from api.auth import Role, TokenSpec
+from app.settings import MIN_TOKEN_LENGTH, Settings, load_settings
 from storage.errors import InvalidArgument
 from storage.private import UMASK, private_dir, readable_by_others
 
@@ -85,20 +85,6 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
-    from api.connections import ConnectionLimits  # the HTTP layer's guards (wiring)
-
-    limits = ConnectionLimits(max_connections=settings.max_connections,
-                              max_header_bytes=settings.max_header_bytes,
-                              header_timeout_ms=settings.header_timeout_ms)
-    return uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop", http=limits,  # type: ignore[arg-type]
-        ws="none", lifespan="on", workers=1, log_level=settings.log_level,
-        access_log=settings.access_log, timeout_graceful_shutdown=10,
-        server_header=False,
-    )
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="hourglass serve",
@@ -132,10 +118,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"hourglass serve: error: cannot set up the admin token: {exc}", file=sys.stderr)
         return 2
 
-    from api.app import create_app  # the one place app/ reaches up into api/: the wiring
+    from app.wiring import build_app, uvicorn_config  # imports the whole server: only here
 
     try:
-        app = create_app(settings)  # the engine checks its own settings (e.g. delay levels)
+        app = build_app(settings)  # the engine checks its own settings (e.g. delay levels)
     except InvalidArgument as exc:
         print(f"hourglass serve: error: {exc.detail}", file=sys.stderr)
         return 2

@@ -14,7 +14,6 @@ and from ``HOURGLASS_ADMIN_TOKEN``.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import re
 import tomllib
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from api.auth import Role, TokenSpec
 from scheduler.config import EngineConfig
 from storage.constants import MAX_BATCH_MESSAGES
 from storage.errors import InvalidArgument
@@ -33,20 +33,6 @@ log = logging.getLogger("hourglass.settings")
 ENV_PREFIX = "HOURGLASS_"
 DEFAULT_PORT = 7740
 MIN_TOKEN_LENGTH = 16
-
-
-class Role(enum.StrEnum):
-    ADMIN = "admin"  # everything
-    PRODUCER = "producer"  # send, cancel, status, scheduled peek, transactions
-    CONSUMER = "consumer"  # pull, group offsets, status
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenSpec:
-    token: str = field(repr=False)
-    role: Role
-    topics: tuple[str, ...] = ("*",)  # glob patterns (fnmatch, case-sensitive)
-    name: str = ""  # a label for logs; never the token itself
 
 
 @dataclass(frozen=True, kw_only=True)

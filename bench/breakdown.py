@@ -140,8 +140,9 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
     """CPU µs per request of small requests through the ASGI app (no socket, no uvicorn)."""
     import asyncio
 
-    from api.app import create_app
-    from app.settings import Role, TokenSpec, load_settings
+    from api.auth import Role, TokenSpec
+    from app.settings import load_settings
+    from app.wiring import build_app
     from scheduler.clock import FakeClock
     from scheduler.model import SendRequest
 
@@ -149,7 +150,7 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
     settings = load_settings(cli={"data_dir": str(data_dir)})
     settings = replace(settings, tokens=(TokenSpec(token=token, role=Role.ADMIN, name="a"),))
     clock = FakeClock(START_MS)
-    app = create_app(settings, clock=clock)
+    app = build_app(settings, clock=clock)
     broker = app.state.ctx.broker
     auth = (b"authorization", f"Bearer {token}".encode())
     send_40 = orjson.dumps({"messages": [{"body": BODY, "delayMs": 1000}] * 40})
@@ -205,10 +206,20 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
                 raise RuntimeError(f"received {len(receipts)} messages, not {n}")
         return round(statistics.median(samples), 1)
 
+    async def send_as_the_peers_bench(r: int) -> float:
+        """A batch as bench/peers sends it: msgpack, 40 client msgIds, spread deliverAt."""
+        body = msgspec.msgpack.encode({"messages": [
+            {"msgId": f"p{r}-{i}", "body": BODY, "deliverAt": START_MS + 1000 + (r * 40 + i) % 2000}
+            for i in range(40)]})
+        return (await timed(scope("POST", "/v1/topics/p/messages:batch",
+                                  ctype=b"application/x-msgpack"), body, 201))[0]
+
     async def run() -> dict[str, float]:
         out = {}
         out["POST batch of 40"] = await per_request(
             scope("POST", "/v1/topics/t/messages:batch"), send_40, 201)
+        out["POST batch of 40, msgpack, client msgIds"] = round(statistics.median(
+            [await send_as_the_peers_bench(r) for r in range(rounds)]), 1)
         broker.send_batch([SendRequest(topic="t", body=b"x")])
         out["GET pull of 1"] = await per_request(
             scope("GET", "/v1/topics/t/messages", b"offset=0&max=1"), b"", 200)

@@ -1,4 +1,4 @@
-"""``hourglass bench engine``: the engine's three workloads of issue 3, in process.
+"""``hourglass bench engine``: the engine's three workloads, in process.
 
 1. schedule: ``send_batch`` of 1000 messages (100-byte bodies) due far in the future, so
    nothing is delivered; msgs/s. Target >= 400 k/s. Run twice: engine-generated msgIds, and

@@ -11,7 +11,7 @@ defaults, fresh and with millions of messages pending.
 3. Stop the server, compact every column family of its RocksDB (what RocksDB's background
    compaction reaches in time) and read the disk per million pending messages.
 
-Targets of issue 11: fresh RSS <= 150 MB and data dir <= 64 MB; RSS <= 400 MB with 5 M
+Targets: fresh RSS <= 150 MB and data dir <= 64 MB; RSS <= 400 MB with 5 M
 pending; <= 150 MB of disk per million pending messages once compacted.
 """
 

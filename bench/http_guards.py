@@ -1,5 +1,5 @@
 """``python -m bench.http_guards``: the CPU a request costs in uvicorn's httptools protocol,
-without and with api/connections.py's guards (issue 12).
+without and with api/connections.py's guards.
 
 In process, on uvloop: one protocol object on a fake transport is fed the same small POST
 (7 headers, a 15-byte body) ``--requests`` times, answered by a trivial ASGI app; rounds of

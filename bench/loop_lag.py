@@ -1,4 +1,4 @@
-"""``python -m bench.loop_lag``: how long the worst requests stall the others (issue 12).
+"""``python -m bench.loop_lag``: how long the worst requests stall the others.
 
 Starts ``hourglass serve`` (as ``hourglass bench http`` does), fills it with the worst cases
 of the two requests that read storage the most: a scheduled listing whose range holds

@@ -1,4 +1,4 @@
-"""``hourglass bench storage``: raw speed of the storage layer on this machine.
+"""``hourglass bench storage``: raw speed of the storage layer.
 
 Measures, each on fresh files in a temporary directory (or ``--dir``):
 - batched puts/s into one timer CF (batches of ``--batch``, 100-byte values, ``--keys`` keys);

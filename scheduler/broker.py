@@ -30,9 +30,9 @@ from scheduler.checkback import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
 from scheduler.codec import message_level
 from scheduler.committer import CommitOutcome, Committer, Log
-from scheduler.config import RECORD_SLACK, EngineConfig
+from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
-from scheduler.group_state import group_offset_key
+from scheduler.group_state import check_group
 from scheduler.groups import GroupManager, read_records
 from scheduler.intake import (
     Intake,
@@ -40,12 +40,12 @@ from scheduler.intake import (
     check_msg_id,
     check_topic,
 )
-from scheduler.levels import DelayLevels
 from scheduler.listing import list_scheduled
 from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
 from scheduler.model import (
     CancelResult,
+    EngineStats,
     MessageInfo,
     PullResult,
     SendRequest,
@@ -67,7 +67,6 @@ from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
 from storage.constants import (
     CF_INDEX,
-    CF_META,
     COMMITLOG_DIR,
     MAX_BATCH_MESSAGES,
     MAX_PULL_MESSAGES,
@@ -83,7 +82,6 @@ from storage.errors import (
 from storage.keys import (
     decode_handle,
     index_key,
-    unpack_u64,
 )
 from storage.log_format import HEADER_SIZE
 from storage.private import private_dir
@@ -97,7 +95,6 @@ from storage.records import (
 from storage.rocks import Batch, RocksStore, StoreTuning
 
 log = logging.getLogger(__name__)
-
 
 LogFactory = Callable[[Path, EngineConfig], Log]
 StoreFactory = Callable[[Path, EngineConfig], RocksStore]
@@ -115,41 +112,6 @@ def open_store(directory: Path, config: EngineConfig) -> RocksStore:
                       disk_retry_interval_ms=config.disk_retry_interval_ms)
 
 
-def check_config(config: EngineConfig) -> DelayLevels:
-    """Validate the tunables; returns the parsed delay levels. InvalidArgument on a bad one."""
-    levels = DelayLevels.parse(config.message_delay_level)
-    positive = ("timer_shards", "scan_batch_size", "delivery_queue_batches",
-                "delivery_batch_max", "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms",
-                "compact_after_deletes", "cleanup_interval_ms", "flush_interval_ms",
-                "group_lease_window", "listing_scan_budget", "max_answer_bytes",
-                "backlog_topic_labels")
-    for name in positive:
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
-            raise InvalidArgument(f"engine setting {name} must be a positive integer, got "
-                                  f"{value!r}")
-    if not isinstance(config.max_reconsume_times, int) or config.max_reconsume_times < 0:
-        raise InvalidArgument("engine setting max_reconsume_times must be an integer >= 0")
-    for name in ("retention_ms", "scan_interval_ms"):
-        if getattr(config, name) < 0:
-            raise InvalidArgument(f"engine setting {name} must be >= 0")
-    if max_record_bytes(config) < config.max_body_bytes:
-        raise InvalidArgument(
-            f"segment_size={config.segment_size} cannot hold a message of max_body_bytes="
-            f"{config.max_body_bytes} (it would be accepted and never delivered): make "
-            f"segment_size at least max_body_bytes + {RECORD_SLACK + HEADER_SIZE}")
-    if levels.max_delay_ms > config.max_delay_ms:
-        raise InvalidArgument(f"messageDelayLevel has a level of {levels.max_delay_ms} ms, "
-                              f"beyond max_delay_ms={config.max_delay_ms}")
-    return levels
-
-
-def max_record_bytes(config: EngineConfig) -> int:
-    """Bytes of body and attributes (tags, keys, properties) one message may have: what a
-    CommitLog segment holds besides the record's framing and names."""
-    return config.segment_size - HEADER_SIZE - RECORD_SLACK
-
-
 class Broker:
     def __init__(
         self, config: EngineConfig, clock: Clock | None = None, *,
@@ -159,7 +121,7 @@ class Broker:
         ``open_commitlog`` / ``open_store``); tests pass ones that wrap them to inject faults."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
-        self.levels = check_config(config)
+        self.levels = config.check()
         self.metrics = EngineMetrics()
         self._log_factory = log_factory or open_commitlog
         self._store_factory = store_factory or open_store
@@ -195,7 +157,7 @@ class Broker:
             self._queues = ConsumeQueue(store)
             self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
                                   max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
-                                  max_record_bytes=max_record_bytes(cfg))
+                                  max_record_bytes=cfg.max_record_bytes)
             self._committer = Committer(store=store, log=self._log, queues=self._queues,
                                         clock=self.clock, retention_ms=cfg.retention_ms,
                                         on_replayed=self._on_replayed)
@@ -373,6 +335,12 @@ class Broker:
                                    atomic=atomic)
 
     # --- cancelling -----------------------------------------------------------------------
+    @staticmethod
+    def handle_topic(handle: str) -> str:
+        """The topic of the message a cancel handle names (to authorise the cancel first);
+        NotFound for a handle that is not one of ours."""
+        return decode_handle(handle)[1]
+
     def cancel_by_handle(self, handle: str) -> CancelResult:
         """Raises NotFound, AlreadyDelivered."""
         deliver_at, topic, msg_id = decode_handle(handle)
@@ -440,9 +408,10 @@ class Broker:
         self._listeners.append(listener)
 
     def get_group_offset(self, topic: str, group: str) -> int:
-        store, _ = self._live()
-        raw = store.get(CF_META, group_offset_key(topic, group))
-        return 0 if raw is None else unpack_u64(raw)
+        check_topic(topic, allow_system=True)
+        check_group(group)
+        self._live()
+        return self._queues.group_offset(topic, group)
 
     def commit_group_offset(self, topic: str, group: str, offset: int) -> int:
         """Move the group's committed offset; its leases end (scheduler/groups.py)."""
@@ -455,7 +424,7 @@ class Broker:
         assert self._groups is not None
         return self._groups
 
-    # --- transactions (issue 5) -------------------------------------------------------------
+    # --- transactions -------------------------------------------------------------------
     def prepare_transaction(
         self, request: SendRequest, *, producer_group: str,
         check_immunity_seconds: str | float | None = None,
@@ -522,7 +491,7 @@ class Broker:
     # --- operations -----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """RocksDB checkpoint + manifest: {"snapshotId", "path", "createdAt"}."""
-        from storage.snapshots import create_snapshot  # lazily: an optional colleague module
+        from storage.snapshots import create_snapshot  # lazily: only a snapshot needs it
 
         store, _ = self._live()
         info = create_snapshot(store, self.config.data_dir / SNAPSHOTS_DIR,
@@ -530,32 +499,40 @@ class Broker:
         return {"snapshotId": info.snapshot_id, "path": str(info.path),
                 "createdAt": info.created_at}
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         """Pending count, delivered/cancelled totals, watermarks, delivery lag, log sizes."""
         self._live()
         m = self.metrics
         now = self.clock.now_ms()
         lateness = m.lateness_ms.snapshot()
-        return {
-            "ready": self.ready,
-            "pending": int(m.pending.value),
-            "scheduled": m.scheduled.value,
-            "delivered": m.delivered.value,
-            "deliveredImmediate": m.delivered_immediate.value,
-            "cancelled": m.cancelled.value,
-            "duplicates": m.duplicates.value,
-            "retries": m.retries.value,
-            "deliveryQueueBatches": int(m.delivery_queue_batches.value),
-            "deliveryQueueMessages": int(m.delivery_queue_messages.value),
-            "watermarkLagMs": max(self._lags(now).values(), default=0),
-            "latenessP50Ms": lateness.quantile(0.5),
-            "latenessP99Ms": lateness.quantile(0.99),
-            "transactionsPrepared": int(m.tx_prepared_pending.value),
-            "groups": self.groups.stats(),
-            "parked": int(m.parked.value),
-            **self._backlog_stats(),
-            **self._positions(),
-        }
+        topics = self._backlog.labelled()
+        positions = self._positions()
+        return EngineStats(
+            ready=self.ready,
+            pending=int(m.pending.value),
+            scheduled=m.scheduled.value,
+            delivered=m.delivered.value,
+            delivered_immediate=m.delivered_immediate.value,
+            cancelled=m.cancelled.value,
+            duplicates=m.duplicates.value,
+            retries=m.retries.value,
+            delivery_queue_batches=int(m.delivery_queue_batches.value),
+            delivery_queue_messages=int(m.delivery_queue_messages.value),
+            watermark_lag_ms=max(self._lags(now).values(), default=0),
+            lateness_p50_ms=lateness.quantile(0.5),
+            lateness_p99_ms=lateness.quantile(0.99),
+            transactions_prepared=int(m.tx_prepared_pending.value),
+            groups=self.groups.stats(),
+            parked=int(m.parked.value),
+            pending_by_topic={t: n for t, (n, _) in topics.items()},
+            oldest_pending_by_topic={t: at for t, (_, at) in topics.items()},
+            pending_by_level={str(level): n for level, n in sorted(
+                self._backlog.by_level().items())},
+            timer_shards=positions["timerShards"],
+            watermarks=positions["watermarks"],
+            applied_log_position=positions["appliedLogPosition"],
+            log_end_position=positions["logEndPosition"],
+        )
 
     def timeline(self, from_ms: int, to_ms: int, buckets: int,
                  topic: str | None = None) -> TimelineView:
@@ -579,17 +556,8 @@ class Broker:
             disk_bytes={"rocksdb": disk_bytes(data / ROCKSDB_DIR),
                         "commitlog": disk_bytes(data / COMMITLOG_DIR)})
 
-    def _backlog_stats(self) -> dict[str, Any]:
-        """The backlog per topic (capped as in /metrics) and per delay level."""
-        topics = self._backlog.labelled()
-        return {
-            "pendingByTopic": {t: n for t, (n, _) in topics.items()},
-            "oldestPendingByTopic": {t: at for t, (_, at) in topics.items()},
-            "pendingByLevel": {str(level): n for level, n in sorted(
-                self._backlog.by_level().items())},
-        }
-
     def _positions(self) -> dict[str, Any]:
+        """The log's positions, as the stats and a snapshot's manifest name them."""
         store, committer = self._live()
         assert self._log is not None
         return {
@@ -670,5 +638,5 @@ class Broker:
             self._notify({r.topic for r in records})
 
 
-__all__ = ["Broker", "check_config",
+__all__ = ["Broker",
            "open_commitlog", "open_store"]

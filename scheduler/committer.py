@@ -13,7 +13,7 @@ path, synchronously) or found due by a scanner (the delivery stage):
    definition, every reader of the timer CFs starts at the watermark, and
    scheduler/maintenance.py removes the dead prefix now and then with one ``delete_range`` +
    compaction. One range tombstone per commit (up to ~1000 a second at a steady rate) made
-   every new RocksDB iterator pay for all of them until the next flush (notes/libraries.md:
+   every new RocksDB iterator pay for all of them until the next flush (measured:
    0.9 ms each with 5000); point deletes would cost a tombstone and ~0.3 µs per message.
 
 A crash between 2 and 3 leaves records in the log that RocksDB does not know; ``replay``
@@ -144,13 +144,17 @@ class Committer:
         self.needs_replay = False
 
     # --- queue offsets ---------------------------------------------------------------------
-    def _take_offsets(self, topics: Sequence[str]) -> list[int]:
+    def _take_offsets(self, pending: _Appends) -> list[int]:
+        """The appends' queue offsets; notes in ``pending.single`` whether they are all of
+        one topic (the common case: one range, one consume-queue run)."""
         offsets = self._offsets
-        if topics and all(t == topics[0] for t in topics):  # one topic: one range
-            nxt = offsets.get(topics[0])
+        topics = pending.topics
+        if topics and all(t == topics[0] for t in topics):
+            single = pending.single = topics[0]
+            nxt = offsets.get(single)
             if nxt is None:
-                nxt = self._queues.end_offset(topics[0])
-            offsets[topics[0]] = nxt + len(topics)
+                nxt = self._queues.end_offset(single)
+            offsets[single] = nxt + len(topics)
             return list(range(nxt, nxt + len(topics)))
         out = []
         for topic in topics:
@@ -274,7 +278,7 @@ class Committer:
             topics = pending.topics = [topic_names[raw] for raw, _ in names]
             pending.msg_ids = [raw.decode("utf-8") for _, raw in names]
             pending.tx_ids = [None] * len(topics)
-            offsets = self._take_offsets(pending.topics)
+            offsets = self._take_offsets(pending)
             try:
                 payloads = [log_payload_from_value(v, t, m, o, at, now) for v, t, m, o, at in zip(
                     pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
@@ -307,7 +311,7 @@ class Committer:
         pending = _Appends()
         for m in messages:
             pending.add(m.topic, m.msg_id, m.deliver_at, m.index_key, m.tx_id, m)
-        offsets = self._take_offsets(pending.topics)
+        offsets = self._take_offsets(pending)
         payloads = [
             log_payload(m.topic, m.msg_id, offset, m.body, m.tags, m.keys, m.properties,
                         m.born_at, m.deliver_at, now, m.flags | flags)
@@ -361,9 +365,8 @@ class Committer:
         """The consume-queue, index (DELIVERED) and expiry entries of appended records."""
         topics = pending.topics
         entries = list(zip(offsets, positions, map(len, payloads), strict=True))
-        first = topics[0]
-        if all(t == first for t in topics):  # the common case: one topic
-            self._queues.put_many(batch, first, entries)
+        if pending.single is not None:
+            self._queues.put_many(batch, pending.single, entries)
         else:
             by_topic: dict[str, list[tuple[int, int, int]]] = {}
             for topic, entry in zip(topics, entries, strict=True):
@@ -415,10 +418,11 @@ _DELIVERED = MessageStatus.DELIVERED.value
 class _Appends:
     """Columns of the messages one commit appends (plain lists: no object per message)."""
 
-    __slots__ = ("deliver_ats", "extra", "ikeys", "msg_ids", "topics", "tx_ids")
+    __slots__ = ("deliver_ats", "extra", "ikeys", "msg_ids", "single", "topics", "tx_ids")
 
     def __init__(self) -> None:
         self.topics: list[str] = []
+        self.single: str | None = None  # the one topic of them all, if so (_take_offsets)
         self.msg_ids: list[str] = []
         self.deliver_ats: list[int] = []
         self.ikeys: list[bytes] = []

@@ -1,4 +1,5 @@
-"""Engine tunables: one frozen dataclass, integer milliseconds and bytes inside.
+"""Engine tunables: one frozen dataclass, integer milliseconds and bytes inside, that checks
+itself (``check``, which the Broker calls before it opens anything).
 
 app/settings.py builds it from defaults < TOML < HOURGLASS_* env < CLI flags.
 """
@@ -8,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from scheduler.levels import DelayLevels
 from storage.commitlog import DEFAULT_SEGMENT_SIZE
 from storage.constants import DEFAULT_DELAY_LEVELS
+from storage.errors import InvalidArgument
+from storage.log_format import HEADER_SIZE
 
 TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
 #: bytes of a log record besides its body and attributes (names, times, framing), at most
@@ -65,3 +69,40 @@ class EngineConfig:
     #                                                   writes refused (503) before ENOSPC; 0 = off
     disk_retry_interval_ms: int = 1_000  #              ms between free-space re-checks (and RocksDB
     #                                                   reopens) while writes are refused
+
+    @property
+    def max_record_bytes(self) -> int:
+        """Bytes of body and attributes (tags, keys, properties) one message may have: what a
+        CommitLog segment holds besides the record's framing and names."""
+        return self.segment_size - HEADER_SIZE - RECORD_SLACK
+
+    def check(self) -> DelayLevels:
+        """Validate the tunables; returns the parsed delay levels. InvalidArgument on a bad
+        one."""
+        levels = DelayLevels.parse(self.message_delay_level)
+        for name in _POSITIVE:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidArgument(f"engine setting {name} must be a positive integer, got "
+                                      f"{value!r}")
+        if not isinstance(self.max_reconsume_times, int) or self.max_reconsume_times < 0:
+            raise InvalidArgument("engine setting max_reconsume_times must be an integer >= 0")
+        for name in ("retention_ms", "scan_interval_ms"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"engine setting {name} must be >= 0")
+        if self.max_record_bytes < self.max_body_bytes:
+            raise InvalidArgument(
+                f"segment_size={self.segment_size} cannot hold a message of max_body_bytes="
+                f"{self.max_body_bytes} (it would be accepted and never delivered): make "
+                f"segment_size at least max_body_bytes + {RECORD_SLACK + HEADER_SIZE}")
+        if levels.max_delay_ms > self.max_delay_ms:
+            raise InvalidArgument(f"messageDelayLevel has a level of {levels.max_delay_ms} ms, "
+                                  f"beyond max_delay_ms={self.max_delay_ms}")
+        return levels
+
+
+#: the tunables that must be integers >= 1
+_POSITIVE = ("timer_shards", "scan_batch_size", "delivery_queue_batches", "delivery_batch_max",
+             "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms", "compact_after_deletes",
+             "cleanup_interval_ms", "flush_interval_ms", "group_lease_window",
+             "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels")

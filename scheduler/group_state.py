@@ -20,11 +20,9 @@ from itertools import filterfalse, repeat
 
 import msgspec
 
-from scheduler.intake import check_topic
 from storage.constants import (
     GROUP_PATTERN,
     META_GROUP_ACK_PREFIX,
-    META_GROUP_OFFSET_PREFIX,
     META_GROUP_STATE_PREFIX,
     PROP_ORIGIN_BORN_AT,
     PROP_ORIGIN_MESSAGE_ID,
@@ -53,13 +51,6 @@ _RECEIPTS = re.compile(_RECEIPT)  # one receipt, then "\n": (prefix, offset in h
 _ALL_RECEIPTS = re.compile(f"(?:{_RECEIPT})+")
 _PREFIX = re.compile(r"1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.")
 _OFFSETS = re.compile(r"(?:(?:0|[1-9a-f][0-9a-f]{0,15})\n)+")
-
-
-def group_offset_key(topic: str, group: str) -> bytes:
-    """CF_META key of ``group``'s committed offset in ``topic``'s log (checks both names)."""
-    check_topic(topic, allow_system=True)
-    check_group(group)
-    return META_GROUP_OFFSET_PREFIX + topic.encode() + SEP + group.encode()
 
 
 def check_group(group: object) -> str:
@@ -363,5 +354,5 @@ def state_key(topic: str, group: str) -> bytes:
 
 
 __all__ = ["MAIN", "RECEIPTS_MAX", "RETRY", "AckPlan", "Group", "Lease", "Stream", "ack_prefix",
-           "as_original", "check_group", "dlq_topic", "group_offset_key", "retry_topic",
+           "as_original", "check_group", "dlq_topic", "retry_topic",
            "state_key"]

@@ -48,13 +48,12 @@ from scheduler.group_state import (
     as_original,
     check_group,
     dlq_topic,
-    group_offset_key,
     retry_topic,
     state_key,
 )
 from scheduler.intake import Intake, PreparedMessage, check_topic
 from scheduler.metrics import EngineMetrics
-from scheduler.model import SendRequest, SendResult
+from scheduler.model import GroupStats, SendRequest, SendResult
 from storage.constants import (
     CF_META,
     MAX_PULL_MESSAGES,
@@ -64,6 +63,7 @@ from storage.constants import (
     PROP_ORIGIN_OFFSET,
     PROP_RECONSUME_TIME,
 )
+from storage.consume_queue import ConsumeQueue
 from storage.errors import InvalidArgument, NotFound
 from storage.keys import pack_u64, unpack_u64
 from storage.records import LogRecord, decode_log_records
@@ -121,6 +121,7 @@ class GroupManager:
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
     ) -> None:
         self._store = store
+        self._offsets = ConsumeQueue(store)
         self._read = read
         self._end_offset = end_offset
         self._intake = intake
@@ -132,7 +133,7 @@ class GroupManager:
         self._metrics = metrics
         for gauge, name in ((metrics.group_backlog, "backlog"), (metrics.group_leased, "leased"),
                             (metrics.group_retrying, "retrying"),
-                            (metrics.group_dead_letters, "deadLettered")):
+                            (metrics.group_dead_letters, "dead_lettered")):
             gauge.set_label_function(self._gauge(name))
         self._groups: dict[tuple[str, str], Group] = {}
         self._groups_lock = threading.Lock()
@@ -169,8 +170,7 @@ class GroupManager:
             tag_key=f"{topic}\0{group}".encode())
 
     def _offset(self, log_topic: str, group: str) -> int:
-        raw = self._store.get(CF_META, group_offset_key(log_topic, group))
-        return 0 if raw is None else unpack_u64(raw)
+        return self._offsets.group_offset(log_topic, group)
 
     def _load_stream(self, log_topic: str, group: str) -> Stream:
         prefix = ack_prefix(log_topic, group)
@@ -255,8 +255,7 @@ class GroupManager:
             prefix = ack_prefix(stream.log_topic, g.group)
             committed = plan.committed.get(kind)
             if committed is not None:
-                batch.put(CF_META, group_offset_key(stream.log_topic, g.group),
-                          pack_u64(committed))
+                ConsumeQueue.put_group_offset(batch, stream.log_topic, g.group, committed)
                 if stream.acked:
                     batch.delete_many(CF_META, [prefix + pack_u64(o) for o in stream.acked
                                                 if o < committed])
@@ -384,7 +383,7 @@ class GroupManager:
         with g.lock:
             main = g.streams[MAIN]
             batch = self._store.batch()
-            batch.put(CF_META, group_offset_key(topic, group), pack_u64(offset))
+            ConsumeQueue.put_group_offset(batch, topic, group, offset)
             prefix = ack_prefix(topic, group)
             batch.delete_many(CF_META, [prefix + pack_u64(o) for o in main.acked])
             self._store.write(batch)
@@ -431,7 +430,7 @@ class GroupManager:
             retrying = g.retrying + len(messages)
 
             def extra(batch: Batch) -> None:
-                batch.put(CF_META, group_offset_key(g.dlq_topic, group), pack_u64(cursor))
+                ConsumeQueue.put_group_offset(batch, g.dlq_topic, group, cursor)
                 batch.put(CF_META, state_key(topic, group), pack_u64(retrying))
 
             self._submit(messages, extra=extra, atomic=True)
@@ -439,7 +438,7 @@ class GroupManager:
         return len(messages)
 
     # --- stats and metrics ---------------------------------------------------------------------
-    def stats(self) -> dict[str, dict[str, int]]:
+    def stats(self) -> dict[str, GroupStats]:
         """Per group ("topic/group"): backlog (end - committed offset), leased, retrying,
         dead-lettered, and redeliveries after a lease expired."""
         out = {}
@@ -447,15 +446,16 @@ class GroupManager:
             groups = sorted(self._groups.items())
         for _, g in groups:
             state = self._state(g)
-            out[g.name] = {
-                "backlog": state.end_offset - state.committed_offset,
-                "committedOffset": state.committed_offset, "endOffset": state.end_offset,
-                "leased": state.leased, "retrying": state.retrying,
-                "deadLettered": state.dead_lettered, "redelivered": g.redelivered}
+            out[g.name] = GroupStats(
+                backlog=state.end_offset - state.committed_offset,
+                committed_offset=state.committed_offset, end_offset=state.end_offset,
+                leased=state.leased, retrying=state.retrying,
+                dead_lettered=state.dead_lettered, redelivered=g.redelivered)
         return out
 
     def _gauge(self, name: str) -> Callable[[], dict[str, float]]:
-        return lambda: {group: float(values[name]) for group, values in self.stats().items()}
+        return lambda: {group: float(getattr(values, name))
+                        for group, values in self.stats().items()}
 
     def _write_state(self, g: Group, retrying: int) -> None:
         batch = self._store.batch()

@@ -99,3 +99,43 @@ class TransactionCheck(_Record, frozen=True, kw_only=True, gc=False):
     tags: str | None
     keys: tuple[str, ...]
     properties: Mapping[str, str]
+
+
+class GroupStats(_Record, frozen=True, kw_only=True, gc=False):
+    """One consumer group reading one topic."""
+
+    backlog: int  # end offset - committed offset
+    committed_offset: int
+    end_offset: int
+    leased: int
+    retrying: int
+    dead_lettered: int
+    redelivered: int  # handed out again after a lease expired
+
+
+class EngineStats(_Record, frozen=True, kw_only=True, gc=False):
+    """``Broker.stats()``: counts since start, gauges now, and the log's positions."""
+
+    ready: bool
+    pending: int
+    scheduled: int
+    delivered: int
+    delivered_immediate: int
+    cancelled: int
+    duplicates: int
+    retries: int
+    delivery_queue_batches: int
+    delivery_queue_messages: int
+    watermark_lag_ms: float  # the largest of the shards' scan lags
+    lateness_p50_ms: float
+    lateness_p99_ms: float
+    transactions_prepared: int
+    groups: dict[str, GroupStats]  # by "topic/group"
+    parked: int
+    pending_by_topic: dict[str, int]  # capped as in /metrics (the rest under one label)
+    oldest_pending_by_topic: dict[str, int]  # deliverAt of each topic's oldest pending message
+    pending_by_level: dict[str, int]  # by RocketMQ delay level, as text
+    timer_shards: int
+    watermarks: dict[str, int]  # by shard number, as text
+    applied_log_position: int
+    log_end_position: int

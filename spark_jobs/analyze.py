@@ -3,7 +3,7 @@
 Also a spark-submit entry point (ship the code as a zip)::
 
     spark-submit --master spark://HOST:7077 --py-files hourglass.zip \\
-        spark_jobs/analyze.py /shared/snapshots/ID --out /shared/report
+        spark_jobs/analyze.py /mnt/nfs/snapshots/ID --out /mnt/nfs/report
 
 Each SNAPSHOT is a snapshot directory, a bare RocksDB checkpoint, a Parquet export, or a
 snapshot root (``DATA_DIR/snapshots``: every snapshot in it, oldest first). Several make a
@@ -21,6 +21,7 @@ if __name__ == "__main__":  # run as a file (spark-submit): keep siblings from s
 
 import argparse
 import dataclasses
+import importlib
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -28,6 +29,20 @@ from typing import Any, TextIO
 
 ANALYSIS_FORMAT = 1
 DEFAULT_WINDOW_MS = 1000
+#: what the analysis imports beyond the server's own dependencies (the ``analysis`` extra)
+ANALYSIS_MODULES = ("pyspark", "pandas", "matplotlib")
+INSTALL_HINT = "pip install 'hourglass[analysis]'"
+
+
+def missing_modules() -> list[str]:
+    """The analysis's dependencies that cannot be imported here."""
+    missing = []
+    for name in ANALYSIS_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 class Progress:
@@ -165,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    missing = missing_modules()
+    if missing:
+        print(f"hourglass analyze: needs {', '.join(missing)}, not installed here; install "
+              f"the analysis extra: {INSTALL_HINT}", file=sys.stderr)
+        return 2
     progress = Progress(quiet=args.quiet)
     from spark_jobs.inputs import DamagedSnapshot
     from spark_jobs.rules import Thresholds

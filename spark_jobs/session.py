@@ -1,6 +1,6 @@
 """The SparkSession of the analysis: local mode by default, whatever spark-submit says otherwise.
 
-Settings from /work/shared/notes/libraries.md: the driver's own Python for the workers,
+Settings: the driver's own Python for the workers (else they may start another one),
 127.0.0.1 for every socket, no UI; few shuffle partitions (the aggregated data is small).
 """
 

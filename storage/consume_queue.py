@@ -12,6 +12,9 @@ the record that took it.
 Reading N entries from offset O: one backward step finds the run holding O, then one seek
 and at most N steps read the runs up to O + N. Entries are written inside the caller's batch,
 next to the index updates of the same delivery, so they commit atomically with them.
+
+A consumer group's committed offset in a topic's log lives beside the queue it indexes: one
+``meta`` key per (topic, group) holding the next offset the group has not consumed.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from storage.commitlog import CommitLog
-from storage.constants import CF_CQ
+from storage.constants import CF_CQ, CF_META, META_GROUP_OFFSET_PREFIX
 from storage.errors import CorruptionError, InvalidArgument
-from storage.keys import MAX_U64, cq_key, topic_prefix
+from storage.keys import MAX_U64, SEP, cq_key, pack_u64, topic_prefix, unpack_u64
 from storage.records import decode_log_record
 from storage.rocks import Batch, RocksStore
 
@@ -40,9 +43,24 @@ class CqEntry:
     size: int
 
 
+def group_offset_key(topic: str, group: str) -> bytes:
+    """CF_META key of ``group``'s committed offset in ``topic``'s log."""
+    return META_GROUP_OFFSET_PREFIX + topic.encode() + SEP + group.encode()
+
+
 class ConsumeQueue:
     def __init__(self, store: RocksStore) -> None:
         self._store = store
+
+    def group_offset(self, topic: str, group: str) -> int:
+        """``group``'s committed offset in ``topic``'s log (0 before its first commit)."""
+        raw = self._store.get(CF_META, group_offset_key(topic, group))
+        return 0 if raw is None else unpack_u64(raw)
+
+    @staticmethod
+    def put_group_offset(batch: Batch, topic: str, group: str, offset: int) -> None:
+        """Add "``group``'s committed offset in ``topic``'s log = ``offset``" to ``batch``."""
+        batch.put(CF_META, group_offset_key(topic, group), pack_u64(offset))
 
     @staticmethod
     def put(batch: Batch, topic: str, queue_offset: int, position: int, size: int) -> None:

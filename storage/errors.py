@@ -1,4 +1,6 @@
-"""The error hierarchy of hourglass. The API maps each ``code`` to a problem document."""
+"""The error hierarchy of hourglass: each error carries a stable ``code``, and nothing about
+HTTP. api/problems.py maps each code to a status and a title; api/errors.py adds the errors
+only the HTTP layer raises."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ class HourglassError(Exception):
     """Root of every error hourglass raises on purpose."""
 
     code = "INTERNAL"
-    status = 500
 
     def __init__(self, detail: str = "") -> None:
         super().__init__(detail)
@@ -16,7 +17,6 @@ class HourglassError(Exception):
 
 class InvalidArgument(HourglassError, ValueError):
     code = "INVALID_ARGUMENT"
-    status = 400
 
 
 class TopicInvalid(InvalidArgument):
@@ -29,50 +29,27 @@ class DelayTooLong(InvalidArgument):
 
 class PayloadTooLarge(InvalidArgument):
     code = "PAYLOAD_TOO_LARGE"
-    status = 413
 
 
 class NotFound(HourglassError, LookupError):
     code = "NOT_FOUND"
-    status = 404
 
 
 class AlreadyDelivered(HourglassError):
     code = "ALREADY_DELIVERED"
-    status = 409
 
 
 class Conflict(HourglassError):
     code = "CONFLICT"
-    status = 409
 
 
-class Unauthorized(HourglassError):
-    code = "UNAUTHORIZED"
-    status = 401
 
-
-class Forbidden(HourglassError):
-    code = "FORBIDDEN"
-    status = 403
-
-
-class TooManyRequests(HourglassError):
-    code = "TOO_MANY_REQUESTS"
-    status = 429
 
 
 class Unavailable(HourglassError):
     """Storage cannot take the write now (disk full, I/O error, engine blocked)."""
 
     code = "UNAVAILABLE"
-    status = 503
-
-
-class Overloaded(Unavailable):
-    """Too many connections or long polls at once: try again shortly (Retry-After)."""
-
-    retry_after_s = 1
 
 
 class StorageError(Unavailable):

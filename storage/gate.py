@@ -1,7 +1,7 @@
 """Gate: every RocksStore operation passes it shared; a reopen or close passes it alone.
 
 Closing a rocksdict DB does not really close it while any column-family handle or iterator
-is alive (the DB lock stays held and the reopen fails, notes/libraries.md), and a handle
+is alive (the DB lock stays held and the reopen fails), and a handle
 taken just before a reopen would point at the old DB. So the store's operations enter the
 gate (``with gate:``) for as long as they hold a handle, and the reopen waits in
 ``exclusive()`` until none is in flight, holding new ones back until it is done.

@@ -41,7 +41,7 @@ from storage.constants import (
 )
 from storage.errors import InvalidArgument, StorageError
 from storage.gate import Gate
-from storage.keys import MAX_U64, pack_u64, time_bound, topic_shard, unpack_u64
+from storage.keys import MAX_U64, pack_u64, time_bound, unpack_u64
 from storage.rocks_options import (
     StoreTuning,
     all_cf_names,
@@ -232,10 +232,6 @@ class RocksStore:
 
     def timer_cf_names(self) -> list[str]:
         return [timer_cf(i) for i in range(self._shards)]
-
-    def shard_of(self, topic: str) -> int:
-        """The timer shard of ``topic``'s messages (storage.keys.topic_shard)."""
-        return topic_shard(topic, self._shards)
 
     def _unavailable(self) -> StorageError:
         if self._closed:
@@ -430,27 +426,11 @@ class RocksStore:
         """Up to ``limit`` (key, value) of shard with from_ms <= deliverAt <= now_ms, in order."""
         return self._due(self._timer(shard), from_ms, now_ms, limit)
 
-    def due_in(self, cf: str, from_ms: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
-        """``due`` for any time-ordered CF (timer shards, ``half``, ``expiry``)."""
-        return self._due(self._time_ordered(cf), from_ms, now_ms, limit)
-
     def _due(self, cf: str, from_ms: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
         if limit <= 0 or now_ms < from_ms:
             return []
         upper = None if now_ms >= MAX_U64 else time_bound(now_ms + 1)
         return self._chunk(cf, time_bound(from_ms), upper, limit, False)
-
-    def next_due_at(self, shard: int, from_ms: int) -> int | None:
-        """deliverAt of the first key of shard at or after from_ms, or None."""
-        return self._next_at(self._timer(shard), from_ms)
-
-    def next_at_in(self, cf: str, from_ms: int) -> int | None:
-        """``next_due_at`` for any time-ordered CF."""
-        return self._next_at(self._time_ordered(cf), from_ms)
-
-    def _next_at(self, cf: str, from_ms: int) -> int | None:
-        first = self._chunk(cf, time_bound(from_ms), None, 1, False)
-        return unpack_u64(first[0][0]) if first else None
 
     def watermark(self, shard: int) -> int:
         """Persisted scan watermark of shard, in ms (0 if none): every key below
@@ -463,11 +443,6 @@ class RocksStore:
         scan that stopped inside a millisecond, the last key delivered + NUL."""
         raw = self.get(CF_META, META_WATERMARK_PREFIX + str(shard).encode())
         return time_bound(0) if raw is None else raw
-
-    @staticmethod
-    def put_watermark(batch: Batch, shard: int, ms: int) -> None:
-        """Add "watermark of shard = ms" to ``batch``."""
-        RocksStore.put_frontier(batch, shard, pack_u64(ms))
 
     @staticmethod
     def put_frontier(batch: Batch, shard: int, key: bytes) -> None:

@@ -3,7 +3,7 @@
 Reasons and measurements: docs/storage.md ("RocksDB options"). In short:
 - every Options is ``raw_mode=True`` (rocksdict requires all CFs to match the DB's mode);
 - no prefix extractor anywhere: time-ordered CFs are range-scanned across prefixes, and a
-  prefix extractor there makes seeks silently return nothing (notes/libraries.md);
+  prefix extractor there makes seeks silently return nothing (without ``total_order_seek``);
 - whole-key bloom filters only where reads are point look-ups (index, tx, meta);
 - one shared LRU block cache and a DB-wide memtable budget, so memory does not grow with
   the number of timer shards;

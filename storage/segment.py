@@ -5,7 +5,7 @@ allocated to its full size when created (``posix_fallocate``), so a full disk is
 creation time, never a SIGBUS on a later write through the mapping.
 
 Syncing calls ``msync(MS_SYNC)`` through ctypes, not ``mmap.flush()``: CPython 3.11's
-``mmap.flush`` keeps the GIL for the whole msync (47-364 ms per 64 MiB measured here, every
+``mmap.flush`` keeps the GIL for the whole msync (47-364 ms per 64 MiB on 2 cores, every
 server thread stalled), while a ctypes foreign call releases it. Same syscall, same range,
 same durability.
 """

@@ -132,7 +132,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         topic = params["topic"]
         ctx.allow(principal, Permission.OFFSETS, topic)
         group = check_group(params["group"])
-        raw = await read_body(request, ctx.settings.max_request_bytes)
+        raw = await read_body(request, ctx.limits.max_request_bytes)
         body = decode(raw, request.headers.get("content-type"), schemas.GroupOffsetIn)
         return respond(schemas.GroupOffset(
             offset=broker.commit_group_offset(topic, group, body.offset)))

@@ -79,20 +79,20 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         extra = await run_in_threadpool(broker.overview)  # RocksDB seeks, a disk walk
         topics = sorted(set(extra.pending_by_topic) | set(extra.delivered_by_topic))
         groups = []
-        for name, state in sorted(stats["groups"].items()):
+        for name, state in sorted(stats.groups.items()):
             topic, _, group = name.partition("/")
             groups.append(ds.GroupOverview(
-                topic=topic, group=group, backlog=state["backlog"], leased=state["leased"],
-                retrying=state["retrying"], dead_lettered=state["deadLettered"]))
+                topic=topic, group=group, backlog=state.backlog, leased=state.leased,
+                retrying=state.retrying, dead_lettered=state.dead_lettered))
         return respond(ds.Overview(
-            now=broker.clock.now_ms(), ready=stats["ready"],
-            delivery_blocked=bool(broker.metrics.blocked.value), pending=stats["pending"],
-            scheduled=stats["scheduled"], delivered=stats["delivered"],
-            cancelled=stats["cancelled"], retries=stats["retries"], parked=stats["parked"],
-            delivery_queue_batches=stats["deliveryQueueBatches"],
-            delivery_queue_messages=stats["deliveryQueueMessages"],
-            watermark_lag_ms=stats["watermarkLagMs"],
-            transactions_prepared=stats["transactionsPrepared"],
+            now=broker.clock.now_ms(), ready=stats.ready,
+            delivery_blocked=bool(broker.metrics.blocked.value), pending=stats.pending,
+            scheduled=stats.scheduled, delivered=stats.delivered, cancelled=stats.cancelled,
+            retries=stats.retries, parked=stats.parked,
+            delivery_queue_batches=stats.delivery_queue_batches,
+            delivery_queue_messages=stats.delivery_queue_messages,
+            watermark_lag_ms=stats.watermark_lag_ms,
+            transactions_prepared=stats.transactions_prepared,
             lateness=lateness(broker.metrics.lateness_ms.snapshot()),
             disk=ds.DiskUse(rocksdb_bytes=extra.disk_bytes["rocksdb"],
                             commitlog_bytes=extra.disk_bytes["commitlog"]),

@@ -58,7 +58,7 @@ def received(m: Received) -> schemas.Received:
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
     notifier = ctx.notifier
-    limit = ctx.settings.max_request_bytes
+    limit = ctx.limits.max_request_bytes
 
     async def parse(request: Request, kind: type[T], *, optional: bool = False) -> tuple[
             str, str, T]:

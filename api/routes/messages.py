@@ -12,14 +12,14 @@ from api import schemas
 from api.auth import Permission
 from api.bodies import decode, read_body, to_send_request
 from api.context import ApiContext, Authenticated, respond
+from api.errors import Forbidden
 from api.openapi import operation
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
 from scheduler.intake import check_msg_id
 from scheduler.listing import MAX_PAGE
 from storage.constants import MAX_BATCH_MESSAGES, MSG_ID_REGEX
-from storage.errors import Forbidden, InvalidArgument
-from storage.keys import decode_handle
+from storage.errors import InvalidArgument
 
 #: Path parameters, validated in the handler (after auth) but documented here.
 MsgIdPath = Annotated[str, Path(alias="msgId", json_schema_extra={"pattern": MSG_ID_REGEX})]
@@ -27,7 +27,7 @@ MsgIdPath = Annotated[str, Path(alias="msgId", json_schema_extra={"pattern": MSG
 
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
-    request_limit = ctx.settings.max_request_bytes
+    request_limit = ctx.limits.max_request_bytes
 
     @router.post("/v1/topics/{topic}/messages", **operation(
         "sendMessage", tag="messages", summary="Send one message", ok=201,
@@ -60,8 +60,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         ctx.allow(principal, Permission.SEND, topic, sending=True)
         raw = await read_body(request, request_limit)
         batch = decode(raw, request.headers.get("content-type"), schemas.BatchIn)
-        if len(batch.messages) > ctx.settings.max_batch_messages:
-            raise InvalidArgument(f"a batch holds at most {ctx.settings.max_batch_messages} "
+        if len(batch.messages) > ctx.limits.max_batch_messages:
+            raise InvalidArgument(f"a batch holds at most {ctx.limits.max_batch_messages} "
                                   f"messages, got {len(batch.messages)}")
         requests = [to_send_request(m, topic, i) for i, m in enumerate(batch.messages)]
         results = broker.send_batch(requests)
@@ -76,7 +76,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def cancel_by_handle(cancel_handle: Annotated[str, Path(alias="cancelHandle")],
                                principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.CANCEL)
-        _, topic, _ = decode_handle(cancel_handle)  # NotFound for a handle that is not ours
+        topic = broker.handle_topic(cancel_handle)  # NotFound for a handle that is not ours
         if not principal.may_use_topic(topic):
             raise Forbidden(f"this token may not use topic {topic!r}")
         result = broker.cancel_by_handle(cancel_handle)

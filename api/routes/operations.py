@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 from fastapi import APIRouter
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
@@ -13,6 +16,23 @@ from api.context import ApiContext, Authenticated, respond
 from api.metrics import CONTENT_TYPE, render
 from api.openapi import operation
 from storage.errors import Unavailable
+
+
+def camel_case(value: Any) -> Any:
+    """An engine record as the wire writes it: a Struct's fields renamed to camelCase
+    (``lateness_p50_ms`` -> ``latenessP50Ms``), in order, recursively; mapping keys (topics,
+    groups, shard numbers) as they are."""
+    if isinstance(value, msgspec.Struct):
+        return {_camel(name): camel_case(getattr(value, name))
+                for name in value.__struct_fields__}
+    if isinstance(value, dict):
+        return {key: camel_case(item) for key, item in value.items()}
+    return value
+
+
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
 def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) -> None:
@@ -55,7 +75,7 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
     ))
     async def stats(principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.ADMIN)
-        return respond(await run_in_threadpool(broker.stats))
+        return respond(camel_case(await run_in_threadpool(broker.stats)))
 
     @router.get("/v1/admin/parked", **operation(
         "listParked", tag="operations",

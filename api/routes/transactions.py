@@ -16,12 +16,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from api import schemas
-from api.auth import Permission, Principal
+from api.auth import Permission, Principal, Role
 from api.bodies import decode, read_body, to_send_request
 from api.context import ApiContext, Authenticated, respond
 from api.openapi import operation
 from api.schemas import Topic
-from app.settings import Role
 from scheduler import model
 from scheduler.transactions import MAX_CHECKS_PER_POLL
 from storage.constants import GROUP_REGEX
@@ -70,7 +69,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def prepare_transaction(topic: Topic, request: Request,
                                   principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.SEND, topic, sending=True)
-        raw = await read_body(request, ctx.settings.max_request_bytes)
+        raw = await read_body(request, ctx.limits.max_request_bytes)
         body = decode(raw, request.headers.get("content-type"), schemas.TransactionIn)
         immunity = None if body.check_immunity_seconds is UNSET else body.check_immunity_seconds
         result = broker.prepare_transaction(

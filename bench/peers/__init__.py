@@ -1,4 +1,4 @@
-"""Side-by-side benchmark of hourglass against its peers (issue 7, "Side by side").
+"""Side-by-side benchmark of hourglass against its peers.
 
 Run it with ``python -m bench.peers.run``; see ``bench/peers/README.md``.
 """

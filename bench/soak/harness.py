@@ -14,9 +14,9 @@ from typing import Any
 
 import psutil
 
-from bench.crash.server import ServerProcess
 from bench.soak.load import TOPICS, Load, Totals, now_ms
 from bench.soak.memory import MEMORY_LOG_ENV, MIB, ROCKSDB_MEMORY, MemoryLog, anon_mib
+from tests.support.server_process import ServerProcess
 
 
 @dataclass

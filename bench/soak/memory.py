@@ -56,9 +56,9 @@ def serve_small_buffers() -> int:
     the server's settings do not expose; run as a subprocess by the soak."""
     import logging
 
-    from api.app import create_app
-    from app.server import Server, ensure_admin_token, parse_args, uvicorn_config
+    from app.server import Server, ensure_admin_token, parse_args
     from app.settings import load_settings
+    from app.wiring import build_app, uvicorn_config
     from scheduler.broker import Broker
     from scheduler.config import EngineConfig
     from storage.rocks import RocksStore, StoreTuning
@@ -81,7 +81,7 @@ def serve_small_buffers() -> int:
         threading.Thread(target=log_memory, args=(Path(os.environ[MEMORY_LOG_ENV]), stores),
                          daemon=True).start()
 
-    app = create_app(settings, broker=Broker(settings.engine, store_factory=store_factory))
+    app = build_app(settings, broker=Broker(settings.engine, store_factory=store_factory))
     server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.notifier.close)
     server.run()
     return 0

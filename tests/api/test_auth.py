@@ -7,15 +7,14 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.api.conftest import (
+from tests.api.test_http_contract import problem
+from tests.support.live import (
     ADMIN,
     CONSUMER,
     PRODUCER,
     PRODUCER_ALL,
     Live,
-    requires_transactions,
 )
-from tests.api.test_http_contract import problem
 
 OK_TOPIC = "orders.eu"  # inside orders.*
 OTHER_TOPIC = "billing"  # outside orders.*
@@ -92,7 +91,7 @@ def allowed(response: httpx.Response) -> bool:
 
 
 @pytest.mark.parametrize("name", [
-    *sorted(CALLS), *(pytest.param(n, marks=requires_transactions) for n in sorted(TX_CALLS))])
+    *sorted(CALLS), *sorted(TX_CALLS)])
 def test_topic_calls(shared_live: Live, name: str) -> None:
     live = shared_live
     call, roles = {**CALLS, **TX_CALLS}[name]
@@ -118,8 +117,7 @@ def test_topic_calls(shared_live: Live, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [
-    *sorted(TOPICLESS),
-    *(pytest.param(n, marks=requires_transactions) for n in sorted(TX_TOPICLESS))])
+    *sorted(TOPICLESS), *sorted(TX_TOPICLESS)])
 def test_topicless_calls(shared_live: Live, name: str) -> None:
     live = shared_live
     call, roles = {**TOPICLESS, **TX_TOPICLESS}[name]
@@ -144,7 +142,7 @@ def test_cancel_by_handle_checks_the_handles_topic(live: Live) -> None:
         problem(consumer.delete(f"/v1/scheduled/{handle}"), 403, "FORBIDDEN")
     with live.client(token=None) as anonymous:
         problem(anonymous.delete(f"/v1/scheduled/{handle}"), 401, "UNAUTHORIZED")
-    assert live.broker.stats()["pending"] == 1  # none of that cancelled anything
+    assert live.broker.stats().pending == 1  # none of that cancelled anything
     with live.client(token=PRODUCER_ALL) as c:
         assert c.delete(f"/v1/scheduled/{handle}").json()["status"] == "CANCELLED"
 

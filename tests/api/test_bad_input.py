@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import T0, Live, make_settings, serve
 from tests.api.test_http_contract import problem
+from tests.support.live import T0, Live, make_settings, serve
 
 TOPIC = "orders.bad"
 MAX_BODY = 64 * 1024
@@ -30,7 +30,7 @@ def small_limits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 def stored(live: Live) -> tuple[Any, ...]:
     stats = live.broker.stats()
-    return (stats["pending"], stats["scheduled"], stats["delivered"],
+    return (stats.pending, stats.scheduled, stats.delivered,
             live.broker.end_offset(TOPIC))
 
 

@@ -1,4 +1,4 @@
-"""Connection limits over real sockets (issue 12): a cap on open connections and on long
+"""Connection limits over real sockets: a cap on open connections and on long
 polls (503 UNAVAILABLE with Retry-After past it), request headers of at most 64 KiB (431),
 and connections whose headers do not arrive in time are closed."""
 
@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import ADMIN, CONSUMER, T0, Live, make_settings, serve
+from tests.support.live import ADMIN, CONSUMER, T0, Live, make_settings, serve
 
 REQUEST = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
 

@@ -1,4 +1,4 @@
-"""The dashboard's API over real HTTP (issue 17): the due timeline against a direct count of
+"""The dashboard's API over real HTTP: the due timeline against a direct count of
 the pending messages, through sends, cancels, transactions, deliveries and a restart; its
 buckets and bad windows; the overview against the stats; who a token is."""
 
@@ -13,17 +13,16 @@ import pytest
 
 from scheduler.clock import FakeClock
 from scheduler.timeline import DAY, HOUR, MINUTE
-from tests.api.conftest import (
+from tests.api.test_http_contract import problem
+from tests.support.live import (
     ADMIN,
     CONSUMER,
     PRODUCER,
     T0,
     Live,
     make_settings,
-    requires_transactions,
     serve,
 )
-from tests.api.test_http_contract import problem
 
 TOPICS = ("orders.a", "orders.b", "orders.c")
 URL = re.compile(r"https?://[^\s\"'`)]+")
@@ -75,7 +74,6 @@ def assert_timeline_exact(live: Live, window: tuple[int, int], buckets: int) -> 
             assert doc["to"] == start + width * len(doc["counts"]) >= window[1]
 
 
-@requires_transactions
 def test_timeline_equals_a_direct_count_through_a_mixed_workload_and_a_restart(
         tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "data")
@@ -177,7 +175,6 @@ def test_timeline_and_overview_are_for_admins(shared_live: Live) -> None:
         problem(c.get("/v1/admin/timeline", params={"buckets": 0}), 401, "UNAUTHORIZED")
 
 
-@requires_transactions
 def test_overview_equals_the_stats_and_the_logs(live: Live) -> None:
     with live.client() as c:
         for topic, n in (("orders.a", 5), ("orders.b", 2)):

@@ -1,4 +1,4 @@
-"""Data at rest (issue 12): ``hourglass serve`` keeps its data directory 0700 and every file
+"""Data at rest: ``hourglass serve`` keeps its data directory 0700 and every file
 0600 (message bodies, callback secrets in RocksDB, the CommitLog, snapshots), refuses an
 admin token others can read, and ``hourglass analyze`` takes no path from a manifest."""
 

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.api.conftest import ADMIN, T0, Live
+from tests.support.live import ADMIN, T0, Live
 
 VENV_BIN = Path(sys.executable).parent
 GENERATOR = VENV_BIN / "openapi-python-client"

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from scheduler.group_state import retry_topic
-from tests.api.conftest import ADMIN, CONSUMER, T0, Live
+from tests.support.live import ADMIN, CONSUMER, T0, Live
 
 REPO = Path(__file__).resolve().parents[2]
 G = "/v1/topics/orders.g/groups/workers"
@@ -82,7 +82,7 @@ def test_receive_ack_nack_dead_letters_and_redrive(live: Live) -> None:
         assert retry["properties"] == {"n": "1"}
 
     live_groups = live.broker.groups
-    assert live_groups.stats()["orders.g/workers"]["redelivered"] == 1
+    assert live_groups.stats()["orders.g/workers"].redelivered == 1
 
 
 def test_receive_acknowledges_the_previous_batch_first(live: Live) -> None:

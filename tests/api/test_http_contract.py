@@ -1,4 +1,4 @@
-"""Every endpoint of shared/api.md over real HTTP against a real Broker (FakeClock-driven)."""
+"""Every endpoint of the v1 contract over real HTTP against a real Broker (FakeClock-driven)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import base64
 import httpx
 import pytest
 
+from storage.constants import CF_INDEX
 from storage.errors import StorageError
-from tests.api.conftest import T0, Live
+from storage.keys import index_key
+from tests.support.live import T0, Live
 
 TOPIC = "orders.eu"
 
@@ -86,7 +88,7 @@ def test_duplicate_send_answers_200_with_the_first_result(live: Live) -> None:
         again = send(c, msgId="dup", delayMs=9_000, body="other")
         assert (first.status_code, again.status_code) == (201, 200)
         assert again.json() == {**first.json(), "duplicate": True}
-        assert live.broker.stats()["pending"] == 1
+        assert live.broker.stats().pending == 1
 
 
 def test_batch_in_order_and_atomic(live: Live) -> None:
@@ -229,6 +231,26 @@ def test_health_ready_stats_snapshot_metrics(live: Live) -> None:
         assert "hourglass_delivery_lateness_ms_bucket" in body
 
 
+def test_stats_document_names_and_types(live: Live) -> None:
+    with live.client() as c:
+        send(c, msgId="later", delayMs=1_000)
+        assert c.post(f"/v1/topics/{TOPIC}/groups/g:receive", json={"max": 1}).status_code == 200
+        stats = c.get("/v1/admin/stats").json()
+    assert list(stats) == [
+        "ready", "pending", "scheduled", "delivered", "deliveredImmediate", "cancelled",
+        "duplicates", "retries", "deliveryQueueBatches", "deliveryQueueMessages",
+        "watermarkLagMs", "latenessP50Ms", "latenessP99Ms", "transactionsPrepared", "groups",
+        "parked", "pendingByTopic", "oldestPendingByTopic", "pendingByLevel", "timerShards",
+        "watermarks", "appliedLogPosition", "logEndPosition"]
+    assert stats["ready"] is True and stats["pending"] == stats["scheduled"] == 1
+    assert stats["pendingByTopic"] == {TOPIC: 1}
+    assert stats["oldestPendingByTopic"] == {TOPIC: T0 + 1_000}
+    assert stats["timerShards"] == 2 and set(stats["watermarks"]) == {"0", "1"}
+    assert stats["groups"] == {f"{TOPIC}/g": {
+        "backlog": 0, "committedOffset": 0, "endOffset": 0, "leased": 0, "retrying": 0,
+        "deadLettered": 0, "redelivered": 0}}
+
+
 def test_readyz_503_when_the_engine_is_not_ready(live: Live,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(type(live.broker), "ready", property(lambda self: False))
@@ -249,6 +271,19 @@ def test_storage_fault_is_503_and_stores_nothing(live: Live,
                        json={"messages": [{"body": "x"}]}), 503, "UNAVAILABLE")
         monkeypatch.undo()
         problem(c.get(f"/v1/topics/{TOPIC}/messages/x"), 404, "NOT_FOUND")
+
+
+def test_corrupt_stored_data_is_a_corruption_problem(live: Live) -> None:
+    with live.client() as c:
+        assert send(c, msgId="m-bad", delayMs=5_000).status_code == 201
+        store = live.broker._store  # the live RocksDB: overwrite the message's index entry
+        assert store is not None
+        batch = store.batch()
+        batch.put(CF_INDEX, index_key(TOPIC, "m-bad"), b"\xff not an index entry")
+        store.write(batch)
+        doc = problem(c.get(f"/v1/topics/{TOPIC}/messages/m-bad"), 500, "CORRUPTION")
+        assert doc["title"] == "Data corruption"
+        assert "IndexEntry" in doc["detail"]
 
 
 def test_unknown_path_and_method_are_problems(live: Live) -> None:

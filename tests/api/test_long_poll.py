@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.api.conftest import Live
+from tests.support.live import Live
 
 TOPIC = "orders.poll"
 

@@ -1,4 +1,4 @@
-"""Poison messages over real HTTP (issue 12): a scheduled message that can never be delivered
+"""Poison messages over real HTTP: a scheduled message that can never be delivered
 (here: bigger than a CommitLog segment, after the segment size was lowered) is parked, the
 rest of its batch and every other topic are delivered, the operator sees it in
 ``/v1/admin/stats``, ``/metrics`` and ``/v1/admin/parked``, and redrives it once fixed."""
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from api.app import create_app
+from app.wiring import build_app
 from scheduler.clock import FakeClock
 from storage.errors import InvalidArgument
-from tests.api.conftest import ADMIN, T0, make_settings, serve
+from tests.support.live import ADMIN, T0, make_settings, serve
 
 MIB = 1 << 20
 
@@ -75,9 +75,9 @@ def test_a_send_whose_record_would_not_fit_a_segment_is_refused(tmp_path: Path) 
                         json={"body": "x" * 1000, "properties": properties, "deliverAt": T0 + 10})
         assert r.status_code == 413, r.text
         assert r.json()["code"] == "PAYLOAD_TOO_LARGE"
-        assert live.broker.stats()["pending"] == 0
+        assert live.broker.stats().pending == 0
 
 
 def test_a_segment_smaller_than_the_largest_body_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="segment_size"):
-        create_app(settings(tmp_path / "data", segment_size=2 * MIB, max_body_bytes=4 * MIB))
+        build_app(settings(tmp_path / "data", segment_size=2 * MIB, max_body_bytes=4 * MIB))

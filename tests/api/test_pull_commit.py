@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.api.conftest import CONSUMER, Live
 from tests.api.test_http_contract import TOPIC, problem, send
+from tests.support.live import CONSUMER, Live
 
 
 def test_a_pull_with_commit_moves_the_group_offset_then_reads(live: Live) -> None:

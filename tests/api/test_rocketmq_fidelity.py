@@ -1,4 +1,4 @@
-"""RocketMQ fidelity (issue 15) over real HTTP and a real Broker: delay properties cleared on
+"""RocketMQ fidelity over real HTTP and a real Broker: delay properties cleared on
 delivery, cancel by message (TIMER_DEL_UNIQKEY), backlog gauges, checks without a producer."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from storage.constants import timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import decode_timer_key
 from storage.records import decode_message
-from tests.api.conftest import T0, Live, make_settings, serve
+from tests.support.live import T0, Live, make_settings, serve
 
 TOPIC = "orders.eu"
 
@@ -92,8 +92,8 @@ def test_a_marker_cancels_its_target_and_is_never_delivered(live: Live) -> None:
         assert again.json()["cancel"] == {"msgId": "t-1", "status": "CANCELLED"}  # idempotent
         assert c.get(f"/v1/topics/{TOPIC}/messages/t-1").json()["status"] == "CANCELLED"
         assert c.get(f"/v1/topics/{TOPIC}/messages/del-1").status_code == 404  # not stored
-        assert live.broker.stats()["pending"] == 0
-        assert live.broker.stats()["cancelled"] == 1
+        assert live.broker.stats().pending == 0
+        assert live.broker.stats().cancelled == 1
         live.advance(10_000)
         assert pull(c) == []  # neither the target nor the marker
 
@@ -128,8 +128,8 @@ def test_marker_outcomes_are_a_cancel_by_ids_in_a_batch(live: Live) -> None:
             {"msgId": "later", "status": "CANCELLED"},
         ]
         assert {x["status"] for x in results[1:]} == {"CANCELLED"}
-        assert live.broker.stats()["cancelled"] == 2
-        assert live.broker.stats()["pending"] == 1  # p-1
+        assert live.broker.stats().cancelled == 2
+        assert live.broker.stats().pending == 1  # p-1
         live.advance(120_000)
         assert [m["msgId"] for m in pull(c)] == ["gone", "p-1"]
 
@@ -203,8 +203,8 @@ def test_markers_racing_the_delivery_of_their_targets(live: Live) -> None:
             if status == "ALREADY_DELIVERED"} == set(delivered)
     assert set(outcomes.values()) <= {"ALREADY_DELIVERED", "CANCELLED"}
     stats = live.broker.stats()
-    assert stats["pending"] == 0
-    assert stats["cancelled"] == n - len(delivered)
+    assert stats.pending == 0
+    assert stats.cancelled == n - len(delivered)
 
 
 # --- 3. backlog per topic and per delay level --------------------------------------------------
@@ -282,11 +282,11 @@ def test_backlog_gauges_equal_a_direct_count_after_a_mixed_workload_and_a_restar
             assert_backlog_exact(live)
     with serve(settings, clock) as again:  # restart: rebuilt by the start-up scan
         assert_backlog_exact(again)
-        assert again.broker.stats()["pendingByLevel"] != {}
+        assert again.broker.stats().pending_by_level != {}
         again.advance(30_000)
         assert_backlog_exact(again)
         stats = again.broker.stats()
-        assert (stats["pendingByTopic"], stats["pendingByLevel"]) == ({}, {})
+        assert (stats.pending_by_topic, stats.pending_by_level) == ({}, {})
 
 
 def test_topic_labels_are_capped(tmp_path: Path) -> None:

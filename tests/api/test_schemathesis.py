@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import ADMIN, Live
+from tests.support.live import ADMIN, Live
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 30

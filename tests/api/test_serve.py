@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import T0, make_settings, serve
+from tests.support.live import T0, make_settings, serve
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ import msgpack
 import pytest
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import T0, Live, make_settings, serve
+from tests.support.live import T0, Live, make_settings, serve
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "orders.hooks"

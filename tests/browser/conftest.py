@@ -1,4 +1,4 @@
-"""Headless Chromium driven by selenium against a real hourglass (tests/api/conftest.py's
+"""Headless Chromium driven by selenium against a real hourglass (tests/support/live.py's
 ``serve``). Skipped, saying what to install, where Chromium or chromedriver is missing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dashboard in a real browser (issue 17): headless Chromium against a real server with a
+"""The dashboard in a real browser: headless Chromium against a real server with a
 known workload. The page's numbers equal the API's, a planted burst shows in the right bar,
 cancel from the page cancels, a consumer sees no cancel button, a wrong token is told so, the
 page refreshes itself, times are the browser's zone's. Each test leaves a screenshot in
@@ -18,17 +18,16 @@ import pytest
 
 from scheduler.clock import FakeClock
 from scheduler.timeline import HOUR, MINUTE
-from tests.api.conftest import (
+from tests.browser.conftest import ZONE
+from tests.support.live import (
     ADMIN,
     CONSUMER,
     PRODUCER,
     T0,
     Live,
     make_settings,
-    requires_transactions,
     serve,
 )
-from tests.browser.conftest import ZONE
 
 BURST_AT = T0 + 5 * HOUR + 17 * MINUTE + 30_000  # 300 messages, all due in this second
 BURST = 300
@@ -54,10 +53,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 for j in range(start, start + 100)]}).status_code == 201
         assert c.post("/v1/topics/orders.now/messages", json={"body": "now"}).status_code == 201
         assert c.delete("/v1/topics/orders.a/messages/orders.a-5").status_code == 200
-        if not _transactions_missing():
-            for group in ("billing", "billing", "shipping"):
-                assert c.post("/v1/topics/orders.a/transactions", json={
-                    "body": "t", "producerGroup": group}).status_code == 201
+        for group in ("billing", "billing", "shipping"):
+            assert c.post("/v1/topics/orders.a/transactions", json={
+                "body": "t", "producerGroup": group}).status_code == 201
         live.advance(2_000)  # the first message of each topic is delivered
         r = c.post("/v1/topics/orders.now/groups/workers:receive", json={"max": 1})
         assert len(r.json()["messages"]) == 1
@@ -66,10 +64,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         r = c.post("/v1/topics/orders.a/groups/audit:nack", json={"receipts": [receipt]})
         assert r.json()["deadLettered"] == 1
         yield live
-
-
-def _transactions_missing() -> bool:
-    return bool(requires_transactions.args[0])
 
 
 def open_page(browser: Any, live: Live, token: str, refresh_ms: int = 500) -> None:
@@ -150,12 +144,11 @@ def test_the_pages_numbers_equal_the_apis(browser: Any, server: Live,
         assert int(row["delivered"]) == topic["delivered"]
         assert row["oldest"] == str(stats["oldestPendingByTopic"].get(topic["topic"], ""))
     assert rows["orders.now"]["leased"] == "1" and rows["orders.now"]["delivered"] == "1"
-    if not _transactions_missing():
-        tx = {row.get_attribute("data-group"): row.find_element(
-            By.CSS_SELECTOR, "td.prepared").get_attribute("data-value")
-            for row in browser.find_elements(By.CSS_SELECTOR, "#transactions-table tbody tr")}
-        assert tx == {t["producerGroup"]: str(t["prepared"]) for t in overview["transactions"]}
-        assert tx == {"billing": "2", "shipping": "1"}
+    tx = {row.get_attribute("data-group"): row.find_element(
+        By.CSS_SELECTOR, "td.prepared").get_attribute("data-value")
+        for row in browser.find_elements(By.CSS_SELECTOR, "#transactions-table tbody tr")}
+    assert tx == {t["producerGroup"]: str(t["prepared"]) for t in overview["transactions"]}
+    assert tx == {"billing": "2", "shipping": "1"}
 
 
 def test_the_planted_burst_is_in_the_right_bar(browser: Any, server: Live,

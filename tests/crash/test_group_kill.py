@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.crash.server import ServerProcess
 from scheduler.broker import Broker
 from scheduler.clock import SystemClock
 from scheduler.config import EngineConfig
 from scheduler.group_state import retry_topic
 from storage.constants import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import read_topic
+from tests.support.server_process import ServerProcess
 
 TOKEN = "group-kill-admin-token-0123456789"
 TOPIC, GROUP = "jobs", "workers"

@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
-from bench.crash.ledger import ALREADY_DELIVERED, CANCELLED, UNKNOWN, Ledger, SendRecord, TxRecord
-from bench.crash.verify import check
+from tests.support.crash.ledger import (
+    ALREADY_DELIVERED,
+    CANCELLED,
+    UNKNOWN,
+    Ledger,
+    SendRecord,
+    TxRecord,
+)
+from tests.support.crash.verify import check
 
 T = "crash.a"
 Logs = dict[str, list[dict[str, Any]]]

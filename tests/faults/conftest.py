@@ -2,7 +2,7 @@
 
 - ``faulty_server``: the real app over real HTTP (uvicorn in a thread, 127.0.0.1) on a real
   Broker whose CommitLog and RocksStore are the fault-injecting wrappers of the engine tests
-  (tests/scheduler/conftest.py: ``FlakyLog.fail_appends``, ``FlakyStore.fail_writes``).
+  (tests/support/engine.py: ``FlakyLog.fail_appends``, ``FlakyStore.fail_writes``).
 - ``small_fs``: a size-limited tmpfs mounted under tmp_path, for a real full disk (ENOSPC
   from the kernel); skipped where this process may not mount.
 """
@@ -10,9 +10,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,22 +18,23 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from app.server import Server, uvicorn_config
-from app.settings import Role, TokenSpec, load_settings
+from api.auth import Role, TokenSpec
+from app.settings import load_settings
+from app.wiring import build_app
 from scheduler.broker import Broker, open_commitlog
 from scheduler.clock import SystemClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
 from storage.rocks import RocksStore
 from tests.disk import tmpfs
-from tests.scheduler.conftest import FlakyLog, FlakyStore
+from tests.support.engine import FlakyLog, FlakyStore
+from tests.support.uvicorn_thread import serve_in_thread
 
 TOKEN = "faults-admin-token-0123456789"
 
 
 class FaultyServer:
-    """A served Broker with fault switches; ``client()`` as bench.crash's ServerProcess."""
+    """A served Broker with fault switches; ``client()`` as a ServerProcess's."""
 
     def __init__(self, base_url: str, broker: Broker, log: FlakyLog, store: FlakyStore) -> None:
         self.base_url = base_url
@@ -73,29 +71,13 @@ def serve_faulty(data_dir: Path, **engine: Any) -> Iterator[FaultyServer]:
 
     broker = Broker(settings.engine, SystemClock(), log_factory=log_factory,
                     store_factory=store_factory)
-    app = create_app(settings, broker=broker)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = Server(uvicorn_config(app, replace(settings, host="127.0.0.1", port=port,
-                                                log_level="warning")),
-                    on_shutdown=app.state.ctx.notifier.close)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:  # start-up, not a due time
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.01)
-    faulty = FaultyServer(f"http://127.0.0.1:{port}", broker, parts["log"], parts["store"])
-    try:
-        yield faulty
-    finally:
-        faulty.clear_faults()
-        server.should_exit = True
-        thread.join(timeout=60)
-        sock.close()
+    app = build_app(settings, broker=broker)
+    with serve_in_thread(app, settings) as base_url:
+        faulty = FaultyServer(base_url, broker, parts["log"], parts["store"])
+        try:
+            yield faulty
+        finally:
+            faulty.clear_faults()
 
 
 @pytest.fixture

@@ -17,11 +17,12 @@ from collections import Counter
 from collections.abc import Callable
 
 import httpx
+import pytest
 
-from bench.crash.ledger import Ledger
-from bench.crash.verify import check, check_statuses, read_logs
-from bench.crash.workload import TOPICS, Shared, now_ms, start_clients
 from tests.faults.conftest import FaultyServer
+from tests.support.crash.ledger import Ledger
+from tests.support.crash.verify import check, check_statuses, read_logs
+from tests.support.crash.workload import TOPICS, Shared, now_ms, start_clients
 
 STORM_MIN_S, STORM_MAX_S = 5.0, 45.0  # storm until enough happened (a loaded machine is slow)
 
@@ -57,6 +58,7 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+@pytest.mark.slow  # a storm of at least STORM_MIN_S on the real clock, then the last due times
 def test_random_storage_faults_under_load_lose_nothing_acknowledged(
         faulty_server: FaultyServer) -> None:
     server = faulty_server

@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.crash.server import ServerProcess
-from bench.crash.verify import read_logs
 from tests.disk import fill_disk
 from tests.faults.conftest import TOKEN
+from tests.support.crash.verify import read_logs
+from tests.support.server_process import ServerProcess
 
 TOPIC = "disk.a"
 SETTINGS = {"segment_size": "2MiB", "max_body_bytes": "1MiB", "flush_interval_ms": "50ms",
@@ -69,7 +69,7 @@ def ready(client: httpx.Client) -> int:
 
 
 def unavailable(r: httpx.Response) -> bool:
-    """A 503 problem, whose detail names no file (issue 12: no paths to the network)."""
+    """A 503 problem, whose detail names no file (the network learns no paths)."""
     ok = (r.status_code == 503
           and r.headers["content-type"].startswith("application/problem+json")
           and r.json()["code"] == "UNAVAILABLE")

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from app import verify_cli
 from scheduler.clock import Clock, SystemClock
-from tests.api.conftest import Live, make_settings, serve
+from tests.support.live import Live, make_settings, serve
 
 SCALE = int(os.environ.get("FUZZ_SCALE", "1"))
 CONTRACT_CODES = frozenset({

@@ -17,8 +17,8 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.api.conftest import ADMIN, CONSUMER, PRODUCER, PRODUCER_ALL, Live
 from tests.fuzz.conftest import assert_problem, fuzz_settings
+from tests.support.live import ADMIN, CONSUMER, PRODUCER, PRODUCER_ALL, Live
 
 TOKENS = (ADMIN, PRODUCER, CONSUMER, PRODUCER_ALL)
 HANDLE = "AQAAAaIAhHi0dDEAYTE"  # well-formed, names nothing stored

@@ -25,8 +25,8 @@ from storage.constants import (
     PROP_TIMER_DELAY_SEC,
     PROP_TIMER_DELIVER_MS,
 )
-from tests.api.conftest import Live
 from tests.fuzz.conftest import assert_problem, fuzz_settings
+from tests.support.live import Live
 
 TOPIC = "fuzz.bodies"
 BODY_OPERATIONS = [

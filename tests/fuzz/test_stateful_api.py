@@ -29,8 +29,8 @@ with warnings.catch_warnings():
     import tests.api.schemathesis_hooks  # noqa: F401  (hypothesis-jsonschema shim, waitMs cap)
 
 from scheduler.clock import FakeClock
-from tests.api.conftest import ADMIN, T0, Live
 from tests.fuzz.conftest import assert_problem, fuzz_server, fuzz_settings
+from tests.support.live import ADMIN, T0, Live
 
 M = "/v1/topics/{topic}/messages"
 MSG = "/v1/topics/{topic}/messages/{msgId}"
@@ -66,7 +66,7 @@ LINKS: list[tuple[str, str, str, str, str, dict[str, str]]] = [
     (OFFSET, "PUT", "200", M, "GET", {**same_topic, "query.group": "$request.path.group"}),
     (CALLBACK, "PUT", "200", CALLBACK, "GET", {"path.group": "$request.path.group"}),
     (CALLBACK, "PUT", "200", CALLBACK, "DELETE", {"path.group": "$request.path.group"}),
-    # issue 12: the check-back poll of a group followed by a commit of one of its checks, and
+    # the check-back poll of a group followed by a commit of one of its checks, and
     # the parked messages' listing after a redrive
     ("/v1/producer-groups/{group}/transaction-checks", "GET", "200",
      "/v1/transactions/{transactionId}/commit", "POST",

@@ -29,8 +29,7 @@ from storage.errors import InvalidArgument, NotFound, StorageError
 from storage.keys import unpack_u64
 from storage.records import FLAG_BATCH, MessageStatus, decode_log_record
 from storage.rocks import RocksStore
-
-from .conftest import START_MS, FlakyLog, FlakyStore, Harness, read_topic
+from tests.support.engine import START_MS, FlakyLog, FlakyStore, Harness, read_topic
 
 REPO = Path(__file__).resolve().parents[2]
 LATER_MS = 1000
@@ -113,7 +112,7 @@ def test_a_failed_write_revokes_the_due_half_and_nothing_is_ever_visible(
     assert_none_of_it(broker)
     assert [(m.msg_id, m.offset) for m in read_topic(broker, "t")] == [("before", 0),
                                                                        ("after", 1)]
-    assert broker.stats()["pending"] == 0 and broker.metrics.replayed.value == 0
+    assert broker.stats().pending == 0 and broker.metrics.replayed.value == 0
     broker.close()
     broker = harness.open()  # and after a restart
     assert broker.metrics.replayed.value == 0

@@ -15,8 +15,7 @@ from scheduler.model import SendRequest
 from storage.errors import AlreadyDelivered, InvalidArgument, NotFound
 from storage.keys import encode_handle
 from storage.records import MessageStatus
-
-from .conftest import START_MS, Harness, advance_until, read_topic, run_threads
+from tests.support.engine import START_MS, Harness, advance_until, read_topic, run_threads
 
 
 def test_cancel_before_at_and_after_the_due_time(broker: Broker, clock: FakeClock) -> None:
@@ -54,7 +53,7 @@ def test_cancel_before_at_and_after_the_due_time(broker: Broker, clock: FakeCloc
     assert broker.cancel("t", "a").status is MessageStatus.CANCELLED
     assert broker.cancel_by_handle(b.cancel_handle).status is MessageStatus.CANCELLED
     assert broker.metrics.cancelled.value == 2
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0
     clock.advance(1000)
     broker.drain()
     assert [m.msg_id for m in read_topic(broker, "t")] == ["c"]
@@ -95,7 +94,7 @@ def test_cancel_of_a_message_already_queued_for_delivery(harness: Harness,
     broker.drain()
     got = [m.msg_id for m in read_topic(broker, "t")]
     assert sorted(got) == sorted(f"m{i}" for i in range(10) if i not in (3, 7))
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0
 
 
 @pytest.mark.slow
@@ -147,4 +146,4 @@ def test_cancels_racing_delivery_from_many_threads(
             else:
                 assert msg_id in delivered and status is MessageStatus.DELIVERED
         assert len(answers) == count
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0

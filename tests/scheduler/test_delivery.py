@@ -9,8 +9,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.errors import DelayTooLong, InvalidArgument, NotFound, TopicInvalid
 from storage.records import MessageStatus
-
-from .conftest import START_MS, Harness, advance_until, read_topic
+from tests.support.engine import START_MS, Harness, advance_until, read_topic
 
 
 def test_never_early_and_in_deliver_time_order(broker: Broker, clock: FakeClock) -> None:
@@ -31,7 +30,7 @@ def test_never_early_and_in_deliver_time_order(broker: Broker, clock: FakeClock)
     got = read_topic(broker, "t")
     assert [m.offset for m in got] == list(range(len(delays)))
     assert [m.deliver_at for m in got] == sorted(m.deliver_at for m in got)
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0
 
 
 def test_many_messages_with_one_deliver_at_are_all_delivered(harness: Harness,
@@ -52,7 +51,7 @@ def test_many_messages_with_one_deliver_at_are_all_delivered(harness: Harness,
     assert len({m.msg_id for m in got}) == 20_000
     assert all(m.deliver_at == due and m.stored_at == due for m in got)
     stats = broker.stats()
-    assert stats["pending"] == 0 and stats["delivered"] == 20_000
+    assert stats.pending == 0 and stats.delivered == 20_000
     # each topic's offsets are dense
     for i in range(3):
         assert [m.offset for m in read_topic(broker, f"t{i}")] == list(
@@ -102,7 +101,7 @@ def test_maximum_delay_is_configurable_and_changes_nothing(harness: Harness) -> 
         broker.send(SendRequest(topic="t", body=b"x", msg_id="far", delay_ms=86_400_001))
     with pytest.raises(NotFound):
         broker.status("t", "far")
-    assert broker.stats()["pending"] == 1
+    assert broker.stats().pending == 1
 
 
 def test_a_bad_message_rejects_the_whole_batch(broker: Broker) -> None:
@@ -114,7 +113,7 @@ def test_a_bad_message_rejects_the_whole_batch(broker: Broker) -> None:
     for i in range(5):
         with pytest.raises(NotFound):
             broker.status("t", f"g{i}")
-    assert broker.stats()["pending"] == 0 and broker.end_offset("t") == 0
+    assert broker.stats().pending == 0 and broker.end_offset("t") == 0
 
 
 def test_idempotent_resend(broker: Broker, clock: FakeClock) -> None:
@@ -193,5 +192,5 @@ def test_the_delivered_prefix_is_cleaned_up(harness: Harness, clock: FakeClock) 
     broker.drain()
     advance_until(clock, lambda: bool(harness.store and harness.store.cleanups), step=1)
     cf, before = harness.store.cleanups[-1]
-    assert cf == "timer.0" and before == broker.stats()["watermarks"]["0"] > START_MS
+    assert cf == "timer.0" and before == broker.stats().watermarks["0"] > START_MS
     assert len(read_topic(broker, "t")) == 250

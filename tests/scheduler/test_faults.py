@@ -10,8 +10,7 @@ from scheduler.model import SendRequest
 from storage.errors import StorageError, Unavailable
 from storage.records import MessageStatus
 from storage.rocks import Batch
-
-from .conftest import Harness, advance_until, open_failing_after_append, read_topic
+from tests.support.engine import Harness, advance_until, open_failing_after_append, read_topic
 
 
 def test_commitlog_failure_is_retried_with_backoff_and_nothing_is_lost(
@@ -35,7 +34,7 @@ def test_commitlog_failure_is_retried_with_backoff_and_nothing_is_lost(
     assert broker.metrics.retries.value == 5
     got = read_topic(broker, "t")
     assert sorted(m.msg_id for m in got) == sorted(f"m{i}" for i in range(50))
-    assert broker.metrics.blocked.value == 0 and broker.stats()["pending"] == 0
+    assert broker.metrics.blocked.value == 0 and broker.stats().pending == 0
 
 
 def test_rocksdb_failure_after_the_append_is_replayed_not_duplicated(
@@ -54,7 +53,7 @@ def test_rocksdb_failure_after_the_append_is_replayed_not_duplicated(
     assert broker.metrics.replayed.value == 30
     assert all(broker.status("t", f"m{i}").status is MessageStatus.DELIVERED
                for i in range(30))
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0
 
 
 def test_failed_immediate_send_is_unavailable_and_a_resend_is_exactly_once(
@@ -86,7 +85,7 @@ def test_a_failed_scheduled_send_changes_nothing(harness: Harness) -> None:
     with pytest.raises(Unavailable):
         broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"m{i}", delay_ms=10)
                            for i in range(3)])
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0
     assert broker.list_scheduled("t", from_ms=None, to_ms=None, limit=10, cursor=None)[0] == []
 
 

@@ -20,8 +20,7 @@ from scheduler.model import SendRequest
 from scheduler.scanner import Scanner
 from storage.constants import CF_META, META_WATERMARK_PREFIX
 from storage.keys import time_bound
-
-from .conftest import START_MS, Harness, advance_until, read_topic
+from tests.support.engine import START_MS, Harness, advance_until, read_topic
 
 TIMER = "timer.0"
 
@@ -49,7 +48,7 @@ def test_a_delivery_commit_deletes_nothing_and_persists_the_frontier(
     assert harness.store is not None
     frontier = harness.store.frontier(0)
     assert frontier == time_bound(clock.now_ms() + 1)
-    assert broker.stats()["watermarks"]["0"] == clock.now_ms() + 1
+    assert broker.stats().watermarks["0"] == clock.now_ms() + 1
     assert broker.list_scheduled("t", from_ms=None, to_ms=None, limit=1000,
                                  cursor=None) == ([], None)
 
@@ -70,7 +69,7 @@ def test_a_frontier_inside_a_millisecond_survives_a_restart(
 
     log.after_append = fail_from_now_on
     clock.advance(10)
-    advance_until(clock, lambda: broker.stats()["retries"] > 0, step=1)
+    advance_until(clock, lambda: broker.stats().retries > 0, step=1)
     assert [m.msg_id for m in read_topic(broker, "t")] == [f"m{i:03d}" for i in range(100)]
     store = harness.store
     assert store is not None
@@ -84,7 +83,7 @@ def test_a_frontier_inside_a_millisecond_survives_a_restart(
     again.drain()
     delivered = [m.msg_id for m in read_topic(again, "t")]
     assert delivered == [f"m{i:03d}" for i in range(250)]
-    assert again.stats()["pending"] == 0
+    assert again.stats().pending == 0
 
 
 def test_the_dead_prefix_is_cleaned_on_a_timer(harness: Harness, clock: FakeClock) -> None:

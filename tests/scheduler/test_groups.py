@@ -15,7 +15,7 @@ from scheduler.group_state import retry_topic
 from scheduler.groups import GroupManager
 from scheduler.model import SendRequest
 from storage.errors import InvalidArgument, NotFound, StorageError
-from tests.scheduler.conftest import Harness, read_topic, run_threads
+from tests.support.engine import Harness, read_topic, run_threads
 
 LEASE = 30_000
 LEVELS_MS = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,
@@ -50,7 +50,7 @@ def test_receive_leases_each_message_to_one_member_until_the_lease_ends(
     again = g.receive("t", "g", 10, LEASE)  # expired: handed out again, oldest first
     assert [m.record.msg_id for m in again.messages] == [f"m{i}" for i in range(10)]
     assert all(m.delivery_count == 2 for m in again.messages)
-    assert g.stats()["t/g"]["redelivered"] == 10
+    assert g.stats()["t/g"].redelivered == 10
     # another group reads the same topic on its own
     assert len(g.receive("t", "other", 10, LEASE).messages) == 10
 

@@ -18,8 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
-
-from .conftest import START_MS, make_config
+from tests.support.engine import START_MS, make_config
 
 TOTAL = 6
 MAX_RECONSUME = 2

@@ -15,8 +15,7 @@ from scheduler.model import SendRequest
 from storage.constants import CF_EXPIRY
 from storage.errors import InvalidArgument, NotFound
 from storage.records import MessageStatus
-
-from .conftest import START_MS, Harness, read_topic, run_threads
+from tests.support.engine import START_MS, Harness, read_topic, run_threads
 
 
 def test_list_scheduled_pages_by_deliver_time(broker: Broker, clock: FakeClock) -> None:
@@ -122,7 +121,7 @@ def test_sends_racing_the_scanner_are_never_stranded(harness: Harness,
         got = [m.msg_id for m in read_topic(broker, f"t{k}")]
         assert len(got) == len(set(got)) == 1500
         assert sorted(got) == sorted(acknowledged[k])
-    assert broker.stats()["pending"] == 0
+    assert broker.stats().pending == 0
     assert broker.list_scheduled("t0", from_ms=None, to_ms=None, limit=10, cursor=None)[0] == []
 
 

@@ -1,4 +1,4 @@
-"""Poison isolation in the engine (issue 12): a due message whose stored value cannot be
+"""Poison isolation in the engine: a due message whose stored value cannot be
 decoded is parked, the messages around it in the same delivery batch are delivered with
 gapless offsets, and a storage fault still blocks and retries (tests/scheduler/test_faults.py).
 The HTTP side, with a message too big for a segment, is tests/api/test_poison.py."""
@@ -9,8 +9,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.constants import timer_cf
 from storage.keys import encode_timer_key, topic_shard
-
-from .conftest import START_MS, Harness, read_topic
+from tests.support.engine import START_MS, Harness, read_topic
 
 
 def test_an_undecodable_message_is_parked_and_its_batch_delivered(harness: Harness,
@@ -35,6 +34,6 @@ def test_an_undecodable_message_is_parked_and_its_batch_delivered(harness: Harne
     [parked] = broker.parked()
     assert (parked.topic, parked.msg_id, parked.deliver_at) == ("t", "m2", due)
     assert "cannot be decoded" in parked.reason
-    assert broker.stats()["parked"] == 1 and broker.stats()["pending"] == 0
+    assert broker.stats().parked == 1 and broker.stats().pending == 0
     broker.send(SendRequest(topic="t", body=b"after", msg_id="after"))  # delivery goes on
     assert [m.msg_id for m in read_topic(broker, "t")][-1] == "after"

@@ -20,8 +20,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.errors import AlreadyDelivered, NotFound
 from storage.records import MessageStatus
-
-from .conftest import START_MS, make_config, read_topic
+from tests.support.engine import START_MS, make_config, read_topic
 
 TOPICS = ("a", "b", "c")
 IDS = tuple(f"m{i}" for i in range(8))
@@ -130,7 +129,7 @@ class EngineMachine(RuleBasedStateMachine):
             info = self.broker.status(topic, msg_id)
             assert (info.status, info.deliver_at) == (expected.status, expected.deliver_at)
         pending = sum(e.status is MessageStatus.SCHEDULED for e in self.model.values())
-        assert self.broker.stats()["pending"] == pending
+        assert self.broker.stats().pending == pending
 
 
 EngineMachine.TestCase.settings = settings(

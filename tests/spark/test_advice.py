@@ -1,4 +1,4 @@
-"""The advice on a workload it was never tuned on (issue 13): one hot topic, a few large
+"""The advice on a workload it was never tuned on: one hot topic, a few large
 values with little compaction, cancels ahead of the due window and none inside it, delivered
 keys left below the watermark for the periodic clean-up."""
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from bench.analysis_workload import Workload, WorkloadSpec, build_store
 from storage.records import MessageStatus
 from storage.snapshots import SnapshotInfo, create_snapshot
+from tests.support.analysis_workload import Workload, WorkloadSpec, build_store
 
 pytestmark = pytest.mark.spark
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from bench.analysis_workload import WorkloadSpec, build_store
 from storage.constants import timer_cf
 from storage.errors import InvalidArgument, NotFound
 from storage.rocks import RocksStore
+from storage.snapshot_manifest import INT_PROPERTIES
 from storage.snapshots import (
     create_snapshot,
     disk_usage,
@@ -23,19 +23,21 @@ from storage.snapshots import (
     remove_snapshot,
 )
 from tests.spark import direct
+from tests.support.analysis_workload import WorkloadSpec, build_store
 
 SMALL = WorkloadSpec(messages=2_000, delivered=600, cancelled=200)
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Any:
+def workload_store(tmp_path: Path) -> Any:
+    """A store holding the SMALL workload, written as the engine writes it."""
     store, _ = build_store(tmp_path / "rocksdb", SMALL)
     yield store
     store.close()
 
 
-def test_manifest_records_the_moment(store: RocksStore, tmp_path: Path) -> None:
-    info = create_snapshot(store, tmp_path / "snaps", extra={"appliedPosition": 42},
+def test_manifest_records_the_moment(workload_store: RocksStore, tmp_path: Path) -> None:
+    info = create_snapshot(workload_store, tmp_path / "snaps", extra={"appliedPosition": 42},
                            now_ms=SMALL.now_ms)
     assert info.created_at == SMALL.now_ms and info.path.parent == tmp_path / "snaps"
     m = read_manifest(info.path)
@@ -56,21 +58,24 @@ def test_manifest_records_the_moment(store: RocksStore, tmp_path: Path) -> None:
     timer0 = rocks["columnFamilies"][timer_cf(0)]
     assert sum(lv["bytes"] for lv in timer0["levels"]) == direct.cf_sst_bytes(
         info.db_path)[timer_cf(0)]
-    assert timer0["properties"]["rocksdb.estimate-pending-compaction-bytes"] >= 0
+    # the workload_store's own figures at that moment (nothing was written since)
+    assert timer0["properties"] == {name: workload_store.property_int(timer_cf(0), name)
+                                    for name in INT_PROPERTIES}
+    assert timer0["properties"]["rocksdb.estimate-num-keys"] > 0
     assert "writeStalls" in timer0["compactionStats"]
     assert timer0["tableProperties"]["# entries"] > 0
 
 
-def test_bad_extra_changes_nothing(store: RocksStore, tmp_path: Path) -> None:
+def test_bad_extra_changes_nothing(workload_store: RocksStore, tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="JSON"):
-        create_snapshot(store, tmp_path / "snaps", extra={"x": object()})
+        create_snapshot(workload_store, tmp_path / "snaps", extra={"x": object()})
     assert not (tmp_path / "snaps").exists() or not any((tmp_path / "snaps").iterdir())
 
 
-def test_list_get_remove(store: RocksStore, tmp_path: Path) -> None:
+def test_list_get_remove(workload_store: RocksStore, tmp_path: Path) -> None:
     root = tmp_path / "snaps"
-    a = create_snapshot(store, root, extra={}, now_ms=1_000)
-    b = create_snapshot(store, root, extra={}, now_ms=2_000)
+    a = create_snapshot(workload_store, root, extra={}, now_ms=1_000)
+    b = create_snapshot(workload_store, root, extra={}, now_ms=2_000)
     (root / ".tmp-unfinished").mkdir()  # a crashed create: never listed
     assert [s.snapshot_id for s in list_snapshots(root)] == [a.snapshot_id, b.snapshot_id]
     assert get_snapshot(root, b.snapshot_id) == b
@@ -90,14 +95,14 @@ def _gone(snapshot_db: Path, live: Path) -> list[Path]:
 
 
 def test_pinned_bytes_grow_when_compaction_replaces_files(
-    store: RocksStore, tmp_path: Path,
+    workload_store: RocksStore, tmp_path: Path,
 ) -> None:
     root, live = tmp_path / "snaps", tmp_path / "rocksdb"
-    old = create_snapshot(store, root, extra={})
+    old = create_snapshot(workload_store, root, extra={})
     for shard in range(SMALL.shards):  # compact the timer CFs: their SSTs are replaced
-        store.cleanup_prefix(timer_cf(shard), SMALL.now_ms + 30 * 86_400_000)
-    new = create_snapshot(store, root, extra={})
-    store.close()  # no background compaction from here on: the figures hold still
+        workload_store.cleanup_prefix(timer_cf(shard), SMALL.now_ms + 30 * 86_400_000)
+    new = create_snapshot(workload_store, root, extra={})
+    workload_store.close()  # no background compaction from here on: the figures hold still
     gone = _gone(old.db_path, live)
     timer_ssts = {f["name"] for f in read_manifest(old.path)["rocksdb"]["liveFiles"]
                   if f["cf"].startswith("timer.")}
@@ -113,9 +118,9 @@ def test_pinned_bytes_grow_when_compaction_replaces_files(
     assert not old.path.exists()
 
 
-def test_read_only_open_writes_nothing_into_the_snapshot(store: RocksStore,
+def test_read_only_open_writes_nothing_into_the_snapshot(workload_store: RocksStore,
                                                          tmp_path: Path) -> None:
-    info = create_snapshot(store, tmp_path / "snaps", extra={})
+    info = create_snapshot(workload_store, tmp_path / "snaps", extra={})
 
     def state() -> dict[str, tuple[int, str]]:  # names, times and contents
         return {f.name: (f.stat().st_mtime_ns, hashlib.sha256(f.read_bytes()).hexdigest())

@@ -15,13 +15,6 @@ from storage.records import LogRecord, encode_log_record
 from storage.rocks import RocksStore
 
 
-@pytest.fixture
-def store(tmp_path: Path):
-    s = RocksStore(tmp_path / "db", timer_shards=1)
-    yield s
-    s.close()
-
-
 def _fill(store: RocksStore, topic: str, n: int, base: int = 0) -> None:
     b = store.batch()
     ConsumeQueue.put_many(b, topic, [(i, base + i * 100, 90 + i % 7) for i in range(n)])
@@ -140,3 +133,19 @@ def test_rebuild_from_the_log(store: RocksStore, tmp_path: Path) -> None:
         assert rebuild(store, log) == 300
         assert rebuild(store, log, from_position=positions[200]) == 100
         assert list(store.scan(CF_CQ)) == keys_before
+
+
+def test_group_offsets_are_per_topic_and_group_and_survive_a_reopen(tmp_path: Path) -> None:
+    with RocksStore(tmp_path / "db", timer_shards=1) as store:
+        queue = ConsumeQueue(store)
+        assert queue.group_offset("orders", "billing") == 0  # before its first commit
+        b = store.batch()
+        ConsumeQueue.put_group_offset(b, "orders", "billing", 42)
+        ConsumeQueue.put_group_offset(b, "orders", "audit", 7)
+        ConsumeQueue.put_group_offset(b, "refunds", "billing", 3)
+        store.write(b, sync=True)
+    with RocksStore(tmp_path / "db", timer_shards=1) as store:
+        queue = ConsumeQueue(store)
+        assert [queue.group_offset("orders", "billing"), queue.group_offset("orders", "audit"),
+                queue.group_offset("refunds", "billing"), queue.group_offset("refunds", "audit")
+                ] == [42, 7, 3, 0]

@@ -8,15 +8,8 @@ import pytest
 
 from storage.constants import CF_HALF, CF_INDEX, CF_META, META_SHARDS, timer_cf
 from storage.errors import InvalidArgument, StorageError
-from storage.keys import encode_timer_key, topic_shard, unpack_u64
+from storage.keys import encode_timer_key, pack_u64, topic_shard, unpack_u64
 from storage.rocks import RocksStore
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    s = RocksStore(tmp_path / "db", timer_shards=2)
-    yield s
-    s.close()
 
 
 def test_put_get_delete_round_trip(store: RocksStore) -> None:
@@ -69,16 +62,14 @@ def test_due_returns_exactly_keys_up_to_now_in_order(store: RocksStore) -> None:
     assert [unpack_u64(k) for k, _ in store.due(1, 3, 10, 2)] == [3, 5]
     assert store.due(0, 0, 10**12, 1000) == []
     assert store.due(1, 11, 10, 1000) == []
-    assert store.next_due_at(1, 11) == 11
-    assert store.next_due_at(1, 12) == 100
-    assert store.next_due_at(1, 101) is None
+    assert [unpack_u64(k) for k, _ in store.due(1, 11, 10**12, 1000)] == [11, 100]
 
 
 def test_watermark_persists_with_the_batch(tmp_path: Path) -> None:
     with RocksStore(tmp_path / "db", timer_shards=2) as s:
         assert s.watermark(0) == 0
         b = s.batch()
-        s.put_watermark(b, 1, 12345)
+        s.put_frontier(b, 1, pack_u64(12345))
         s.write(b, sync=True)
         assert s.watermark(1) == 12345 and s.watermark(0) == 0
     with RocksStore(tmp_path / "db", timer_shards=2) as s:
@@ -101,10 +92,9 @@ def test_shard_count_is_persisted_and_enforced(tmp_path: Path) -> None:
             s.get(timer_cf(3), b"k")
 
 
-def test_shard_of_places_a_topic_in_one_shard_and_spreads_topics(store: RocksStore) -> None:
-    shards = {store.shard_of(f"t{i}") for i in range(100)}
-    assert shards == {0, 1}
-    assert store.shard_of("t1") == store.shard_of("t1") == topic_shard("t1", 2)
+def test_topic_shard_places_a_topic_in_one_shard_and_spreads_topics() -> None:
+    assert {topic_shard(f"t{i}", 2) for i in range(100)} == {0, 1}
+    assert topic_shard("t1", 2) == topic_shard("t1", 2)
 
 
 def test_close_really_closes_even_with_an_abandoned_scan(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""Fixtures of the transaction tests: the engine tests' harness (a real Broker on RocksDB and
-a real CommitLog under tmp_path, driven by a FakeClock), with transaction helpers."""
+"""Fixtures of the transaction tests: a Broker of the engine harness (tests/conftest.py) that
+may call back to loopback producers, and a helper to prepare a transaction."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import pytest
 
 from scheduler.broker import Broker
 from scheduler.model import SendRequest, TransactionResult
-from tests.scheduler.conftest import START_MS, Harness, clock, harness
-
-__all__ = ["START_MS", "Harness", "clock", "harness", "prepare"]  # clock, harness: fixtures
+from tests.support.engine import Harness
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Check-back callbacks against hostile producer endpoints, over real HTTP (issue 12): an
+"""Check-back callbacks against hostile producer endpoints, over real HTTP: an
 answer that drips in or never ends is cut at a total deadline and a size cap (UNKNOWN), and
 URLs on ports outside the allow-list cannot be registered."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from scheduler.checkback import CallbackRegistration, CheckAnswer, CheckbackClient
 from scheduler.clock import FakeClock
 from scheduler.model import TransactionCheck
-from tests.api.conftest import ADMIN, T0, make_settings, serve
+from tests.support.live import ADMIN, T0, make_settings, serve
 
 
 @contextmanager

@@ -10,10 +10,10 @@ from scheduler.clock import FakeClock
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.errors import InvalidArgument, NotFound
 from storage.records import MessageStatus
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import Harness, read_topic
 
 from .callback_server import Producer, producer_endpoint
-from .conftest import Harness, prepare
+from .conftest import prepare
 
 INTERVAL = 30_000
 

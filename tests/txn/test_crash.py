@@ -10,9 +10,9 @@ from scheduler.clock import FakeClock
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.errors import Conflict, StorageError
 from storage.records import MessageStatus
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import Harness, read_topic
 
-from .conftest import Harness, prepare
+from .conftest import prepare
 
 
 def _fail_the_write_after_the_next_append(harness: Harness) -> None:
@@ -46,7 +46,7 @@ def test_a_commit_that_reached_only_the_log_is_finished_not_repeated(
     broker.drain()
     assert [m.msg_id for m in read_topic(broker, "orders")] == ["m"]
     assert broker.status("orders", "m").status is MessageStatus.DELIVERED
-    assert broker.stats()["transactionsPrepared"] == 0
+    assert broker.stats().transactions_prepared == 0
 
 
 def test_a_rollback_after_a_half_written_commit_conflicts(

@@ -9,8 +9,9 @@ from typing import TypeVar
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from storage.rocks import RocksStore
+from tests.support.engine import Harness
 
-from .conftest import Harness, prepare
+from .conftest import prepare
 
 SKIP = "rocksdb.number.iter.skip"  # internal entries (tombstones, shadowed values) stepped over
 NEXT = "rocksdb.number.db.next"  # live entries iterated

@@ -12,7 +12,7 @@ import pytest
 
 from scheduler.clock import FakeClock
 from scheduler.tx_records import new_transaction_id
-from tests.api.conftest import ADMIN, CONSUMER, PRODUCER, T0, Live, make_settings, serve
+from tests.support.live import ADMIN, CONSUMER, PRODUCER, T0, Live, make_settings, serve
 
 from .callback_server import Producer, producer_endpoint
 

@@ -19,7 +19,7 @@ from scheduler.broker import Broker
 from scheduler.clock import FakeClock, SystemClock
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.records import MessageStatus
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import read_topic
 
 from .crash_child import START_MS, config
 
@@ -57,7 +57,7 @@ def test_kill_9_after_the_append_of_a_commit(tmp_path: Path) -> None:
         assert all(broker.transaction_status(t).status == "ROLLED_BACK" for t in rolled)
         assert sorted(m.msg_id for m in read_topic(broker, "orders")) == \
             sorted(["m10", *(f"m{i}" for i in range(5))])
-        assert broker.stats()["transactionsPrepared"] == 9
+        assert broker.stats().transactions_prepared == 9
     finally:
         broker.close()
 

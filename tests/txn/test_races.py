@@ -15,9 +15,9 @@ from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.errors import Conflict
-from tests.scheduler.conftest import read_topic, run_threads
+from tests.support.engine import Harness, read_topic, run_threads
 
-from .conftest import Harness, prepare
+from .conftest import prepare
 
 
 @pytest.fixture(autouse=True)
@@ -91,13 +91,13 @@ def _assert_exactly_once(broker: Broker, clock: FakeClock, txs: dict[str, str]) 
     assert "PREPARED" not in states.values()
     # nothing is left to check: no half message outlived its transaction
     assert broker.poll_transaction_checks("pg", 1000) == []
-    assert broker.stats()["transactionsPrepared"] == 0
+    assert broker.stats().transactions_prepared == 0
 
 
 def _assert_nothing_left_after_restart(harness: Harness, broker: Broker) -> None:
     broker.close()
     reopened = harness.open()  # counts the half messages on disk
-    assert reopened.stats()["transactionsPrepared"] == 0
+    assert reopened.stats().transactions_prepared == 0
 
 
 def test_commits_race_polls_and_rollbacks(harness: Harness, clock: FakeClock) -> None:

@@ -31,7 +31,7 @@ TIMEOUT = 6_000
 @pytest.mark.parametrize(
     ("value", "expected_ms"),
     [
-        # the RocketMQ cases
+        # RocketMQ's own cases
         ("1", 6_000),
         ("7", 7_000),
         ("-1", 6_000),

@@ -13,9 +13,9 @@ from scheduler.tx_records import is_transaction_id, new_transaction_id
 from storage.constants import TOPIC_TRANS_CHECK_MAX_TIME
 from storage.errors import Conflict, InvalidArgument, NotFound, TopicInvalid
 from storage.records import MessageStatus
-from tests.scheduler.conftest import read_topic
+from tests.support.engine import START_MS, Harness, read_topic
 
-from .conftest import START_MS, Harness, prepare
+from .conftest import prepare
 
 INTERVAL = 30_000
 
@@ -33,8 +33,8 @@ def test_prepare_is_invisible_until_commit(broker: Broker, clock: FakeClock) -> 
     clock.advance(3_600_000)
     broker.drain()
     assert _ids(broker, "orders") == []
-    assert broker.stats()["transactionsPrepared"] == 1
-    assert broker.stats()["pending"] == 0  # not a scheduled message
+    assert broker.stats().transactions_prepared == 1
+    assert broker.stats().pending == 0  # not a scheduled message
 
     committed = broker.commit_transaction(result.transaction_id)
     assert committed.status == "COMMITTED" and committed.deliver_at == clock.now_ms()
@@ -42,7 +42,7 @@ def test_prepare_is_invisible_until_commit(broker: Broker, clock: FakeClock) -> 
     assert [(m.msg_id, m.body) for m in delivered] == [("m1", b"payload")]
     assert delivered[0].born_at == START_MS  # born when prepared
     assert broker.status("orders", "m1").status is MessageStatus.DELIVERED
-    assert broker.stats()["transactionsPrepared"] == 0
+    assert broker.stats().transactions_prepared == 0
 
 
 def test_transaction_ids_are_unique(broker: Broker) -> None:
@@ -155,7 +155,7 @@ def test_prepare_validates_like_a_send_and_stores_nothing_on_bad_input(broker: B
         with pytest.raises(error):
             broker.prepare_transaction(request, producer_group=group)
     assert broker.metrics.tx_prepared.value == 0
-    assert broker.stats()["transactionsPrepared"] == 0
+    assert broker.stats().transactions_prepared == 0
 
 
 def test_a_resent_prepare_answers_the_first_transaction(broker: Broker) -> None:
@@ -305,7 +305,7 @@ def test_everything_survives_a_restart(harness: Harness, clock: FakeClock) -> No
     broker.close()
 
     broker = harness.open()
-    assert broker.stats()["transactionsPrepared"] == 1
+    assert broker.stats().transactions_prepared == 1
     states = {tx.msg_id: broker.transaction_status(tx.transaction_id).status
               for tx in (prepared, committed, rolled, now_tx)}
     assert states == {"stays-prepared": "PREPARED", "committed-later": "COMMITTED",
@@ -341,7 +341,7 @@ def test_finished_transactions_expire_after_the_retention(
             return True
         return False
 
-    from tests.scheduler.conftest import advance_until
+    from tests.support.engine import advance_until
     advance_until(clock, lambda: expired(rolled.transaction_id)
                   and expired(committed.transaction_id), step=1)
     assert broker.transaction_status(open_tx.transaction_id).status == "PREPARED"

@@ -1,4 +1,4 @@
-"""hourglass over HTTP, written against the contract in shared/api.md.
+"""hourglass over HTTP, written against the v1 HTTP contract (docs/api.md).
 
 - send: ``POST /v1/topics/{topic}/messages:batch`` with up to 1000 ``MessageIn``
   (``msgId`` = message id, ``body`` = the 100 ASCII bytes, ``deliverAt`` = due epoch ms);

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from bench.crash.ledger import (
+from tests.support.crash.ledger import (
     ALREADY_DELIVERED,
     CANCELLED,
     UNKNOWN,
@@ -70,7 +70,7 @@ class Gate:
 
 
 class Server(Protocol):
-    """What the clients need of a server (bench.crash.server.ServerProcess, or a test's)."""
+    """What the clients need of a server (a ServerProcess, or a test's)."""
 
     def client(self, timeout_s: float = ...) -> httpx.Client: ...
 

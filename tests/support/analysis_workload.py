@@ -20,6 +20,7 @@ from storage.keys import (
     index_key,
     pack_u64,
     topic_prefix,
+    topic_shard,
 )
 from storage.records import IndexEntry, MessageRecord, MessageStatus, encode_index, encode_message
 from storage.rocks import RocksStore
@@ -120,7 +121,7 @@ def generate(store: RocksStore, spec: WorkloadSpec) -> Workload:
     for lo in range(0, len(plan), spec.batch_size):
         batch = store.batch()
         for topic, msg_id, deliver_at, value in plan[lo:lo + spec.batch_size]:
-            shard = store.shard_of(topic)
+            shard = topic_shard(topic, store.timer_shards)
             batch.put(timer_cf(shard), encode_timer_key(deliver_at, topic, msg_id), value)
             batch.put(CF_INDEX, index_key(topic, msg_id), encode_index(IndexEntry(
                 status=MessageStatus.SCHEDULED, deliver_at=deliver_at, updated_at=now - DAY_MS)))
@@ -135,7 +136,7 @@ def generate(store: RocksStore, spec: WorkloadSpec) -> Workload:
     batch = store.batch()
     for i in sorted(range(len(plan)), key=lambda i: plan[i][2]):  # deliveries in time order
         topic, msg_id, deliver_at, value = plan[i]
-        shard = store.shard_of(topic)
+        shard = topic_shard(topic, store.timer_shards)
         key = encode_timer_key(deliver_at, topic, msg_id)
         state, offset = MessageStatus.SCHEDULED, None
         if i in delivered or i in cancelled:
@@ -166,7 +167,7 @@ def generate(store: RocksStore, spec: WorkloadSpec) -> Workload:
             first = list(store.scan(timer_cf(shard), pack_u64(0), pack_u64(mark), limit=1))
             mark = int.from_bytes(first[0][0][:8], "big") if first else mark
         work.watermarks[shard] = mark
-        RocksStore.put_watermark(batch, shard, mark)
+        RocksStore.put_frontier(batch, shard, pack_u64(mark))
     store.write(batch)
     store.flush()
     return work

@@ -1,15 +1,14 @@
-"""Fixtures of the engine tests: a real Broker (RocksDB + CommitLog under tmp_path) on a
-FakeClock, with small segments, and fault-injecting wrappers of the log and the store."""
+"""Engine test support: a harness opening real Brokers (RocksDB + CommitLog under a data
+directory) on a FakeClock with small segments, fault-injecting wrappers of the log and the
+store, and helpers to read a topic and drive time."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from scheduler.broker import Broker, open_commitlog, open_store
 from scheduler.clock import FakeClock
@@ -143,23 +142,6 @@ class Harness:
     def close_all(self) -> None:
         for broker in self.brokers:
             broker.close()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START_MS)
-
-
-@pytest.fixture
-def harness(tmp_path: Path, clock: FakeClock) -> Iterator[Harness]:
-    h = Harness(tmp_path / "data", clock)
-    yield h
-    h.close_all()
-
-
-@pytest.fixture
-def broker(harness: Harness) -> Broker:
-    return harness.open()
 
 
 def read_topic(broker: Broker, topic: str) -> list[LogRecord]:

@@ -1,0 +1,80 @@
+"""Fixtures shared by every test folder: a RocksStore, the engine harness on a FakeClock, and
+live servers over real HTTP. Their support code is in tests/support/."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.broker import Broker
+from scheduler.clock import Clock, FakeClock
+from storage.rocks import RocksStore
+from tests.support.engine import START_MS, Harness
+from tests.support.live import T0, Live, make_settings, serve
+
+with warnings.catch_warnings():
+    # schemathesis' pytest plugin imports this lazily inside the first test it runs, where
+    # jsonschema's DeprecationWarning would be an error (filterwarnings = error); import it
+    # here, outside any test, so every folder also passes when run on its own.
+    warnings.simplefilter("ignore")
+    import schemathesis._hypothesis  # noqa: F401
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[RocksStore]:
+    """A real RocksStore with two timer shards under tmp_path."""
+    s = RocksStore(tmp_path / "db", timer_shards=2)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START_MS)
+
+
+@pytest.fixture
+def harness(tmp_path: Path, clock: FakeClock) -> Iterator[Harness]:
+    h = Harness(tmp_path / "data", clock)
+    yield h
+    h.close_all()
+
+
+@pytest.fixture
+def broker(harness: Harness) -> Broker:
+    return harness.open()
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Live]:
+    """A server over a FakeClock-driven Broker."""
+    with serve(make_settings(tmp_path / "data"), clock=FakeClock(T0)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def shared_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """One server for a whole module, for tests that do not care about each other's data."""
+    data = tmp_path_factory.mktemp("shared") / "data"
+    with serve(make_settings(data), clock=FakeClock(T0)) as server:
+        yield server
+
+
+@pytest.fixture
+def live_factory(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    """Start servers with custom settings (each on its own data directory)."""
+    stack: list[Any] = []
+
+    def start(clock: Clock | None = None, **overrides: Any) -> Live:
+        cm = serve(make_settings(tmp_path / f"data{len(stack)}", **overrides),
+                   clock=clock or FakeClock(T0))
+        stack.append(cm)
+        return cm.__enter__()
+
+    yield start
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
