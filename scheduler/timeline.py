@@ -17,11 +17,14 @@ hour counts).
 Kept by the Backlog (scheduler/backlog.py), at the same points and under the same locks as
 its per-topic counts: a send that schedules, a cancel, a delivery commit, a run-time replay;
 rebuilt from the keys by the Backlog's start-up scan (``Loader``: in C, a chunk at a time).
-The cost is per batch: the batch's (topic, second) pairs are counted in C
-(``collections.Counter`` over ``zip``/``map``, no Python call per message), then each
-*distinct* pair updates six counts (three levels, its topic and all) under the lock. A
-delivery batch, or a send batch of messages due at about the same time, has a handful of
-distinct pairs.
+The cost is per batch of batches: a send or a delivery only appends its topics and deliverAt
+values to a buffer (two list references, under the lock), and the buffer is folded into the
+counts when a query reads them, or once it holds ``FOLD_AT`` messages. A fold counts the
+(topic, second) pairs of everything buffered in C (``collections.Counter`` over
+``zip``/``map``), then each *distinct* pair updates six counts (three levels, its topic and
+all). Folded per batch, a send batch of 1000 messages due over an hour (each in its own
+second) cost ~1.2 ms, ~1.2 µs a message and ~10 % of the ingest's CPU; folded by the
+hundred thousand, messages share their seconds and the fold costs ~0.1 µs a message.
 
 Parked poison messages (scheduler/poison.py) stay counted at their first deliverAt until a
 restart, as in the Backlog's per-topic counts.
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import floordiv
@@ -51,8 +54,8 @@ WIDTHS_MS: tuple[int, ...] = (
 )
 _RATIOS = tuple(unit // RESOLUTION_MS for unit in LEVELS)
 _BIG: Literal["big"] = "big"
-_FEW = 32  # distinct deliverAt values of a batch counted one by one
 MAX_BUCKETS = 1_000
+FOLD_AT = 1 << 16  # buffered messages folded at the latest (a query folds what is buffered)
 MAX_SPAN_MS = 3_660 * DAY  # to - from: the longest window (the default max delay + 10 days)
 
 
@@ -97,15 +100,19 @@ class Timeline:
         # per topic (None: every topic), per level (LEVELS order): deliverAt // unit -> count
         self._series: dict[str | None, tuple[dict[int, int], ...]] = {}
         self._totals: dict[str | None, int] = {}  # topic (None: all) -> pending
+        # (+1 became pending / -1 stopped being, topics, deliverAt values), not yet counted
+        self._buffered: list[tuple[int, Sequence[str], Sequence[int]]] = []
+        self._buffered_n = 0
 
     # --- keeping it ----------------------------------------------------------------------------
     def add(self, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
-        """Messages (one topic and one deliverAt each, in the same order) became pending."""
-        self._apply(_level_counts(topics, deliver_ats), 1)
+        """Messages (one topic and one deliverAt each, in the same order) became pending.
+        The caller hands the sequences over: they are kept, not copied, until folded."""
+        self._buffer(1, topics, deliver_ats)
 
     def remove(self, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
         """Messages stopped being pending (delivered)."""
-        self._apply(_level_counts(topics, deliver_ats), -1)
+        self._buffer(-1, topics, deliver_ats)
 
     def remove_one(self, topic: str, deliver_at: int) -> None:
         """One message stopped being pending (cancelled)."""
@@ -117,21 +124,43 @@ class Timeline:
         with self._lock:
             self._series = {key: levels for key, levels in series.items() if totals[key]}
             self._totals = {key: n for key, n in totals.items() if n}
+            self._buffered, self._buffered_n = [], 0
+
+    def _buffer(self, sign: int, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
+        with self._lock:
+            self._buffered.append((sign, topics, deliver_ats))
+            self._buffered_n += len(deliver_ats)
+            if self._buffered_n >= FOLD_AT:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Count what is buffered (lock held): what became pending first, so that no count
+        passes through 0 on its way (a message delivered right after it was sent)."""
+        buffered, self._buffered, self._buffered_n = self._buffered, [], 0
+        for sign in (1, -1):
+            topics: list[str] = []
+            deliver_ats: list[int] = []
+            for s, t, d in buffered:
+                if s == sign:
+                    topics += t
+                    deliver_ats += d
+            if topics:
+                self._apply(_level_counts(topics, deliver_ats), sign)
 
     def _apply(self, counts: dict[str, tuple[Mapping[int, int], ...]], sign: int) -> None:
-        """Add ``sign`` x the per-level counts of each topic to its series and to all's."""
-        with self._lock:
-            series, totals = self._series, self._totals
-            for topic, levels in counts.items():
-                n = sign * sum(levels[0].values())
-                for key in (topic, None):
-                    tables = series.get(key)
-                    if tables is None:
-                        tables = series[key] = tuple({} for _ in LEVELS)
-                    for table, level in zip(tables, levels, strict=True):
-                        _merge(table, level, sign)
-                    if not _bump(totals, key, n):  # nothing pending left: free its tables
-                        del series[key]
+        """Add ``sign`` x the per-level counts of each topic to its series and to all's
+        (lock held)."""
+        series, totals = self._series, self._totals
+        for topic, levels in counts.items():
+            n = sign * sum(levels[0].values())
+            for key in (topic, None):
+                tables = series.get(key)
+                if tables is None:
+                    tables = series[key] = tuple({} for _ in LEVELS)
+                for table, level in zip(tables, levels, strict=True):
+                    _merge(table, level, sign)
+                if not _bump(totals, key, n):  # nothing pending left: free its tables
+                    del series[key]
 
     # --- reading -------------------------------------------------------------------------------
     def query(self, from_ms: int, to_ms: int, buckets: int, topic: str | None) -> TimelineView:
@@ -143,6 +172,8 @@ class Timeline:
         per = width // unit  # level units per bucket
         first = start // unit
         with self._lock:
+            if self._buffered:
+                self._fold()
             levels = self._series.get(topic)
             if levels is None:
                 values = [0] * (n * per)
@@ -157,11 +188,15 @@ class Timeline:
 
     def pending(self, topic: str | None = None) -> int:
         with self._lock:
+            if self._buffered:
+                self._fold()
             return self._totals.get(topic, 0)
 
     def entries(self) -> int:
         """Counts held (every level, every series): what the timeline's memory grows with."""
         with self._lock:
+            if self._buffered:
+                self._fold()
             return sum(len(table) for levels in self._series.values() for table in levels)
 
 
@@ -204,37 +239,32 @@ def _level_counts(topics: Sequence[str], deliver_ats: Sequence[int],
                   ) -> dict[str, tuple[Mapping[int, int], ...]]:
     """topic -> its messages counted per second, minute and hour of deliverAt.
 
-    No Python call per message: a batch due within one second (a delivery batch, usually) is
-    its topics counted in C; a batch of one topic (every send batch) is its distinct deliverAt
-    values counted in C (a batch sent with one delay shares one), or, when there are many,
-    each level in one C pass. Otherwise (a delivery batch across seconds) one Python step per
-    distinct (topic, second)."""
+    The seconds are counted in C (``Counter`` over ``map``, or over ``zip`` with the topics
+    when there are several); the minutes and hours are then summed from the distinct
+    (topic, second) pairs, one Python step each, never one per message."""
     if not topics:
         return {}
-    first = min(deliver_ats) // RESOLUTION_MS
-    if max(deliver_ats) // RESOLUTION_MS == first:
-        return _split({(topic, first): n for topic, n in Counter(topics).items()})
-    if topics.count(topics[0]) == len(topics):
-        by_ms = Counter(deliver_ats)
-        if len(by_ms) <= _FEW:
-            return _split({(topics[0], ms // RESOLUTION_MS): n for ms, n in by_ms.items()})
-        seconds = list(map(floordiv, deliver_ats, repeat(RESOLUTION_MS)))
-        return {topics[0]: tuple(Counter(seconds if r == 1 else map(floordiv, seconds, repeat(r)))
-                                 for r in _RATIOS)}
-    return _split(Counter(zip(topics, map(floordiv, deliver_ats, repeat(RESOLUTION_MS)),
-                              strict=True)))
+    seconds = map(floordiv, deliver_ats, repeat(RESOLUTION_MS))
+    if topics.count(topics[0]) == len(topics):  # one topic: the common case
+        per_second = Counter(seconds)
+        return {topics[0]: (per_second, *_coarser(per_second.items()))}
+    pairs = Counter(zip(topics, seconds, strict=True))
+    by_topic: dict[str, dict[int, int]] = {}
+    for (topic, second), n in pairs.items():
+        table = by_topic.get(topic)
+        if table is None:
+            table = by_topic[topic] = {}
+        table[second] = n
+    return {topic: (table, *_coarser(table.items())) for topic, table in by_topic.items()}
 
 
-def _split(seconds: Mapping[tuple[str, int], int]) -> dict[str, tuple[Mapping[int, int], ...]]:
-    """(topic, second) -> n as topic -> its counts per level (a step per distinct pair)."""
-    out: dict[str, tuple[Counter[int], ...]] = {}
-    for (topic, second), n in seconds.items():
-        levels = out.get(topic)
-        if levels is None:
-            levels = out[topic] = tuple(Counter() for _ in LEVELS)
-        for ratio, level in zip(_RATIOS, levels, strict=True):
+def _coarser(per_second: Iterable[tuple[int, int]]) -> tuple[Counter[int], ...]:
+    """The counts per unit of each level above the second, from (second, n) pairs."""
+    levels = tuple(Counter[int]() for _ in _RATIOS[1:])
+    for second, n in per_second:
+        for ratio, level in zip(_RATIOS[1:], levels, strict=True):
             level[second // ratio] += n
-    return dict(out)
+    return levels
 
 
 def _merge(table: dict[int, int], counts: Mapping[int, int], sign: int) -> None:
@@ -262,5 +292,6 @@ def _bump(table: dict[Any, int], key: object, n: int) -> int:
     return value
 
 
-__all__ = ["LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS", "Loader",
+__all__ = ["FOLD_AT", "LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS",
+           "Loader",
            "Timeline", "TimelineView", "check_window", "pick_width"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler import timeline as timeline_module
 from scheduler.timeline import (
     DAY,
     HOUR,
@@ -33,13 +34,25 @@ def brute(pending: list[tuple[str, int]], topic: str | None, start: int, width: 
     return counts
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(batches=st.lists(st.lists(message, min_size=1, max_size=40), min_size=1, max_size=8),
        removals=st.lists(st.integers(0, 1000), max_size=30),
-       windows=st.lists(window, min_size=1, max_size=5))
+       windows=st.lists(window, min_size=1, max_size=5),
+       fold_at=st.sampled_from([1, 7, timeline_module.FOLD_AT]))
 def test_counts_equal_a_brute_force_count(
         batches: list[list[tuple[str, int]]], removals: list[int],
-        windows: list[tuple[int, int, int]]) -> None:
+        windows: list[tuple[int, int, int]], fold_at: int) -> None:
+    """``fold_at``: what is buffered is counted at every change, every few messages, or
+    only when read."""
+    default, timeline_module.FOLD_AT = timeline_module.FOLD_AT, fold_at
+    try:
+        check_against_brute_force(batches, removals, windows)
+    finally:
+        timeline_module.FOLD_AT = default
+
+
+def check_against_brute_force(batches: list[list[tuple[str, int]]], removals: list[int],
+                              windows: list[tuple[int, int, int]]) -> None:
     timeline = Timeline()
     pending: list[tuple[str, int]] = []
     for batch in batches:
@@ -51,8 +64,8 @@ def test_counts_equal_a_brute_force_count(
         timeline.remove([t for t, _ in delivered], [at for _, at in delivered])
     for i in removals[len(removals) // 2:]:
         if pending:
-            topic, at = pending.pop(i % len(pending))
-            timeline.remove_one(topic, at)
+            cancelled, at = pending.pop(i % len(pending))
+            timeline.remove_one(cancelled, at)
     for from_ms, span, buckets in windows:
         for topic in (*TOPICS, None):
             view = timeline.query(from_ms, from_ms + span, buckets, topic)
@@ -63,6 +76,15 @@ def test_counts_equal_a_brute_force_count(
             assert view.pending == sum(1 for t, _ in pending if topic is None or t == topic)
     if not pending:
         assert timeline.entries() == 0  # nothing pending: nothing held
+
+
+def test_messages_of_one_second_count_together_in_one_batch() -> None:
+    timeline = Timeline()
+    timeline.add(["a", "a", "a"], [T0 + 90_000, T0 + 90_500, T0 + 91_000])  # one topic
+    timeline.add(["b", "a"], [T0 + 90_999, T0 + 200_000])  # several
+    view = timeline.query(T0 + 90_000, T0 + 92_000, 2, "a")
+    assert (view.width_ms, view.counts) == (1_000, [2, 1])
+    assert timeline.query(T0 + 90_000, T0 + 92_000, 2, None).counts == [3, 1]
 
 
 def test_widths_are_the_narrowest_that_fit() -> None:
