@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from storage.rocks import RocksStore
 
 _DELIVER_AT = attrgetter("deliver_at")
-_TOPIC = attrgetter("topic")
 OTHER = "__other__"  # the label of the topics past the cap ("__": no client topic has it)
 
 
@@ -102,12 +101,12 @@ class Backlog:
             for m in messages:
                 lists.setdefault(m.topic, []).append(m)
             groups = lists
-        firsts = {topic: min(map(_DELIVER_AT, group)) for topic, group in groups.items()}
+        deliver_ats = {topic: list(map(_DELIVER_AT, group)) for topic, group in groups.items()}
         levels = [m.level for m in messages if m.level is not None]
         with self._lock:
             topics, oldest = self._topics, self._oldest
             for topic, group in groups.items():
-                first, count = firsts[topic], topics.get(topic)
+                first, count = min(deliver_ats[topic]), topics.get(topic)
                 if count is None:
                     topics[topic] = len(group)
                     oldest[topic] = first
@@ -119,7 +118,8 @@ class Backlog:
                             self._stale.add(topic)
             for level in levels:
                 self._add_level(level, 1)
-        self.timeline.add(list(map(_TOPIC, messages)), list(map(_DELIVER_AT, messages)))
+        for topic, ats in deliver_ats.items():
+            self.timeline.add(topic, ats)
 
     @property
     def has_levels(self) -> bool:
@@ -132,8 +132,8 @@ class Backlog:
         """Messages of ``topics`` (one entry per message) left the backlog by delivery;
         ``levels``: their delay levels (0: none), while ``has_levels``; ``deliver_ats``:
         their deliverAt (same order as ``topics``)."""
-        self.timeline.remove(topics, deliver_ats)
         counts = Counter(topics)
+        self.timeline.remove(next(iter(counts)) if len(counts) == 1 else topics, deliver_ats)
         with self._lock:
             for topic, n in counts.items():
                 self._remove(topic, n)

@@ -101,17 +101,18 @@ class Timeline:
         self._series: dict[str | None, tuple[dict[int, int], ...]] = {}
         self._totals: dict[str | None, int] = {}  # topic (None: all) -> pending
         # (+1 became pending / -1 stopped being, topics, deliverAt values), not yet counted
-        self._buffered: list[tuple[int, Sequence[str], Sequence[int]]] = []
+        self._buffered: list[tuple[int, str | Sequence[str], Sequence[int]]] = []
         self._buffered_n = 0
 
     # --- keeping it ----------------------------------------------------------------------------
-    def add(self, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
-        """Messages (one topic and one deliverAt each, in the same order) became pending.
-        The caller hands the sequences over: they are kept, not copied, until folded."""
+    def add(self, topics: str | Sequence[str], deliver_ats: Sequence[int]) -> None:
+        """Messages became pending: their topics (one each, in the order of ``deliver_ats``;
+        or one str, the topic of them all) and deliverAt values. The caller hands the
+        sequences over: they are kept, not copied, until folded."""
         self._buffer(1, topics, deliver_ats)
 
-    def remove(self, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
-        """Messages stopped being pending (delivered)."""
+    def remove(self, topics: str | Sequence[str], deliver_ats: Sequence[int]) -> None:
+        """Messages stopped being pending (delivered); as ``add``."""
         self._buffer(-1, topics, deliver_ats)
 
     def remove_one(self, topic: str, deliver_at: int) -> None:
@@ -126,7 +127,8 @@ class Timeline:
             self._totals = {key: n for key, n in totals.items() if n}
             self._buffered, self._buffered_n = [], 0
 
-    def _buffer(self, sign: int, topics: Sequence[str], deliver_ats: Sequence[int]) -> None:
+    def _buffer(self, sign: int, topics: str | Sequence[str],
+                deliver_ats: Sequence[int]) -> None:
         with self._lock:
             self._buffered.append((sign, topics, deliver_ats))
             self._buffered_n += len(deliver_ats)
@@ -135,17 +137,34 @@ class Timeline:
 
     def _fold(self) -> None:
         """Count what is buffered (lock held): what became pending first, so that no count
-        passes through 0 on its way (a message delivered right after it was sent)."""
+        passes through 0 on its way (a message delivered right after it was sent). The
+        seconds of each topic's deliverAt values are counted in C (``Counter`` over ``map``),
+        the minutes and hours summed from the distinct seconds: no Python step per message,
+        but for the messages of a batch of several topics (sorted out one by one)."""
         buffered, self._buffered, self._buffered_n = self._buffered, [], 0
+        values: dict[tuple[int, str], list[int]] = {}  # (sign, topic) -> deliverAt values
+        for sign, topics, deliver_ats in buffered:
+            if isinstance(topics, str):
+                known = values.get((sign, topics))
+                if known is None:
+                    values[(sign, topics)] = list(deliver_ats)
+                else:
+                    known += deliver_ats
+                continue
+            for topic, at in zip(topics, deliver_ats, strict=True):
+                known = values.get((sign, topic))
+                if known is None:
+                    values[(sign, topic)] = [at]
+                else:
+                    known.append(at)
         for sign in (1, -1):
-            topics: list[str] = []
-            deliver_ats: list[int] = []
-            for s, t, d in buffered:
+            counts: dict[str, tuple[Mapping[int, int], ...]] = {}
+            for (s, topic), ats in values.items():
                 if s == sign:
-                    topics += t
-                    deliver_ats += d
-            if topics:
-                self._apply(_level_counts(topics, deliver_ats), sign)
+                    per_second = Counter(map(floordiv, ats, repeat(RESOLUTION_MS)))
+                    counts[topic] = (per_second, *_coarser(per_second.items()))
+            if counts:
+                self._apply(counts, sign)
 
     def _apply(self, counts: dict[str, tuple[Mapping[int, int], ...]], sign: int) -> None:
         """Add ``sign`` x the per-level counts of each topic to its series and to all's
@@ -233,29 +252,6 @@ class Loader:
             None if raw is None else raw.decode("utf-8"): levels  # Counters: dicts
             for raw, levels in self._levels.items()}
         timeline.replace(series)
-
-
-def _level_counts(topics: Sequence[str], deliver_ats: Sequence[int],
-                  ) -> dict[str, tuple[Mapping[int, int], ...]]:
-    """topic -> its messages counted per second, minute and hour of deliverAt.
-
-    The seconds are counted in C (``Counter`` over ``map``, or over ``zip`` with the topics
-    when there are several); the minutes and hours are then summed from the distinct
-    (topic, second) pairs, one Python step each, never one per message."""
-    if not topics:
-        return {}
-    seconds = map(floordiv, deliver_ats, repeat(RESOLUTION_MS))
-    if topics.count(topics[0]) == len(topics):  # one topic: the common case
-        per_second = Counter(seconds)
-        return {topics[0]: (per_second, *_coarser(per_second.items()))}
-    pairs = Counter(zip(topics, seconds, strict=True))
-    by_topic: dict[str, dict[int, int]] = {}
-    for (topic, second), n in pairs.items():
-        table = by_topic.get(topic)
-        if table is None:
-            table = by_topic[topic] = {}
-        table[second] = n
-    return {topic: (table, *_coarser(table.items())) for topic, table in by_topic.items()}
 
 
 def _coarser(per_second: Iterable[tuple[int, int]]) -> tuple[Counter[int], ...]:

@@ -56,7 +56,9 @@ def check_against_brute_force(batches: list[list[tuple[str, int]]], removals: li
     timeline = Timeline()
     pending: list[tuple[str, int]] = []
     for batch in batches:
-        timeline.add([t for t, _ in batch], [at for _, at in batch])
+        topics = [t for t, _ in batch]
+        one = len(set(topics)) == 1  # then the topic of them all, as the Backlog hands it
+        timeline.add(topics[0] if one else topics, [at for _, at in batch])
         pending += batch
     delivered = [pending.pop(i % len(pending)) for i in removals[:len(removals) // 2]
                  if pending]
