@@ -104,16 +104,21 @@ def time_queries(port: int, token: str, now: int, rounds: int) -> list[dict[str,
 
 
 def update_cost(rounds: int = 2_000) -> dict[str, float]:
-    """µs per ``Timeline.add`` of 1000 messages: due in one second / spread over 1000."""
+    """µs per batch of 1000 messages of one topic kept in the counts (``Timeline.add``, and
+    the folds that count what it buffers, the last one by a read): due in one second / in
+    1000 seconds of the next hour, a different 1000 each batch."""
     now = int(time.time() * 1000)
-    topics = [TOPICS[0]] * 1000
+    rng = random.Random(3)
     out = {}
-    for label, ats in (("one_second", [now + 5_000] * 1000),
-                       ("1000_seconds", [now + 1_000 * i for i in range(1000)])):
+    for label, batch in (("one_second", lambda: [now + 5_000] * 1000),
+                         ("1000_seconds", lambda: [now + 1_000 * rng.randrange(3_600)
+                                                   for _ in range(1000)])):
+        batches = [batch() for _ in range(rounds)]
         timeline = Timeline()
         t0 = time.perf_counter()
-        for _ in range(rounds):
-            timeline.add(topics, ats)
+        for ats in batches:
+            timeline.add(TOPICS[0], ats)
+        timeline.pending()  # folds what is left
         out[f"add_1000_{label}_us"] = round((time.perf_counter() - t0) / rounds * 1e6, 1)
     return out
 
