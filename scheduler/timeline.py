@@ -117,7 +117,7 @@ class Timeline:
 
     def remove_one(self, topic: str, deliver_at: int) -> None:
         """One message stopped being pending (cancelled)."""
-        self.remove((topic,), (deliver_at,))
+        self.remove(topic, (deliver_at,))
 
     def replace(self, series: dict[str | None, tuple[dict[int, int], ...]]) -> None:
         """Start again from per-topic (None: all) tables of counts per level (``Loader``)."""
