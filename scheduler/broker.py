@@ -382,6 +382,13 @@ class Broker:
 
     # --- consuming ------------------------------------------------------------------------
     def pull(self, topic: str, offset: int, max_messages: int) -> PullResult:
+        messages = decode_log_records(self.read(topic, offset, max_messages))
+        next_offset = messages[-1].queue_offset + 1 if messages else offset
+        return PullResult(messages=messages, next_offset=next_offset)
+
+    def read(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
+        """``pull`` before decoding: the LogRecord payloads (storage.records), checked
+        against their CRC32C, in queue order from ``offset``."""
         check_topic(topic, allow_system=True)
         if offset < 0:
             raise InvalidArgument("offset must be >= 0")
@@ -389,11 +396,8 @@ class Broker:
             raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         self._live()
         assert self._log is not None
-        payloads = self._log.read_many(self._queues.positions(topic, offset, max_messages),
-                                       self.config.max_answer_bytes)
-        messages = decode_log_records(payloads)
-        next_offset = messages[-1].queue_offset + 1 if messages else offset
-        return PullResult(messages=messages, next_offset=next_offset)
+        return self._log.read_many(self._queues.positions(topic, offset, max_messages),
+                                   self.config.max_answer_bytes)
 
     def end_offset(self, topic: str) -> int:
         """The next queue offset of ``topic`` (number of messages delivered to it)."""

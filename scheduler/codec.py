@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from storage.constants import PROP_DELAY_LEVEL, PROP_TIMER_PREFIX
+from storage.native import native
 from storage.records import (
     FLAG_LEVEL_SHIFT,
     FORMAT_VERSION,
@@ -91,6 +92,33 @@ def log_payload_from_value(value: bytes, topic: str, msg_id: str, queue_offset: 
     return _pack([_V, topic, msg_id, queue_offset, m.body, m.tags, m.keys,
                   delivered_properties(props) if props else props,
                   m.born_at, deliver_at, stored_at, m.flags])
+
+
+def log_payloads_py(values: list[bytes], topics: list[str], msg_ids: list[str],
+                    queue_offsets: list[int], deliver_ats: list[int],
+                    stored_at: int) -> list[bytes]:
+    """``log_payload_from_value`` of each stored value (a delivery commit's payloads)."""
+    return [log_payload_from_value(v, t, m, o, at, stored_at) for v, t, m, o, at in zip(
+        values, topics, msg_ids, queue_offsets, deliver_ats, strict=True)]
+
+
+def _log_payloads_native(values: list[bytes], topics: list[str], msg_ids: list[str],
+                         queue_offsets: list[int], deliver_ats: list[int],
+                         stored_at: int) -> list[bytes]:
+    """The same, in C (storage/_native.pyx); what it leaves (None: a message with
+    properties, or a value not exactly as written) is done by ``log_payload_from_value``,
+    which also raises for a value that cannot be decoded."""
+    assert native is not None
+    out: list[bytes | None] = native.log_payloads(values, topics, msg_ids, queue_offsets,
+                                                  deliver_ats, stored_at)
+    for i, payload in enumerate(out):
+        if payload is None:
+            out[i] = log_payload_from_value(values[i], topics[i], msg_ids[i], queue_offsets[i],
+                                            deliver_ats[i], stored_at)
+    return out  # type: ignore[return-value]  # no None left
+
+
+log_payloads = log_payloads_py if native is None else _log_payloads_native
 
 
 def message_level(value: bytes) -> int:

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scheduler.clock import Clock
-from scheduler.codec import encode_keys, index_value, log_payload, log_payload_from_value
+from scheduler.codec import encode_keys, index_value, log_payload, log_payloads
 from scheduler.intake import PreparedMessage, expiry_group_key, expiry_key, topic_shard
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
 from storage.errors import HourglassError
@@ -280,9 +280,8 @@ class Committer:
             pending.tx_ids = [None] * len(topics)
             offsets = self._take_offsets(pending)
             try:
-                payloads = [log_payload_from_value(v, t, m, o, at, now) for v, t, m, o, at in zip(
-                    pending.extra, pending.topics, pending.msg_ids, offsets, pending.deliver_ats,
-                    strict=True)]
+                payloads = log_payloads(pending.extra, pending.topics, pending.msg_ids, offsets,
+                                        pending.deliver_ats, now)
             except BaseException:  # a poison value (scheduler/poison.py): no offset is used
                 self._offsets.clear()
                 raise

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from crc32c import crc32c
 
+from storage.native import native
 from storage.segment import Segment
 
 HEADER = struct.Struct("<III")
@@ -25,16 +26,27 @@ CRC_SEED = 0x9E3779B9
 _FRAMED = HEADER_SIZE.__add__  # payload length -> framed length, as a C-level callable
 
 
-def frame(payloads: Sequence[bytes], lengths: list[int], start: int) -> tuple[bytes, list[int]]:
+def frame_py(payloads: Sequence[bytes], lengths: list[int],
+             start: int) -> tuple[bytes, list[int]]:
     """The framed bytes of ``payloads`` (one buffer, for one memmove) and the position of
     each record when the buffer is written at ``start``. No Python call per record: map,
-    zip and join run the loop in C."""
+    zip and join run the loop in C (storage/_native.pyx: the whole loop)."""
     crcs = map(crc32c, payloads, [n ^ CRC_SEED for n in lengths])
     headers = map(HEADER.pack, itertools.repeat(RECORD_MAGIC), lengths, crcs)
     buf = b"".join(itertools.chain.from_iterable(zip(headers, payloads, strict=True)))
     positions = list(itertools.accumulate(map(_FRAMED, lengths), initial=start))
     positions.pop()  # the end of the run
     return buf, positions
+
+
+def _frame_native(payloads: Sequence[bytes], lengths: list[int],
+                  start: int) -> tuple[bytes, list[int]]:
+    assert native is not None
+    buf, positions = native.frame(list(payloads), lengths, start, RECORD_MAGIC, CRC_SEED)
+    return buf, positions
+
+
+frame = frame_py if native is None else _frame_native
 
 
 def seal(seg: Segment, off: int) -> None:

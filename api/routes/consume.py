@@ -6,19 +6,20 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
+import msgspec
 from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from api import schemas
 from api.auth import Permission
-from api.bodies import decode, read_body
+from api.bodies import MSGPACK, decode, is_msgpack, read_body
 from api.context import ApiContext, Authenticated, query_bool, query_int, respond
 from api.openapi import operation, query_parameter
 from api.schemas import TOPIC_PARAMETER, Topic
-from scheduler import model
 from storage.constants import GROUP_PATTERN, GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.errors import InvalidArgument
-from storage.records import LogRecord
+from storage.native import native
+from storage.records import LogRecord, decode_log_records
 
 Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Consumer group.")]
 
@@ -32,6 +33,41 @@ def delivered(message: LogRecord) -> schemas.Delivered:
         deliver_at=message.deliver_at, stored_at=message.stored_at,
     )
 
+
+def pull_result(payloads: list[bytes], offset: int) -> schemas.PullResult:
+    """The answer to a pull that read ``payloads`` (LogRecords) from ``offset``."""
+    messages = decode_log_records(payloads)
+    return schemas.PullResult(messages=[delivered(m) for m in messages],
+                              next_offset=messages[-1].queue_offset + 1 if messages else offset)
+
+
+def pull_msgpack_py(payloads: list[bytes], offset: int) -> bytes:
+    """``pull_result`` in msgpack."""
+    return _msgpack.encode(pull_result(payloads, offset))
+
+
+def _pull_msgpack_native(payloads: list[bytes], offset: int) -> bytes:
+    """The same bytes, each message transcoded from its payload in C (storage/_native.pyx)
+    without building it in Python; the messages it leaves (None) are done as in
+    ``pull_result`` (which raises CorruptionError for a payload that cannot be decoded)."""
+    assert native is not None
+    parts, offsets = native.delivered_msgpack(payloads)
+    for i, part in enumerate(parts):
+        if part is None:
+            message = decode_log_records([payloads[i]])[0]
+            parts[i] = _msgpack.encode(delivered(message))
+            offsets[i] = message.queue_offset
+    next_offset = offsets[-1] + 1 if parts else offset
+    n = len(parts)  # msgspec's array header: fixarray, array16 or array32
+    head = bytes((0x90 | n,)) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 0x10000
+                                               else b"\xdd" + n.to_bytes(4, "big"))
+    return b"".join((_PULL_HEAD, head, *parts, _NEXT_OFFSET, _msgpack.encode(next_offset)))
+
+
+_PULL_HEAD = b"\x82\xa8messages"  # {"messages": [...], "nextOffset": n}
+_NEXT_OFFSET = b"\xaanextOffset"
+_msgpack = msgspec.msgpack.Encoder()
+pull_msgpack = pull_msgpack_py if native is None else _pull_msgpack_native
 
 MAX_OFFSET = (1 << 63) - 1
 GROUP_PARAMETER = {"name": "group", "in": "path", "required": True,
@@ -87,27 +123,28 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             broker.commit_group_offset(topic, check_group(group), offset)
         elif offset is None:
             offset = 0 if group is None else broker.get_group_offset(topic, check_group(group))
-        result = broker.pull(topic, offset, max_messages)
-        if not result.messages and wait_ms > 0:
+        payloads = broker.read(topic, offset, max_messages)
+        if not payloads and wait_ms > 0:
             with notifier.slot():
-                result = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
-        return respond(schemas.PullResult(messages=[delivered(m) for m in result.messages],
-                                          next_offset=result.next_offset), 200, request)
+                payloads = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
+        if is_msgpack(request.headers.get("accept")):
+            return Response(pull_msgpack(payloads, offset), media_type=MSGPACK)
+        return respond(pull_result(payloads, offset), 200, request)
 
     async def _long_poll(topic: str, offset: int, max_messages: int,
-                         timeout_s: float) -> model.PullResult:
+                         timeout_s: float) -> list[bytes]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             future = notifier.register(topic)  # before reading: no lost wake-up
             try:
-                result = broker.pull(topic, offset, max_messages)
-                if result.messages:
-                    return result
+                payloads = broker.read(topic, offset, max_messages)
+                if payloads:
+                    return payloads
                 remaining = deadline - loop.time()
                 if remaining <= 0 or not await notifier.wait(future, remaining) \
                         or notifier.closed:
-                    return result
+                    return payloads
                 # woken by a delivery to this topic: read again (it may be before `offset`)
             finally:
                 notifier.unregister(topic, future)

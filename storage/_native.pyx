@@ -1,0 +1,660 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""Compiled twins of the per-message loops of the delivery and pull paths.
+
+Built from source by pip (setup.py) when a C compiler is there; storage/native.py picks
+these or the pure-Python functions, and tests/storage/test_native.py checks that both give
+the same bytes. Each function here reads msgpack written by msgspec (storage/records.py) and
+writes what msgspec would write. It never guesses: whatever it does not recognise exactly
+(a field of another type, a header in a form msgspec does not write, a string that is not
+valid UTF-8, trailing fields, properties to filter) it leaves to the Python path (``None``
+for that item), which then decodes it with every check and raises where it must.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+# --- CRC32C (Castagnoli), slicing by 8: the crc32c package's value, same seed convention --
+cdef uint32_t _T[8][256]
+
+
+cdef void _init_table() noexcept:
+    cdef uint32_t c, i, k
+    for i in range(256):
+        c = i
+        for k in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        _T[0][i] = c
+    for i in range(256):
+        c = _T[0][i]
+        for k in range(1, 8):
+            c = _T[0][c & 0xFF] ^ (c >> 8)
+            _T[k][i] = c
+
+
+_init_table()
+
+
+cdef inline uint32_t _crc32c(uint32_t value, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    cdef uint32_t c = ~value
+    cdef uint32_t lo, hi
+    while n >= 8:
+        lo = c ^ (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+                  | (<uint32_t>p[3] << 24))
+        hi = (<uint32_t>p[4] | (<uint32_t>p[5] << 8) | (<uint32_t>p[6] << 16)
+              | (<uint32_t>p[7] << 24))
+        c = (_T[7][lo & 0xFF] ^ _T[6][(lo >> 8) & 0xFF] ^ _T[5][(lo >> 16) & 0xFF]
+             ^ _T[4][lo >> 24] ^ _T[3][hi & 0xFF] ^ _T[2][(hi >> 8) & 0xFF]
+             ^ _T[1][(hi >> 16) & 0xFF] ^ _T[0][hi >> 24])
+        p += 8
+        n -= 8
+    while n > 0:
+        c = _T[0][(c ^ p[0]) & 0xFF] ^ (c >> 8)
+        p += 1
+        n -= 1
+    return ~c
+
+
+def crc32c(data, uint32_t value=0):
+    """== crc32c.crc32c(data, value)."""
+    cdef const uint8_t[::1] view = data
+    if view.shape[0] == 0:
+        return value
+    return _crc32c(value, &view[0], view.shape[0])
+
+
+# --- CommitLog framing (storage/log_format.py) ---------------------------------------------
+cdef inline void _put_u32le(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = (v >> 8) & 0xFF
+    p[2] = (v >> 16) & 0xFF
+    p[3] = v >> 24
+
+
+cdef inline uint32_t _get_u32le(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+            | (<uint32_t>p[3] << 24))
+
+
+def frame(list payloads, list lengths, Py_ssize_t start, uint32_t magic, uint32_t seed):
+    """== log_format.frame: the framed bytes of ``payloads`` and each record's position."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(payloads), i, total = 0, size
+    cdef object p
+    for i in range(n):
+        p = <object>PyList_GET_ITEM(payloads, i)
+        if type(p) is not bytes:
+            raise TypeError(f"a payload is bytes, not {type(p).__name__}")
+        total += 12 + PyBytes_GET_SIZE(p)
+    buf = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(buf)
+    cdef list positions = [None] * n
+    cdef Py_ssize_t at = 0
+    for i in range(n):
+        p = <object>PyList_GET_ITEM(payloads, i)
+        size = PyBytes_GET_SIZE(p)
+        _put_u32le(out + at, magic)
+        _put_u32le(out + at + 4, <uint32_t>size)
+        _put_u32le(out + at + 8, _crc32c(<uint32_t>size ^ seed,
+                                         <const uint8_t*>PyBytes_AS_STRING(p), size))
+        memcpy(out + at + 12, PyBytes_AS_STRING(p), size)
+        positions[i] = start + at
+        at += 12 + size
+    return buf, positions
+
+
+def read_records(mm, Py_ssize_t base, Py_ssize_t hi, list positions, Py_ssize_t index,
+                 list out, Py_ssize_t room, uint32_t magic, uint32_t seed):
+    """The loop of CommitLog.read_many over the positions in one segment [base, hi) from
+    ``index`` on: appends each checked payload to ``out`` while it fits ``room``. Returns
+    (next index, room left, status): status 0 = went on as far as it could (the next
+    position is in another segment, or there is none), 1 = ``room`` is used up, 2 = no record
+    at positions[next index], 3 = bad length or CRC32C there."""
+    cdef const uint8_t[::1] view = mm
+    cdef const uint8_t* data = &view[0]
+    cdef Py_ssize_t size = view.shape[0]
+    cdef Py_ssize_t n = PyList_GET_SIZE(positions), pos, off, length
+    while index < n:
+        pos = <Py_ssize_t>(<object>PyList_GET_ITEM(positions, index))
+        if not base <= pos < hi:
+            return index, room, 0
+        off = pos - base
+        if hi - pos < 12 or _get_u32le(data + off) != magic:
+            return index, room, 2
+        length = _get_u32le(data + off + 4)
+        if length > room and PyList_GET_SIZE(out):
+            return index, room, 1
+        if off + 12 + length > size or _crc32c(<uint32_t>length ^ seed, data + off + 12,
+                                             length) != _get_u32le(data + off + 8):
+            return index, room, 3
+        room -= length
+        out.append(PyBytes_FromStringAndSize(<const char*>data + off + 12, length))
+        index += 1
+    return index, room, 0
+
+
+# --- msgpack, the forms msgspec writes -----------------------------------------------------
+cdef enum Kind:
+    K_BAD = 0
+    K_NIL
+    K_INT
+    K_STR
+    K_BIN
+    K_ARRAY
+    K_MAP
+    K_OTHER
+
+
+cdef struct Item:
+    Kind kind
+    Py_ssize_t start  # first byte of the element (its header)
+    Py_ssize_t data  # first byte of its content (str/bin bytes)
+    Py_ssize_t size  # str/bin: byte length; array/map: element count
+    int64_t value  # int
+
+
+cdef inline int _be(const uint8_t* p, int n, uint64_t* out) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int k
+    for k in range(n):
+        v = (v << 8) | p[k]
+    out[0] = v
+    return 0
+
+
+cdef int _head(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Item* it) noexcept nogil:
+    """Parse the header at ``i``: ``it`` gets its kind and sizes; returns the index past
+    the header (past the whole element for nil and ints), or -1. Only the canonical form
+    (the shortest, as msgspec writes it) is accepted; anything else is K_BAD."""
+    cdef uint8_t b
+    cdef uint64_t u
+    cdef int w
+    if i >= n:
+        return -1
+    b = p[i]
+    it.start = i
+    it.kind = K_BAD
+    if b <= 0x7F:
+        it.kind = K_INT
+        it.value = b
+        return i + 1
+    if b >= 0xE0:
+        it.kind = K_INT
+        it.value = <int64_t>b - 256
+        return i + 1
+    if 0xA0 <= b <= 0xBF:
+        it.kind = K_STR
+        it.size = b & 0x1F
+        it.data = i + 1
+        return i + 1
+    if 0x90 <= b <= 0x9F:
+        it.kind = K_ARRAY
+        it.size = b & 0x0F
+        return i + 1
+    if 0x80 <= b <= 0x8F:
+        it.kind = K_MAP
+        it.size = b & 0x0F
+        return i + 1
+    if b == 0xC0:
+        it.kind = K_NIL
+        return i + 1
+    if 0xCC <= b <= 0xCF:  # uint 8/16/32/64
+        w = 1 << (b - 0xCC)
+        if i + 1 + w > n:
+            return -1
+        _be(p + i + 1, w, &u)
+        if (w == 1 and u < 0x80) or (w == 2 and u < 0x100) or (w == 4 and u < 0x10000) or (
+                w == 8 and (u < 0x100000000ULL or u > 0x7FFFFFFFFFFFFFFFULL)):
+            return -1  # not the shortest form, or past int64 (the Python path takes it)
+        it.kind = K_INT
+        it.value = <int64_t>u
+        return i + 1 + w
+    if 0xD0 <= b <= 0xD3:  # int 8/16/32/64 (negative values only, in canonical form)
+        w = 1 << (b - 0xD0)
+        if i + 1 + w > n:
+            return -1
+        _be(p + i + 1, w, &u)
+        if w == 1:
+            it.value = <int64_t>(<signed char>u)
+            if it.value >= -32:
+                return -1
+        elif w == 2:
+            it.value = <int64_t>(<short>u)
+            if it.value >= -128:
+                return -1
+        elif w == 4:
+            it.value = <int64_t>(<int>u)
+            if it.value >= -32768:
+                return -1
+        else:
+            it.value = <int64_t>u
+            if it.value >= -2147483648LL:
+                return -1
+        it.kind = K_INT
+        return i + 1 + w
+    if b == 0xD9 or b == 0xC4:  # str8 / bin8
+        if i + 2 > n:
+            return -1
+        it.size = p[i + 1]
+        if b == 0xD9 and it.size < 32:
+            return -1
+        it.kind = K_STR if b == 0xD9 else K_BIN
+        it.data = i + 2
+        return i + 2
+    if b == 0xDA or b == 0xC5 or b == 0xDC or b == 0xDE:  # 16-bit sizes
+        if i + 3 > n:
+            return -1
+        it.size = (<Py_ssize_t>p[i + 1] << 8) | p[i + 2]
+        if it.size < (256 if b <= 0xDA else 16):
+            return -1
+        it.kind = K_STR if b == 0xDA else K_BIN if b == 0xC5 else K_ARRAY if b == 0xDC else K_MAP
+        it.data = i + 3
+        return i + 3
+    if b == 0xDB or b == 0xC6 or b == 0xDD or b == 0xDF:  # 32-bit sizes
+        if i + 5 > n:
+            return -1
+        _be(p + i + 1, 4, &u)
+        it.size = <Py_ssize_t>u
+        if it.size < 0x10000:
+            return -1
+        it.kind = K_STR if b == 0xDB else K_BIN if b == 0xC6 else K_ARRAY if b == 0xDD else K_MAP
+        it.data = i + 5
+        return i + 5
+    it.kind = K_OTHER
+    return -1
+
+
+cdef bint _utf8(const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    """Valid UTF-8 as Python's strict decoder sees it (no surrogates, no overlongs)."""
+    cdef Py_ssize_t i = 0
+    cdef uint8_t c, c1
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if c < 0xC2 or c > 0xF4:
+            return False
+        if c < 0xE0:
+            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
+                return False
+            i += 2
+            continue
+        if i + 1 >= n:
+            return False
+        c1 = s[i + 1]
+        if c < 0xF0:
+            if i + 2 >= n or (c1 & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80:
+                return False
+            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
+                return False
+            i += 3
+            continue
+        if i + 3 >= n or (c1 & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80 or (
+                s[i + 3] & 0xC0) != 0x80:
+            return False
+        if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
+            return False
+        i += 4
+    return True
+
+
+cdef Py_ssize_t _str(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Item* it) noexcept nogil:
+    """A valid str at ``i``: the index past it, else -1."""
+    i = _head(p, n, i, it)
+    if i < 0 or it.kind != K_STR or i + it.size > n or not _utf8(p + i, it.size):
+        return -1
+    return i + it.size
+
+
+cdef Py_ssize_t _opt_str(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Item* it) noexcept nogil:
+    """nil or a valid str."""
+    if i < n and p[i] == 0xC0:
+        it.kind = K_NIL
+        it.start = i
+        return i + 1
+    return _str(p, n, i, it)
+
+
+cdef Py_ssize_t _int(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Item* it) noexcept nogil:
+    i = _head(p, n, i, it)
+    if i < 0 or it.kind != K_INT:
+        return -1
+    return i
+
+
+cdef Py_ssize_t _str_array(const uint8_t* p, Py_ssize_t n, Py_ssize_t i,
+                           Item* it) noexcept nogil:
+    """An array of valid str (``keys``)."""
+    cdef Py_ssize_t k, count
+    cdef Item s
+    i = _head(p, n, i, it)
+    if i < 0 or it.kind != K_ARRAY:
+        return -1
+    count = it.size
+    for k in range(count):
+        i = _str(p, n, i, &s)
+        if i < 0:
+            return -1
+    return i
+
+
+cdef Py_ssize_t _str_map(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Item* it,
+                         int max_entries) noexcept nogil:
+    """A map of valid str to valid str with distinct keys and at most ``max_entries``."""
+    cdef Py_ssize_t k, j, count
+    cdef Item key, val
+    cdef Py_ssize_t starts[16]
+    cdef Py_ssize_t sizes[16]
+    i = _head(p, n, i, it)
+    if i < 0 or it.kind != K_MAP or it.size > max_entries or it.size > 16:
+        return -1
+    count = it.size
+    for k in range(count):
+        i = _str(p, n, i, &key)
+        if i < 0:
+            return -1
+        for j in range(k):  # a decoded dict would keep one of two equal keys
+            if sizes[j] == key.size and _same(p + starts[j], p + key.data, key.size):
+                return -1
+        starts[k] = key.data
+        sizes[k] = key.size
+        i = _str(p, n, i, &val)
+        if i < 0:
+            return -1
+    return i
+
+
+cdef inline bint _same(const uint8_t* a, const uint8_t* b, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t k
+    for k in range(n):
+        if a[k] != b[k]:
+            return False
+    return True
+
+
+# --- writing -------------------------------------------------------------------------------
+cdef inline Py_ssize_t _w_int(uint8_t* o, int64_t v) noexcept nogil:
+    cdef int w, k
+    cdef uint64_t u
+    if 0 <= v < 128:
+        o[0] = <uint8_t>v
+        return 1
+    if -32 <= v < 0:
+        o[0] = <uint8_t>(v & 0xFF)
+        return 1
+    if v > 0:
+        if v < 0x100:
+            o[0] = 0xCC
+            w = 1
+        elif v < 0x10000:
+            o[0] = 0xCD
+            w = 2
+        elif v < 0x100000000LL:
+            o[0] = 0xCE
+            w = 4
+        else:
+            o[0] = 0xCF
+            w = 8
+    else:
+        if v >= -128:
+            o[0] = 0xD0
+            w = 1
+        elif v >= -32768:
+            o[0] = 0xD1
+            w = 2
+        elif v >= -2147483648LL:
+            o[0] = 0xD2
+            w = 4
+        else:
+            o[0] = 0xD3
+            w = 8
+    u = <uint64_t>v
+    for k in range(w):
+        o[w - k] = (u >> (8 * k)) & 0xFF
+    return 1 + w
+
+
+cdef inline Py_ssize_t _w_head(uint8_t* o, Py_ssize_t size, uint8_t fix, Py_ssize_t fix_max,
+                               uint8_t b8, uint8_t b16, uint8_t b32) noexcept nogil:
+    if size <= fix_max:
+        o[0] = fix | <uint8_t>size
+        return 1
+    if b8 and size < 0x100:
+        o[0] = b8
+        o[1] = <uint8_t>size
+        return 2
+    if size < 0x10000:
+        o[0] = b16
+        o[1] = (size >> 8) & 0xFF
+        o[2] = size & 0xFF
+        return 3
+    o[0] = b32
+    _put_u32be(o + 1, <uint32_t>size)
+    return 5
+
+
+cdef inline void _put_u32be(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = v >> 24
+    p[1] = (v >> 16) & 0xFF
+    p[2] = (v >> 8) & 0xFF
+    p[3] = v & 0xFF
+
+
+cdef inline Py_ssize_t _w_str(uint8_t* o, const char* s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t h = _w_head(o, n, 0xA0, 31, 0xD9, 0xDA, 0xDB)
+    memcpy(o + h, s, n)
+    return h + n
+
+
+cdef inline Py_ssize_t _w_bin(uint8_t* o, const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t h
+    if n < 0x100:
+        o[0] = 0xC4
+        o[1] = <uint8_t>n
+        h = 2
+    elif n < 0x10000:
+        o[0] = 0xC5
+        o[1] = (n >> 8) & 0xFF
+        o[2] = n & 0xFF
+        h = 3
+    else:
+        o[0] = 0xC6
+        _put_u32be(o + 1, <uint32_t>n)
+        h = 5
+    memcpy(o + h, s, n)
+    return h + n
+
+
+cdef inline Py_ssize_t _w_raw(uint8_t* o, const uint8_t* p, Py_ssize_t a,
+                              Py_ssize_t b) noexcept nogil:
+    memcpy(o, p + a, b - a)
+    return b - a
+
+
+# --- delivery: stored MessageRecord value -> LogRecord payload -----------------------------
+def log_payloads(list values, list topics, list msg_ids, list offsets, list deliver_ats,
+                 int64_t stored_at):
+    """For each stored MessageRecord value (== scheduler.codec.log_payload_from_value):
+    its LogRecord payload, or None where the Python path must do it (properties to filter,
+    or anything not exactly as msgspec writes it)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(values), k, n, i, tsize, msize, end_keys
+    cdef list out = [None] * count
+    cdef const uint8_t* p
+    cdef const char* t
+    cdef const char* m
+    cdef Item it, body, tags, keys, born, flags
+    cdef uint8_t* o
+    cdef Py_ssize_t w
+    cdef int64_t offset, deliver_at
+    for k in range(count):
+        value = <object>PyList_GET_ITEM(values, k)
+        if type(value) is not bytes:
+            continue
+        p = <const uint8_t*>PyBytes_AS_STRING(value)
+        n = PyBytes_GET_SIZE(value)
+        # [version, body, tags, keys, properties, born_at, deliver_at, flags], as written
+        if n < 1 or p[0] != 0x98:
+            continue
+        i = _int(p, n, 1, &it)  # version: any int
+        if i < 0:
+            continue
+        i = _head(p, n, i, &body)
+        if i < 0 or body.kind != K_BIN or i + body.size > n:
+            continue
+        i += body.size
+        i = _opt_str(p, n, i, &tags)
+        if i < 0:
+            continue
+        i = _str_array(p, n, i, &keys)
+        if i < 0:
+            continue
+        end_keys = i
+        if i >= n or p[i] != 0x80:  # properties: only none here (delivered_properties)
+            continue
+        i = _int(p, n, i + 1, &born)
+        if i < 0:
+            continue
+        i = _int(p, n, i, &it)  # the stored deliver_at: the key's is the one used
+        if i < 0:
+            continue
+        i = _int(p, n, i, &flags)
+        if i != n:
+            continue
+        t = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(topics, k), &tsize)
+        m = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(msg_ids, k), &msize)
+        offset = <object>PyList_GET_ITEM(offsets, k)
+        deliver_at = <object>PyList_GET_ITEM(deliver_ats, k)
+        buf = PyBytes_FromStringAndSize(NULL, n + tsize + msize + 64)
+        o = <uint8_t*>PyBytes_AS_STRING(buf)
+        o[0] = 0x9C  # 12 fields
+        o[1] = 0x01  # FORMAT_VERSION
+        w = 2
+        w += _w_str(o + w, t, tsize)
+        w += _w_str(o + w, m, msize)
+        w += _w_int(o + w, offset)
+        w += _w_raw(o + w, p, body.start, end_keys)  # body, tags, keys as stored
+        o[w] = 0x80
+        w += 1
+        w += _w_int(o + w, born.value)
+        w += _w_int(o + w, deliver_at)
+        w += _w_int(o + w, stored_at)
+        w += _w_int(o + w, flags.value)
+        out[k] = buf[:w]
+    return out
+
+
+# --- pull: LogRecord payload -> the Delivered document (api/schemas.py) in msgpack ---------
+cdef bytes _K_OFFSET = b"\xa6offset"
+cdef bytes _K_MSGID = b"\xa5msgId"
+cdef bytes _K_TOPIC = b"\xa5topic"
+cdef bytes _K_TAGS = b"\xa4tags"
+cdef bytes _K_KEYS = b"\xa4keys"
+cdef bytes _K_PROPS = b"\xaaproperties"
+cdef bytes _K_B64 = b"\xaabodyBase64"
+cdef bytes _K_BODY = b"\xa4body"
+cdef bytes _K_BORN = b"\xa6bornAt"
+cdef bytes _K_DELIVER = b"\xa9deliverAt"
+cdef bytes _K_STORED = b"\xa8storedAt"
+
+
+cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
+    memcpy(o, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    return PyBytes_GET_SIZE(key)
+
+
+def delivered_msgpack(list payloads):
+    """For each LogRecord payload: the msgpack of its ``Delivered`` document (what
+    ``msgspec.msgpack.encode(api.routes.consume.delivered(decode_log_record(p)))`` gives),
+    or None where the Python path must do it; and the queue offset of each."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, i
+    cdef list out = [None] * count
+    cdef list queue_offsets = [None] * count
+    cdef const uint8_t* p
+    cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
+    cdef Py_ssize_t w, tags_end, keys_end, props_end
+    cdef uint8_t* o
+    cdef bint text
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            continue
+        p = <const uint8_t*>PyBytes_AS_STRING(payload)
+        n = PyBytes_GET_SIZE(payload)
+        # [version, topic, msg_id, queue_offset, body, tags, keys, properties, born_at,
+        #  deliver_at, stored_at, flags], as written
+        if n < 1 or p[0] != 0x9C:
+            continue
+        i = _int(p, n, 1, &it)
+        if i < 0:
+            continue
+        i = _str(p, n, i, &topic)
+        if i < 0:
+            continue
+        i = _str(p, n, i, &msg_id)
+        if i < 0:
+            continue
+        i = _int(p, n, i, &qo)
+        if i < 0:
+            continue
+        i = _head(p, n, i, &body)
+        if i < 0 or body.kind != K_BIN or i + body.size > n:
+            continue
+        i += body.size
+        i = _opt_str(p, n, i, &tags)
+        if i < 0:
+            continue
+        tags_end = i
+        i = _str_array(p, n, i, &keys)
+        if i < 0:
+            continue
+        keys_end = i
+        i = _str_map(p, n, i, &props, 16)
+        if i < 0:
+            continue
+        props_end = i
+        i = _int(p, n, i, &born)
+        if i < 0:
+            continue
+        i = _int(p, n, i, &deliver)
+        if i < 0:
+            continue
+        i = _int(p, n, i, &stored)
+        if i < 0:
+            continue
+        i = _int(p, n, i, &it)  # flags
+        if i != n:
+            continue
+        text = _utf8(p + body.data, body.size)
+        buf = PyBytes_FromStringAndSize(NULL, 2 * n + 160)
+        o = <uint8_t*>PyBytes_AS_STRING(buf)
+        o[0] = 0x8B if text else 0x8A  # 11 fields, or 10 without ``body``
+        w = 1
+        w += _w_key(o + w, _K_OFFSET)
+        w += _w_int(o + w, qo.value)
+        w += _w_key(o + w, _K_MSGID)
+        w += _w_raw(o + w, p, msg_id.start, msg_id.data + msg_id.size)
+        w += _w_key(o + w, _K_TOPIC)
+        w += _w_raw(o + w, p, topic.start, topic.data + topic.size)
+        w += _w_key(o + w, _K_TAGS)
+        w += _w_raw(o + w, p, tags.start, tags_end)
+        w += _w_key(o + w, _K_KEYS)
+        w += _w_raw(o + w, p, keys.start, keys_end)
+        w += _w_key(o + w, _K_PROPS)
+        w += _w_raw(o + w, p, props.start, props_end)
+        w += _w_key(o + w, _K_B64)
+        w += _w_raw(o + w, p, body.start, body.data + body.size)
+        if text:
+            w += _w_key(o + w, _K_BODY)
+            w += _w_str(o + w, <const char*>p + body.data, body.size)
+        w += _w_key(o + w, _K_BORN)
+        w += _w_int(o + w, born.value)
+        w += _w_key(o + w, _K_DELIVER)
+        w += _w_int(o + w, deliver.value)
+        w += _w_key(o + w, _K_STORED)
+        w += _w_int(o + w, stored.value)
+        out[k] = buf[:w]
+        queue_offsets[k] = qo.value
+    return out, queue_offsets

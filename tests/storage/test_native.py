@@ -1,0 +1,232 @@
+"""The compiled hot paths (storage/_native.pyx) give exactly what their pure-Python twins
+give, and leave to them (None) whatever they do not recognise exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from crc32c import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
+from scheduler.codec import log_payload_from_value, log_payloads_py, message_value
+from storage.commitlog import CommitLog
+from storage.errors import CorruptionError, HourglassError
+from storage.log_format import CRC_SEED, RECORD_MAGIC, frame_py
+from storage.native import PURE_PYTHON_ENV, native
+from storage.records import (
+    LogRecord,
+    MessageRecord,
+    decode_log_record,
+    encode_log_record,
+    encode_message,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+needs_native = pytest.mark.skipif(native is None, reason="storage/_native is not built")
+
+
+def test_the_extension_is_built() -> None:
+    """pip builds it (setup.py); without it hourglass runs, slower, on the twins."""
+    if os.environ.get(PURE_PYTHON_ENV):
+        pytest.skip(f"{PURE_PYTHON_ENV} is set: the pure-Python twins are in use")
+    assert native is not None, ("storage/_native is not built: pip install -e . (needs a C "
+                                "compiler; Cython is fetched by the build)")
+
+
+texts = st.text(max_size=40)
+ids = st.text(min_size=1, max_size=30).filter(lambda s: "\x00" not in s)
+ints = st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1)
+props = st.dictionaries(texts, texts, max_size=3) | st.just({})
+messages = st.builds(
+    MessageRecord, body=st.binary(max_size=400) | st.text(max_size=80).map(str.encode),
+    tags=st.none() | texts, keys=st.lists(texts, max_size=4).map(tuple),
+    properties=st.just({}) | props, born_at=ints, deliver_at=ints, flags=ints)
+log_records = st.builds(
+    LogRecord, topic=ids, msg_id=ids, queue_offset=ints,
+    body=st.binary(max_size=400) | st.text(max_size=300).map(str.encode),
+    tags=st.none() | texts, keys=st.lists(texts, max_size=20).map(tuple),
+    properties=props | st.dictionaries(texts, texts, min_size=15, max_size=20),
+    born_at=ints, deliver_at=ints, stored_at=ints, flags=ints)
+
+
+def fits_int64(*values: int) -> bool:
+    return all(-(1 << 63) <= v < (1 << 63) for v in values)
+
+
+def mutations(data: bytes) -> st.SearchStrategy[bytes]:
+    """``data`` with a byte changed, cut short or lengthened."""
+    return st.one_of(
+        st.tuples(st.integers(0, max(len(data) - 1, 0)), st.integers(0, 255)).map(
+            lambda t: data[:t[0]] + bytes([t[1]]) + data[t[0] + 1:]),
+        st.integers(0, len(data)).map(lambda n: data[:n]),
+        st.binary(min_size=1, max_size=3).map(lambda b: data + b))
+
+
+@needs_native
+@settings(max_examples=300)
+@given(data=st.binary(max_size=3000), value=st.integers(0, (1 << 32) - 1))
+def test_crc32c(data: bytes, value: int) -> None:
+    assert native is not None
+    assert native.crc32c(data, value) == crc32c(data, value)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(payloads=st.lists(st.binary(max_size=600), max_size=40), start=st.integers(0, 1 << 40))
+def test_frame(payloads: list[bytes], start: int) -> None:
+    assert native is not None
+    lengths = [len(p) for p in payloads]
+    assert native.frame(payloads, lengths, start, RECORD_MAGIC, CRC_SEED) == frame_py(
+        payloads, lengths, start)
+
+
+def python_payload(value: bytes, at: int) -> bytes | None:
+    try:
+        return log_payload_from_value(value, "topic", "id", 7, at, at + 1)
+    except HourglassError:
+        return None
+
+
+@needs_native
+@settings(max_examples=400)
+@given(record=messages, at=st.integers(0, 1 << 62), data=st.data())
+def test_log_payloads(record: MessageRecord, at: int, data: st.DataObject) -> None:
+    """Valid values: the same bytes, or None (properties). Damaged ones: the same bytes,
+    or None where the Python path raises (a poison value) or could decide otherwise."""
+    assert native is not None
+    value = encode_message(record)
+    values = [value, data.draw(mutations(value)), data.draw(mutations(value))]
+    out = native.log_payloads(values, ["topic"] * 3, ["id"] * 3, [7] * 3, [at] * 3, at + 1)
+    if record.properties or not fits_int64(record.born_at, record.deliver_at, record.flags):
+        assert out[0] is None  # left to Python: properties to filter, a uint64 past int64
+    else:
+        assert out[0] == python_payload(value, at) is not None
+    for value, payload in zip(values, out, strict=True):
+        if payload is not None:
+            assert payload == python_payload(value, at)
+
+
+@needs_native
+def test_log_payloads_fills_in_what_c_leaves() -> None:
+    """The committer's entry point: C where it can, Python for the rest, same list."""
+    from scheduler.codec import _log_payloads_native
+
+    values = [message_value(b"a", None, (), {}, 1, 2, 0),
+              message_value(b"b", "t", ("k",), {"DELAY": "3", "x": "y"}, 1, 2, 0)]
+    args = (values, ["t1", "t2"], ["i1", "i2"], [0, 1], [5, 6], 9)
+    assert _log_payloads_native(*args) == log_payloads_py(*args)
+    with pytest.raises(CorruptionError):
+        _log_payloads_native([b"\x98junk"], ["t"], ["i"], [0], [5], 9)
+
+
+def python_delivered(payload: bytes) -> bytes | None:
+    try:
+        return msgspec.msgpack.encode(delivered(decode_log_record(payload)))
+    except HourglassError:
+        return None
+
+
+@needs_native
+@settings(max_examples=400)
+@given(record=log_records, data=st.data())
+def test_delivered_msgpack(record: LogRecord, data: st.DataObject) -> None:
+    assert native is not None
+    payload = encode_log_record(record)
+    payloads = [payload, data.draw(mutations(payload))]
+    out, offsets = native.delivered_msgpack(payloads)
+    if len(record.properties) <= 16 and fits_int64(
+            record.queue_offset, record.born_at, record.deliver_at, record.stored_at,
+            record.flags):
+        assert out[0] == python_delivered(payload) is not None
+        assert offsets[0] == record.queue_offset
+    else:
+        assert out[0] is None
+    if out[1] is not None:
+        assert out[1] == python_delivered(payloads[1])
+
+
+@needs_native
+@settings(max_examples=100)
+@given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40))
+def test_pull_answer(records: list[LogRecord], offset: int) -> None:
+    payloads = [encode_log_record(r) for r in records]
+    assert _pull_msgpack_native(payloads, offset) == pull_msgpack_py(payloads, offset)
+
+
+@needs_native
+def test_pull_answer_of_many_messages() -> None:
+    """array16 header past 15 messages, and a payload C leaves to Python."""
+    payloads = [encode_log_record(LogRecord(topic="t", msg_id=f"m{i}", queue_offset=i,
+                                            body=b"x" * i, properties={"p": "q"} if i % 5
+                                            else {str(k): "v" for k in range(20)}))
+                for i in range(40)]
+    assert _pull_msgpack_native(payloads, 0) == pull_msgpack_py(payloads, 0)
+    with pytest.raises(CorruptionError):
+        _pull_msgpack_native([payloads[0][:-1]], 0)
+
+
+def read_both(log: CommitLog, positions: list[int],
+              max_bytes: int | None) -> tuple[object, object]:
+    """read_many through C and through Python: the payloads or the error."""
+    import storage.commitlog as commitlog
+
+    results = []
+    for module in (native, None):
+        commitlog.native = module
+        try:
+            results.append(log.read_many(positions, max_bytes))
+        except HourglassError as exc:
+            results.append((type(exc), str(exc)))
+        finally:
+            commitlog.native = native
+    return results[0], results[1]
+
+
+@needs_native
+def test_read_many_across_segments_and_damage(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "log", segment_size=4096)
+    try:
+        payloads = [bytes([i]) * (100 + i * 7 % 300) for i in range(60)]
+        positions = log.append_batch(payloads[:30]) + log.append_batch(payloads[30:])
+        assert len({p // 4096 for p in positions}) > 2  # several segments
+        for max_bytes in (None, 0, 500, 5000):
+            c, py = read_both(log, positions, max_bytes)
+            assert c == py
+        assert read_both(log, positions, None)[0] == payloads
+        c, py = read_both(log, [positions[3] + 1], None)  # not a record
+        assert c == py and c[0].__name__ == "InvalidArgument"  # type: ignore[index]
+        seg = log._segments[positions[5] // 4096]
+        seg.mm[positions[5] % 4096 + 12] ^= 0xFF  # a payload byte: its CRC fails
+        c, py = read_both(log, positions, None)
+        assert c == py and c[0] is CorruptionError  # type: ignore[index]
+    finally:
+        log.close()
+
+
+def run_scenario(data_dir: Path, pure: bool) -> dict[str, object]:
+    env = {**os.environ, PURE_PYTHON_ENV: "1" if pure else ""}
+    done = subprocess.run([sys.executable, "-m", "tests.support.native_run", str(data_dir)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                          check=True)
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@needs_native
+def test_the_engine_writes_and_answers_the_same_either_way(tmp_path: Path) -> None:
+    """The same sends through a whole engine, compiled and pure: the same CommitLog bytes
+    and the same pull answers (tests/support/native_run.py)."""
+    compiled = run_scenario(tmp_path / "native", pure=False)
+    pure = run_scenario(tmp_path / "pure", pure=True)
+    assert (compiled["native"], pure["native"]) == (True, False)
+    assert compiled["pulled"] == pure["pulled"] == 600
+    assert compiled["log"] == pure["log"]
+    assert compiled["pulls"] == pure["pulls"]
