@@ -53,7 +53,7 @@ def _per_message_us(work: Callable[[int], object], rounds: int) -> float:
 def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
     from api import schemas
     from api.bodies import decode, to_send_request
-    from api.routes.consume import delivered
+    from api.routes.consume import delivered, pull_msgpack
     from scheduler.broker import Broker
     from scheduler.clock import FakeClock
     from scheduler.committer import ScanBatch
@@ -130,6 +130,8 @@ def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
         drain["encode msgpack pull (opt-in)"] = _per_message_us(
             lambda r: msgpack_out.encode(schemas.PullResult(
                 messages=[delivered(m) for m in pages[r]], next_offset=0)), rounds)
+        drain["pull 1000 as msgpack: read + answer (opt-in)"] = _per_message_us(
+            lambda r: pull_msgpack(broker.read("t", r * BATCH, BATCH), r * BATCH), rounds)
     for figures in out.values():
         figures["total (JSON)"] = round(sum(v for k, v in figures.items()
                                             if "opt-in" not in k), 3)

@@ -11,6 +11,7 @@ gives the same records.
 from __future__ import annotations
 
 import binascii
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,8 @@ _EMPTY: dict[str, str] = {}  # never handed out, never mutated
 _b64 = binascii.b2a_base64
 _V = FORMAT_VERSION
 _SCHEDULED = MessageStatus.SCHEDULED.value
+_DELIVERED = MessageStatus.DELIVERED.value
+_U64 = struct.Struct(">Q")
 
 
 def message_value(body: bytes, tags: str | None, keys: tuple[str, ...],
@@ -119,6 +122,54 @@ def _log_payloads_native(values: list[bytes], topics: list[str], msg_ids: list[s
 
 
 log_payloads = log_payloads_py if native is None else _log_payloads_native
+
+
+def split_due_py(items: list[tuple[bytes, bytes]]) -> tuple[
+        list[bytes], list[bytes], list[int], list[str], list[str]]:
+    """The columns of scanned (timer key, value) pairs: index keys, values, deliverAts,
+    topics, msgIds (storage.keys: key = deliverAt(8) + topic + NUL + msgId). One pass per
+    column, no Python call per message; a topic's name is decoded once."""
+    ikeys = [key[8:] for key, _ in items]
+    values = [value for _, value in items]
+    deliver_ats = [at for (at,) in map(_U64.unpack_from, [k for k, _ in items])]
+    names = [ikey.split(b"\x00", 1) for ikey in ikeys]
+    topic_names = {raw: raw.decode("utf-8") for raw in {raw for raw, _ in names}}
+    topics = [topic_names[raw] for raw, _ in names]
+    msg_ids = [raw.decode("utf-8") for _, raw in names]
+    return ikeys, values, deliver_ats, topics, msg_ids
+
+
+def _split_due_native(items: list[tuple[bytes, bytes]]) -> tuple[
+        list[bytes], list[bytes], list[int], list[str], list[str]]:
+    assert native is not None
+    split = native.split_due(items)
+    return split_due_py(items) if split is None else split  # (which raises)
+
+
+def delivered_index_values_py(deliver_ats: list[int], now: int, offsets: list[int],
+                              positions: list[int], tx_ids: list[str | None]) -> list[bytes]:
+    """The index entries (DELIVERED) of a commit's messages."""
+    return [index_value(_DELIVERED, at, now, offset, position, tx_id)
+            for at, offset, position, tx_id in zip(deliver_ats, offsets, positions, tx_ids,
+                                                   strict=True)]
+
+
+def _delivered_index_values_native(deliver_ats: list[int], now: int, offsets: list[int],
+                                   positions: list[int],
+                                   tx_ids: list[str | None]) -> list[bytes]:
+    assert native is not None
+    if tx_ids.count(None) == len(tx_ids):
+        values: list[bytes] | None = native.delivered_index_values(deliver_ats, now, offsets,
+                                                                   positions)
+        if values is not None:
+            return values
+    return delivered_index_values_py(deliver_ats, now, offsets, positions, tx_ids)
+
+
+if native is None:
+    split_due, delivered_index_values = split_due_py, delivered_index_values_py
+else:
+    split_due, delivered_index_values = _split_due_native, _delivered_index_values_native
 
 
 def message_level(value: bytes) -> int:

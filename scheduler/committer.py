@@ -45,14 +45,19 @@ committed, so a failed attempt retried later still skips them.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scheduler.clock import Clock
-from scheduler.codec import encode_keys, index_value, log_payload, log_payloads
+from scheduler.codec import (
+    delivered_index_values,
+    encode_keys,
+    log_payload,
+    log_payloads,
+    split_due,
+)
 from scheduler.intake import PreparedMessage, expiry_group_key, expiry_key, topic_shard
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
 from storage.errors import HourglassError
@@ -72,7 +77,6 @@ from storage.rocks import Batch, RocksStore
 log = logging.getLogger(__name__)
 
 REPLAY_CHUNK = 4096  # log records per RocksDB batch when replaying
-_U64 = struct.Struct(">Q")
 
 
 class Log(Protocol):
@@ -268,16 +272,9 @@ class Committer:
             # (key, value) -> the columns of the appends, each in one pass (no Python call
             # or append per message: a fifth of this commit's CPU was such appends)
             pending = _Appends()
-            pending.ikeys = ikeys = [key[8:] for key, _ in items]
-            pending.extra = [value for _, value in items]
-            pending.deliver_ats = [at for (at,) in map(_U64.unpack_from, [k for k, _ in items])]
-            names = [ikey.split(b"\x00", 1) for ikey in ikeys]
-            topic_names: dict[bytes, str] = {}
-            for raw_topic in {raw for raw, _ in names}:
-                topic_names[raw_topic] = raw_topic.decode("utf-8")
-            topics = pending.topics = [topic_names[raw] for raw, _ in names]
-            pending.msg_ids = [raw.decode("utf-8") for _, raw in names]
-            pending.tx_ids = [None] * len(topics)
+            (pending.ikeys, pending.extra, pending.deliver_ats, pending.topics,
+             pending.msg_ids) = split_due(items)
+            pending.tx_ids = [None] * len(items)
             offsets = self._take_offsets(pending)
             try:
                 payloads = log_payloads(pending.extra, pending.topics, pending.msg_ids, offsets,
@@ -372,11 +369,8 @@ class Committer:
                 by_topic.setdefault(topic, []).append(entry)
             for topic, run in by_topic.items():
                 self._queues.put_many(batch, topic, run)
-        batch.put_many(CF_INDEX, [
-            (ikey, index_value(_DELIVERED, at, now, offset, position, tx_id))
-            for ikey, at, offset, position, tx_id in zip(
-                pending.ikeys, pending.deliver_ats, offsets, positions, pending.tx_ids,
-                strict=True)])
+        batch.put_many(CF_INDEX, zip(pending.ikeys, delivered_index_values(
+            pending.deliver_ats, now, offsets, positions, pending.tx_ids), strict=True))
         outcome.delivered = list(zip(topics, pending.msg_ids, offsets, positions, strict=True))
         # ONE expiry entry for the whole commit (its messages share ``now``), not one each:
         # a put per message now and a delete per message when it expires saved
@@ -411,7 +405,6 @@ class Committer:
         self.needs_replay = False
 
 
-_DELIVERED = MessageStatus.DELIVERED.value
 
 
 class _Appends:

@@ -658,3 +658,79 @@ def delivered_msgpack(list payloads):
         out[k] = buf[:w]
         queue_offsets[k] = qo.value
     return out, queue_offsets
+
+
+# --- delivery: the columns of a commit, and its index entries ------------------------------
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+
+def split_due(list items):
+    """(index keys, values, deliverAts, topics, msgIds) of scanned (timer key, value) pairs,
+    as scheduler/committer.py's ``_split_due_py`` gives them; None when a key is not
+    ``deliverAt(8) + topic + NUL + msgId`` (that path then raises)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(items), k, n, j
+    cdef list ikeys = [None] * count, values = [None] * count, ats = [None] * count
+    cdef list topics = [None] * count, msg_ids = [None] * count
+    cdef const uint8_t* p
+    cdef const uint8_t* nul
+    cdef uint64_t at
+    cdef bytes last_raw = None
+    cdef object last_topic = None
+    for k in range(count):
+        pair = <object>PyList_GET_ITEM(items, k)
+        key = pair[0]
+        if type(key) is not bytes:
+            return None
+        p = <const uint8_t*>PyBytes_AS_STRING(key)
+        n = PyBytes_GET_SIZE(key)
+        if n < 9:
+            return None
+        nul = NULL
+        for j in range(8, n):
+            if p[j] == 0:
+                nul = p + j
+                break
+        if nul == NULL:
+            return None
+        _be(p, 8, &at)
+        ats[k] = at
+        ikeys[k] = PyBytes_FromStringAndSize(<const char*>p + 8, n - 8)
+        values[k] = pair[1]
+        j = nul - p
+        if last_raw is None or PyBytes_GET_SIZE(last_raw) != j - 8 or not _same(
+                <const uint8_t*>PyBytes_AS_STRING(last_raw), p + 8, j - 8):
+            last_raw = PyBytes_FromStringAndSize(<const char*>p + 8, j - 8)
+            last_topic = PyUnicode_DecodeUTF8(<const char*>p + 8, j - 8, "strict")
+        topics[k] = last_topic
+        msg_ids[k] = PyUnicode_DecodeUTF8(<const char*>nul + 1, n - j - 1, "strict")
+    return ikeys, values, ats, topics, msg_ids
+
+
+def delivered_index_values(list deliver_ats, int64_t updated_at, list offsets,
+                           list positions):
+    """== [scheduler.codec.index_value("DELIVERED", at, updated_at, offset, position)
+    for ...] (no transaction id); None where a value does not fit int64."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(deliver_ats), k, w
+    cdef list out = [None] * count
+    cdef uint8_t tmp[64]
+    try:
+        _index_values(deliver_ats, updated_at, offsets, positions, out, count, tmp)
+    except OverflowError:  # a value past int64: msgspec writes it as uint64 (Python path)
+        return None
+    return out
+
+
+cdef _index_values(list deliver_ats, int64_t updated_at, list offsets, list positions,
+                   list out, Py_ssize_t count, uint8_t* tmp):
+    cdef Py_ssize_t k, w
+    for k in range(count):
+        tmp[0] = 0x97
+        tmp[1] = 0x01
+        memcpy(tmp + 2, b"\xa9DELIVERED", 10)
+        w = 12
+        w += _w_int(tmp + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
+        w += _w_int(tmp + w, updated_at)
+        w += _w_int(tmp + w, <int64_t>(<object>PyList_GET_ITEM(offsets, k)))
+        w += _w_int(tmp + w, <int64_t>(<object>PyList_GET_ITEM(positions, k)))
+        tmp[w] = 0xC0
+        out[k] = PyBytes_FromStringAndSize(<const char*>tmp, w + 1)

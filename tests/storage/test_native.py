@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -16,9 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
-from scheduler.codec import log_payload_from_value, log_payloads_py, message_value
+from scheduler.codec import (
+    delivered_index_values_py,
+    log_payload_from_value,
+    log_payloads_py,
+    message_value,
+    split_due_py,
+)
 from storage.commitlog import CommitLog
 from storage.errors import CorruptionError, HourglassError
+from storage.keys import encode_timer_key
 from storage.log_format import CRC_SEED, RECORD_MAGIC, frame_py
 from storage.native import PURE_PYTHON_ENV, native
 from storage.records import (
@@ -96,7 +105,7 @@ def python_payload(value: bytes, at: int) -> bytes | None:
 
 
 @needs_native
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(record=messages, at=st.integers(0, 1 << 62), data=st.data())
 def test_log_payloads(record: MessageRecord, at: int, data: st.DataObject) -> None:
     """Valid values: the same bytes, or None (properties). Damaged ones: the same bytes,
@@ -127,6 +136,43 @@ def test_log_payloads_fills_in_what_c_leaves() -> None:
         _log_payloads_native([b"\x98junk"], ["t"], ["i"], [0], [5], 9)
 
 
+@needs_native
+@settings(max_examples=200)
+@given(keys=st.lists(st.tuples(st.integers(0, (1 << 64) - 1), st.sampled_from(["t", "tö", "u"]),
+                               ids), max_size=30),
+       junk=st.sampled_from([b"", b"short", b"\x00" * 8 + b"no-nul", b"\x00" * 8 + b"t\x00\xff"]))
+def test_split_due(keys: list[tuple[int, str, str]], junk: bytes) -> None:
+    assert native is not None
+    items = [(encode_timer_key(at, topic, msg_id), b"v%d" % i)
+             for i, (at, topic, msg_id) in enumerate(keys)]
+    assert native.split_due(items) == split_due_py(items)
+    bad = [*items, (junk, b"v")]
+    try:
+        expected = split_due_py(bad)
+    except (ValueError, UnicodeDecodeError, struct.error):
+        expected = None
+    got = native.split_due(bad) if expected is not None or junk[8:].count(0) != 1 else None
+    if junk.endswith(b"\xff"):  # a msgId that is not UTF-8: both raise
+        with pytest.raises(UnicodeDecodeError):
+            native.split_due(bad)
+    else:
+        assert got == expected
+
+
+@needs_native
+@settings(max_examples=200)
+@given(rows=st.lists(st.tuples(ints, ints, ints), max_size=30), now=st.integers(0, 1 << 62))
+def test_delivered_index_values(rows: list[tuple[int, int, int]], now: int) -> None:
+    assert native is not None
+    ats, offsets, positions = ([r[i] for r in rows] for i in range(3))
+    got = native.delivered_index_values(ats, now, offsets, positions)
+    expected = delivered_index_values_py(ats, now, offsets, positions, [None] * len(rows))
+    if fits_int64(*ats, *offsets, *positions):
+        assert got == expected
+    else:
+        assert got is None
+
+
 def python_delivered(payload: bytes) -> bytes | None:
     try:
         return msgspec.msgpack.encode(delivered(decode_log_record(payload)))
@@ -135,7 +181,7 @@ def python_delivered(payload: bytes) -> bytes | None:
 
 
 @needs_native
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(record=log_records, data=st.data())
 def test_delivered_msgpack(record: LogRecord, data: st.DataObject) -> None:
     assert native is not None
@@ -158,7 +204,16 @@ def test_delivered_msgpack(record: LogRecord, data: st.DataObject) -> None:
 @given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40))
 def test_pull_answer(records: list[LogRecord], offset: int) -> None:
     payloads = [encode_log_record(r) for r in records]
-    assert _pull_msgpack_native(payloads, offset) == pull_msgpack_py(payloads, offset)
+    assert outcome(_pull_msgpack_native, payloads, offset) == outcome(
+        pull_msgpack_py, payloads, offset)
+
+
+def outcome(fn: Callable[..., bytes], *args: object) -> bytes | type[BaseException]:
+    """What ``fn`` returns, or the type of what it raises (a next offset past uint64)."""
+    try:
+        return fn(*args)
+    except (OverflowError, HourglassError) as exc:
+        return type(exc)
 
 
 @needs_native
