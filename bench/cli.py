@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # name -> the module whose main(argv) runs it
-BENCHMARKS = {name: f"bench.{name}" for name in ("storage", "engine", "http", "breakdown",
+BENCHMARKS = {name: f"bench.{name}" for name in ("storage", "engine", "http", "breakdown", "native",
                                                      "footprint", "analysis", "groups")}
 SEPARATE = {**{name: f"bench.{name}.__main__" for name in ("soak", "crash")},
             "timeline": "bench.timeline"}  # 10 M messages written first: minutes
