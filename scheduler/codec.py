@@ -53,7 +53,8 @@ def index_value(status: str, deliver_at: int, updated_at: int, queue_offset: int
     return _pack([_V, status, deliver_at, updated_at, queue_offset, log_position, tx_id])
 
 
-def scheduled_values(messages: Sequence[Any], at: int) -> list[tuple[bytes, bytes] | None]:
+def scheduled_values_py(messages: Sequence[Any],
+                        at: int) -> list[tuple[bytes, bytes] | None]:
     """For each prepared message (scheduler.intake.PreparedMessage) due after ``at``: its
     timer value (== ``message_value``) and its index entry SCHEDULED at ``at`` (==
     ``index_value``); None for the ones due by then. One loop for a whole send batch."""
@@ -62,6 +63,23 @@ def scheduled_values(messages: Sequence[Any], at: int) -> list[tuple[bytes, byte
                    m.flags]),
              pack([v, scheduled, m.deliver_at, at, None, None, m.tx_id]))
             if m.deliver_at > at else None for m in messages]
+
+
+def _scheduled_values_native(messages: Sequence[Any],
+                             at: int) -> list[tuple[bytes, bytes] | None]:
+    """The same, in C (storage/_native.pyx), for a batch without properties; any other
+    batch (properties, a value past int64, a string that cannot be encoded) is done by
+    ``scheduled_values_py``, which raises where it must."""
+    assert native is not None
+    try:
+        values: list[tuple[bytes, bytes] | None] = native.scheduled_values(
+            messages if isinstance(messages, list) else list(messages), at)
+    except (TypeError, OverflowError, UnicodeEncodeError):
+        return scheduled_values_py(messages, at)
+    return values
+
+
+scheduled_values = scheduled_values_py if native is None else _scheduled_values_native
 
 
 def delivered_properties(properties: Mapping[str, str]) -> Mapping[str, str]:
@@ -196,6 +214,22 @@ def cancel_handle(timer_key: bytes) -> str:
     return _b64(_HANDLE_PREFIX + timer_key, newline=False).translate(_URLSAFE).rstrip(
         b"=").decode("ascii")
 
+
+def cancel_handles_py(timer_keys: list[bytes]) -> list[str]:
+    return list(map(cancel_handle, timer_keys))
+
+
+def _cancel_handles_native(timer_keys: list[bytes]) -> list[str]:
+    assert native is not None
+    try:
+        handles: list[str] = native.cancel_handles(timer_keys)
+    except TypeError:  # (not bytes, or a key longer than any the engine makes)
+        return cancel_handles_py(timer_keys)
+    return handles
+
+
+#: ``[cancel_handle(k) for k in timer_keys]``
+cancel_handles = cancel_handles_py if native is None else _cancel_handles_native
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 _HANDLE_PREFIX = b"\x01"  # storage.keys handle version 1

@@ -18,7 +18,13 @@ from msgspec.structs import replace
 
 from scheduler.backlog import Backlog
 from scheduler.clock import Clock
-from scheduler.codec import cancel_handle, index_value, message_level, scheduled_values
+from scheduler.codec import (
+    cancel_handle,
+    cancel_handles,
+    index_value,
+    message_level,
+    scheduled_values,
+)
 from scheduler.committer import CommitOutcome, Committer
 from scheduler.intake import PreparedMessage, expiry_key, topic_shard
 from scheduler.metrics import EngineMetrics
@@ -242,10 +248,11 @@ class WritePaths:
                  delivered: set[bytes], duplicates: int) -> list[SendResult]:
         if not duplicates:  # the common case: one new result per message, in order
             scheduled, at_once = MessageStatus.SCHEDULED, MessageStatus.DELIVERED
+            handles = cancel_handles([m.timer_key for m in messages])
             return [SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
                                status=at_once if delivered and m.index_key in delivered
-                               else scheduled, cancel_handle=cancel_handle(m.timer_key))
-                    for m in messages]
+                               else scheduled, cancel_handle=handle)
+                    for m, handle in zip(messages, handles, strict=True)]
         out: list[SendResult] = []
         first: dict[bytes, SendResult] = {}
         for m, result in zip(messages, results, strict=True):

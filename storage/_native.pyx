@@ -734,3 +734,162 @@ cdef _index_values(list deliver_ats, int64_t updated_at, list offsets, list posi
         w += _w_int(tmp + w, <int64_t>(<object>PyList_GET_ITEM(positions, k)))
         tmp[w] = 0xC0
         out[k] = PyBytes_FromStringAndSize(<const char*>tmp, w + 1)
+
+
+# --- send path: stored values, cancel handles ----------------------------------------------
+cdef inline Py_ssize_t _w_opt_str(uint8_t* o, object s) except -1:
+    cdef const char* u
+    cdef Py_ssize_t n
+    if s is None:
+        o[0] = 0xC0
+        return 1
+    if type(s) is not str:
+        raise TypeError("str expected")
+    u = PyUnicode_AsUTF8AndSize(s, &n)
+    return _w_str(o, u, n)
+
+
+cdef Py_ssize_t _str_bound(object s) except -1:
+    """Bytes that ``_w_opt_str`` may write for ``s``."""
+    if s is None:
+        return 1
+    if type(s) is not str:
+        raise TypeError("str expected")
+    return 5 + 4 * len(<str>s)
+
+
+def scheduled_values(list messages, int64_t at):
+    """== scheduler.codec.scheduled_values for messages without properties; raises
+    (TypeError, OverflowError, UnicodeEncodeError) for anything else, and that path then
+    does the whole batch."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, j, w, bound, nkeys
+    cdef list out = [None] * count
+    cdef int64_t deliver_at
+    cdef uint8_t* o
+    cdef tuple keys
+    cdef bytes body
+    cdef uint8_t index[80]
+    for k in range(count):
+        m = <object>PyList_GET_ITEM(messages, k)
+        deliver_at = m.deliver_at
+        if deliver_at <= at:
+            continue
+        if m.properties:
+            raise TypeError("properties: the Python path encodes them")
+        body = m.body
+        keys = m.keys
+        tags = m.tags
+        nkeys = len(keys)
+        bound = 64 + PyBytes_GET_SIZE(body) + _str_bound(tags)
+        for j in range(nkeys):
+            bound += _str_bound(keys[j])
+        value = PyBytes_FromStringAndSize(NULL, bound)
+        o = <uint8_t*>PyBytes_AS_STRING(value)
+        o[0] = 0x98
+        o[1] = 0x01
+        w = 2 + _w_bin(o + 2, <const uint8_t*>PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body))
+        w += _w_opt_str(o + w, tags)
+        w += _w_head(o + w, nkeys, 0x90, 15, 0, 0xDC, 0xDD)
+        for j in range(nkeys):
+            w += _w_opt_str(o + w, keys[j])
+        o[w] = 0x80
+        w += 1
+        w += _w_int(o + w, m.born_at)
+        w += _w_int(o + w, deliver_at)
+        w += _w_int(o + w, m.flags)
+        index[0] = 0x97
+        index[1] = 0x01
+        memcpy(index + 2, b"\xa9SCHEDULED", 10)
+        j = 12
+        j += _w_int(index + j, deliver_at)
+        j += _w_int(index + j, at)
+        index[j] = 0xC0
+        index[j + 1] = 0xC0
+        j += 2
+        tx_id = m.tx_id
+        if tx_id is None:
+            index[j] = 0xC0
+            entry = PyBytes_FromStringAndSize(<const char*>index, j + 1)
+        else:
+            entry = PyBytes_FromStringAndSize(<const char*>index, j) + _str_value(tx_id)
+        out[k] = (value[:w], entry)
+    return out
+
+
+cdef bytes _str_value(object s):
+    cdef uint8_t tmp[8]
+    cdef const char* u
+    cdef Py_ssize_t n, h
+    if type(s) is not str:
+        raise TypeError("str expected")
+    u = PyUnicode_AsUTF8AndSize(s, &n)
+    h = _w_head(tmp, n, 0xA0, 31, 0xD9, 0xDA, 0xDB)
+    return PyBytes_FromStringAndSize(<const char*>tmp, h) + PyBytes_FromStringAndSize(u, n)
+
+
+cdef const char* _B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def cancel_handles(list timer_keys):
+    """== [scheduler.codec.cancel_handle(k) for k in timer_keys]: URL-safe base64 of the
+    version byte 1 + the timer key, without padding."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(timer_keys), k, n, total, i, w
+    cdef list out = [None] * count
+    cdef const uint8_t* p
+    cdef uint8_t src[600]
+    cdef char dst[808]
+    cdef uint32_t v
+    for k in range(count):
+        key = <object>PyList_GET_ITEM(timer_keys, k)
+        if type(key) is not bytes or PyBytes_GET_SIZE(key) > 598:
+            raise TypeError("a timer key is bytes of at most 598")
+        n = PyBytes_GET_SIZE(key)
+        src[0] = 1
+        memcpy(src + 1, PyBytes_AS_STRING(key), n)
+        total = n + 1
+        w = 0
+        i = 0
+        while i + 3 <= total:
+            v = (<uint32_t>src[i] << 16) | (<uint32_t>src[i + 1] << 8) | src[i + 2]
+            dst[w] = _B64[v >> 18]
+            dst[w + 1] = _B64[(v >> 12) & 63]
+            dst[w + 2] = _B64[(v >> 6) & 63]
+            dst[w + 3] = _B64[v & 63]
+            w += 4
+            i += 3
+        if total - i == 1:
+            v = <uint32_t>src[i] << 16
+            dst[w] = _B64[v >> 18]
+            dst[w + 1] = _B64[(v >> 12) & 63]
+            w += 2
+        elif total - i == 2:
+            v = (<uint32_t>src[i] << 16) | (<uint32_t>src[i + 1] << 8)
+            dst[w] = _B64[v >> 18]
+            dst[w + 1] = _B64[(v >> 12) & 63]
+            dst[w + 2] = _B64[(v >> 6) & 63]
+            w += 3
+        out[k] = PyUnicode_DecodeUTF8(dst, w, NULL)
+    return out
+
+
+# --- the due timeline: counts per second ---------------------------------------------------
+def per_second(list deliver_ats, int64_t resolution):
+    """== scheduler.timeline._per_second (as a dict): how many values fall in each
+    ``resolution`` (floor division); OverflowError past int64 (that path then counts)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(deliver_ats), k
+    cdef dict out = {}
+    cdef int64_t v, second, run_second = 0
+    cdef Py_ssize_t run = 0
+    for k in range(count):
+        v = <object>PyList_GET_ITEM(deliver_ats, k)
+        second = v // resolution if v >= 0 else -((-v + resolution - 1) // resolution)
+        if run and second == run_second:
+            run += 1
+            continue
+        if run:
+            out[run_second] = out.get(run_second, 0) + run
+        run_second = second
+        run = 1
+    if run:
+        out[run_second] = out.get(run_second, 0) + run
+    return out

@@ -4,6 +4,7 @@ soak and crash packages, through the real ``hourglass`` command line."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,22 @@ def test_a_tiny_crash_run(tmp_path: Path) -> None:
     assert "VERDICT: every guarantee held" in done.stdout
     assert "2 kill -9" in done.stdout  # the one asked for, and the final torn tail's
     assert (tmp_path / "server.log").exists()
+
+
+def test_bench_native_pairs_both_paths(tmp_path: Path) -> None:
+    """``hourglass bench native`` times each stage through the compiled functions and
+    through their twins, and leaves the engine on the compiled ones."""
+    import scheduler.committer as committer
+    from bench import native as bench_native
+    from scheduler.codec import _log_payloads_native
+    from storage.native import native
+
+    if native is None:
+        pytest.skip("storage/_native is not built")
+    out = tmp_path / "native.json"
+    assert bench_native.main(["--rounds", "2", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"commit", "pull", "msgpack pull"}
+    for stage in figures.values():
+        assert stage["compiled"] > 0 and stage["python"] > 0
+    assert committer.log_payloads is _log_payloads_native

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -19,12 +20,15 @@ from hypothesis import strategies as st
 
 from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
 from scheduler.codec import (
+    cancel_handles_py,
     delivered_index_values_py,
     log_payload_from_value,
     log_payloads_py,
     message_value,
+    scheduled_values_py,
     split_due_py,
 )
+from scheduler.timeline import _per_second_py
 from storage.commitlog import CommitLog
 from storage.errors import CorruptionError, HourglassError
 from storage.keys import encode_timer_key
@@ -171,6 +175,50 @@ def test_delivered_index_values(rows: list[tuple[int, int, int]], now: int) -> N
         assert got == expected
     else:
         assert got is None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(keys=st.lists(st.binary(max_size=200), max_size=20))
+def test_cancel_handles(keys: list[bytes]) -> None:
+    assert native is not None
+    assert native.cancel_handles(keys) == cancel_handles_py(keys)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(ats=st.lists(st.integers(-(1 << 40), 1 << 62), max_size=60)
+       | st.lists(st.sampled_from([0, 999, 1000, 1001, -1, -1000, -1001, 5_000_000]),
+                  max_size=60))
+def test_per_second(ats: list[int]) -> None:
+    """Counts per second (floor division, also below zero), runs or spread."""
+    assert native is not None
+    assert native.per_second(ats, 1000) == dict(_per_second_py(ats))
+    assert native.per_second(sorted(ats), 1000) == dict(_per_second_py(sorted(ats)))
+
+
+prepared = st.builds(
+    SimpleNamespace, body=st.binary(max_size=300), tags=st.none() | texts,
+    keys=st.lists(texts, max_size=20).map(tuple), properties=st.just({}) | props,
+    born_at=ints, deliver_at=st.integers(0, 1 << 62), flags=st.integers(0, 1 << 20),
+    tx_id=st.none() | texts)
+
+
+@needs_native
+@settings(max_examples=300)
+@given(messages=st.lists(prepared, max_size=8), at=st.integers(0, 1 << 62))
+def test_scheduled_values(messages: list[SimpleNamespace], at: int) -> None:
+    """The same values, or a refusal (properties, a value past int64) that sends the batch
+    to the Python path."""
+    assert native is not None
+    expected = scheduled_values_py(messages, at)
+    try:
+        got = native.scheduled_values(messages, at)
+    except (TypeError, OverflowError):
+        assert any(m.properties or not fits_int64(m.born_at) for m in messages
+                   if m.deliver_at > at)
+    else:
+        assert got == expected
 
 
 def python_delivered(payload: bytes) -> bytes | None:
