@@ -132,8 +132,15 @@ class Backlog:
         """Messages of ``topics`` (one entry per message) left the backlog by delivery;
         ``levels``: their delay levels (0: none), while ``has_levels``; ``deliver_ats``:
         their deliverAt (same order as ``topics``)."""
-        counts = Counter(topics)
-        self.timeline.remove(next(iter(counts)) if len(counts) == 1 else topics, deliver_ats)
+        first = topics[0] if topics else None
+        counts: Mapping[str, int]
+        if first is not None and topics.count(first) == len(topics):  # one topic: C speed
+            counts = {first: len(topics)}
+            self.timeline.remove(first, deliver_ats)
+        else:
+            counts = Counter(topics)
+            self.timeline.remove(next(iter(counts)) if len(counts) == 1 else topics,
+                                 deliver_ats)
         with self._lock:
             for topic, n in counts.items():
                 self._remove(topic, n)

@@ -617,7 +617,7 @@ class Broker:
             m.delivered.inc(n)
             m.pending.dec(n)
             backlog = self._backlog
-            backlog.delivered([d[0] for d in outcome.delivered],
+            backlog.delivered(outcome.topic_list,
                               [message_level(v) for v in outcome.values]
                               if backlog.has_levels else (), deliver_ats=outcome.deliver_ats)
             m.lateness_ms.observe_many(outcome.lateness_ms)

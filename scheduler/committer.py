@@ -124,10 +124,11 @@ class CommitOutcome:
     removed_by_shard: dict[int, int] = field(default_factory=dict)  # timer keys deleted
     values: list[bytes] = field(default_factory=list)  # delivered MessageRecord values (due)
     deliver_ats: list[int] = field(default_factory=list)  # their deliverAt (due)
+    topic_list: list[str] = field(default_factory=list)  # the topic of each delivered
 
     @property
     def topics(self) -> set[str]:
-        return {d[0] for d in self.delivered}
+        return set(self.topic_list)
 
 
 class Committer:
@@ -372,6 +373,7 @@ class Committer:
         batch.put_many(CF_INDEX, zip(pending.ikeys, delivered_index_values(
             pending.deliver_ats, now, offsets, positions, pending.tx_ids), strict=True))
         outcome.delivered = list(zip(topics, pending.msg_ids, offsets, positions, strict=True))
+        outcome.topic_list = topics
         # ONE expiry entry for the whole commit (its messages share ``now``), not one each:
         # a put per message now and a delete per message when it expires saved
         batch.put(CF_EXPIRY, expiry_group_key(now + self._retention_ms, positions[0]),

@@ -32,6 +32,7 @@ from storage.rocks import Batch, RocksStore
 
 VALUE = struct.Struct(">QI")
 _OFFSET = struct.Struct(">Q")
+_POSITION, _SIZE = itemgetter(1), itemgetter(2)  # of an (offset, position, size) entry
 REBUILD_BATCH = 4096
 _first = itemgetter(0)
 
@@ -82,8 +83,8 @@ class ConsumeQueue:
             if i == len(entries) or entries[i][0] != entries[i - 1][0] + 1:
                 run = entries[start:i]
                 try:
-                    runs.append((prefix + _OFFSET.pack(run[0][0]),
-                                 b"".join([pack_value(p, s) for _, p, s in run])))
+                    runs.append((prefix + _OFFSET.pack(run[0][0]), b"".join(
+                        map(pack_value, map(_POSITION, run), map(_SIZE, run)))))
                 except struct.error as exc:
                     raise InvalidArgument(f"bad consume-queue entry: {exc}") from None
                 start = i

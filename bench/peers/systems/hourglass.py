@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 import msgpack
+import msgspec
 import orjson
 import psutil
 
@@ -56,6 +57,25 @@ PULL_MAX = 1000
 WAIT_MS = 1000
 MSGPACK = "application/x-msgpack"
 MSGPACK_BODY = {"Content-Type": MSGPACK}
+
+
+class _Message(msgspec.Struct, rename="camel"):
+    """What the consumers read of a delivered message (the rest of it is skipped)."""
+
+    msg_id: str
+    deliver_at: int
+    stored_at: int
+    receipt: str = ""
+
+
+class _Page(msgspec.Struct, rename="camel"):
+    messages: list[_Message]
+    next_offset: int = 0
+
+
+#: decodes msgpack answers into typed structs, as a generated client would (4-5x less client
+#: CPU than a dict per message: the consumers share the load generator's interpreter)
+_read_page = msgspec.msgpack.Decoder(_Page).decode
 LEASE_MS = 60_000
 
 
@@ -274,6 +294,12 @@ class HourglassSystem(System):
             if r.status_code != 200:
                 raise RuntimeError(f"hourglass receive: HTTP {r.status_code}: {r.text[:300]}")
             t = now_ms()
+            if self.msgpack:
+                page = _read_page(r.content).messages
+                receipts = [m.receipt for m in page]
+                if page:
+                    sink([m.msg_id for m in page], t, [m.stored_at - m.deliver_at for m in page])
+                continue
             msgs = unpack(r.content).get("messages") or []
             receipts = [m["receipt"] for m in msgs]
             if msgs:
@@ -298,7 +324,14 @@ class HourglassSystem(System):
             if r.status_code != 200:
                 raise RuntimeError(f"hourglass pull: HTTP {r.status_code}: {r.text[:300]}")
             t = now_ms()
-            doc = msgpack.unpackb(r.content) if self.msgpack else orjson.loads(r.content)
+            if self.msgpack:
+                page = _read_page(r.content)
+                if page.messages:
+                    sink([m.msg_id for m in page.messages], t,
+                         [m.stored_at - m.deliver_at for m in page.messages])
+                    offset = page.next_offset
+                continue
+            doc = orjson.loads(r.content)
             msgs = doc.get("messages") or []
             if not msgs:
                 continue
