@@ -228,8 +228,13 @@ class WritePaths:
     def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
                        stored: list[tuple[bytes, bytes]], one_shard: bool) -> None:
         """Timer keys and index entries (SCHEDULED) of ``later``, pre-encoded in ``stored``."""
+        # Each CF's entries go into the WriteBatch in key order: RocksDB inserts them into
+        # its memtable (a skip list) in batch order, and an insert next to the previous one
+        # finds its path in the CPU caches (1000 keys due at random times over an hour:
+        # ~2.9 instead of ~3.7 ms per write; docs/performance.md). Keys are distinct here.
         if one_shard:  # the common case: a batch for one topic
             values = [(m.timer_key, value) for m, (value, _) in zip(later, stored, strict=True)]
+            values.sort()
             batch.put_many(self._shards[later[0].shard].cf, values)
         else:
             by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
@@ -240,9 +245,11 @@ class WritePaths:
                     items = by_shard[cf] = []
                 items.append((m.timer_key, value))
             for cf, items in by_shard.items():
+                items.sort()
                 batch.put_many(cf, items)
-        batch.put_many(CF_INDEX, [(m.index_key, entry)
-                                  for m, (_, entry) in zip(later, stored, strict=True)])
+        entries = [(m.index_key, entry) for m, (_, entry) in zip(later, stored, strict=True)]
+        entries.sort()
+        batch.put_many(CF_INDEX, entries)
 
     def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
                  delivered: set[bytes], duplicates: int) -> list[SendResult]:
