@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py storage/_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[analysis,bench,dev]'
@@ -30,4 +30,4 @@ bench: $(STAMP)
 	$(VENV)/bin/hourglass bench all
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info storage/_native.c storage/_native.*.so
