@@ -375,6 +375,19 @@ cdef inline bint _same(const uint8_t* a, const uint8_t* b, Py_ssize_t n) noexcep
     return True
 
 
+cdef Py_ssize_t _body_tags_keys(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Item* body,
+                                Item* tags, Item* keys) noexcept nogil:
+    """The body (bin), tags (nil or str) and keys (array of str) that both record formats
+    hold in a row: the index past them, else -1."""
+    i = _head(p, n, i, body)
+    if i < 0 or body.kind != K_BIN or i + body.size > n:
+        return -1
+    i = _opt_str(p, n, i + body.size, tags)
+    if i < 0:
+        return -1
+    return _str_array(p, n, i, keys)
+
+
 # --- writing -------------------------------------------------------------------------------
 cdef inline Py_ssize_t _w_int(uint8_t* o, int64_t v) noexcept nogil:
     cdef int w, k
@@ -501,14 +514,7 @@ def log_payloads(list values, list topics, list msg_ids, list offsets, list deli
         i = _int(p, n, 1, &it)  # version: any int
         if i < 0:
             continue
-        i = _head(p, n, i, &body)
-        if i < 0 or body.kind != K_BIN or i + body.size > n:
-            continue
-        i += body.size
-        i = _opt_str(p, n, i, &tags)
-        if i < 0:
-            continue
-        i = _str_array(p, n, i, &keys)
+        i = _body_tags_keys(p, n, i, &body, &tags, &keys)
         if i < 0:
             continue
         end_keys = i
@@ -574,7 +580,7 @@ def delivered_msgpack(list payloads):
     cdef list queue_offsets = [None] * count
     cdef const uint8_t* p
     cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
-    cdef Py_ssize_t w, tags_end, keys_end, props_end
+    cdef Py_ssize_t w, keys_end, props_end
     cdef uint8_t* o
     cdef bint text
     for k in range(count):
@@ -599,15 +605,7 @@ def delivered_msgpack(list payloads):
         i = _int(p, n, i, &qo)
         if i < 0:
             continue
-        i = _head(p, n, i, &body)
-        if i < 0 or body.kind != K_BIN or i + body.size > n:
-            continue
-        i += body.size
-        i = _opt_str(p, n, i, &tags)
-        if i < 0:
-            continue
-        tags_end = i
-        i = _str_array(p, n, i, &keys)
+        i = _body_tags_keys(p, n, i, &body, &tags, &keys)
         if i < 0:
             continue
         keys_end = i
@@ -639,7 +637,7 @@ def delivered_msgpack(list payloads):
         w += _w_key(o + w, _K_TOPIC)
         w += _w_raw(o + w, p, topic.start, topic.data + topic.size)
         w += _w_key(o + w, _K_TAGS)
-        w += _w_raw(o + w, p, tags.start, tags_end)
+        w += _w_raw(o + w, p, tags.start, keys.start)
         w += _w_key(o + w, _K_KEYS)
         w += _w_raw(o + w, p, keys.start, keys_end)
         w += _w_key(o + w, _K_PROPS)
