@@ -33,6 +33,7 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 from itertools import repeat
+from typing import Protocol
 
 import msgspec
 
@@ -82,6 +83,7 @@ class Received(msgspec.Struct, frozen=True, gc=False):
     receipt: str
     delivery_count: int
     reconsume_times: int
+    payload: bytes | None = None  # ``record``'s LogRecord bytes, when it is shown as stored
 
 
 class ReceiveResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -115,7 +117,7 @@ class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class GroupManager:
     def __init__(
-        self, *, store: RocksStore, read: Callable[[str, Sequence[int]], list[LogRecord]],
+        self, *, store: RocksStore, read: ReadRecords,
         end_offset: Callable[[str], int], intake: Intake,
         submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
@@ -209,8 +211,9 @@ class GroupManager:
                 if not taken:
                     continue
                 records: list[LogRecord] = []
+                payloads: list[bytes] = []  # the records' bytes (the API may transcode them)
                 try:
-                    records = self._read(stream.log_topic, taken)
+                    records = self._read(stream.log_topic, taken, payloads)
                 finally:  # what could not be read is handed out again later
                     if len(records) != len(taken):
                         for offset in set(taken).difference(r.queue_offset for r in records):
@@ -226,7 +229,7 @@ class GroupManager:
                 receipts = list(map(f"{prefix}{{:x}}".format, offsets))
                 counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
-                    out.extend(map(Received, records, receipts, counts, repeat(0)))
+                    out.extend(map(Received, records, receipts, counts, repeat(0), payloads))
                     continue
                 for record, receipt, count in zip(records, receipts, counts, strict=True):
                     shown, reconsumed = as_original(topic, record)
@@ -466,13 +469,18 @@ class GroupManager:
 
 def read_records(read_many: Callable[[list[int]], list[bytes]],
                  positions: Callable[[str, int, int], list[int]]
-                 ) -> Callable[[str, Sequence[int]], list[LogRecord]]:
-    """``read(log_topic, offsets)``: the records at those queue offsets, in offset order,
-    one consume-queue range read per run of consecutive offsets."""
-    def read(log_topic: str, offsets: Sequence[int]) -> list[LogRecord]:
+                 ) -> ReadRecords:
+    """``read(log_topic, offsets[, payloads])``: the records at those queue offsets, in
+    offset order, one consume-queue range read per run of consecutive offsets; their bytes
+    are appended to ``payloads`` when it is given."""
+    def read(log_topic: str, offsets: Sequence[int],
+             payloads: list[bytes] | None = None) -> list[LogRecord]:
         wanted = sorted(offsets)
         if wanted and wanted[-1] - wanted[0] + 1 == len(wanted):  # one run (offsets unique)
-            return decode_log_records(read_many(positions(log_topic, wanted[0], len(wanted))))
+            raw = read_many(positions(log_topic, wanted[0], len(wanted)))
+            if payloads is not None:
+                payloads.extend(raw)
+            return decode_log_records(raw)
         found: list[int] = []
         i = 0
         while i < len(wanted):
@@ -481,8 +489,16 @@ def read_records(read_many: Callable[[list[int]], list[bytes]],
                 j += 1
             found.extend(positions(log_topic, wanted[i], j - i))
             i = j
-        return decode_log_records(read_many(found))
+        raw = read_many(found)
+        if payloads is not None:
+            payloads.extend(raw)
+        return decode_log_records(raw)
     return read
+
+
+class ReadRecords(Protocol):
+    def __call__(self, log_topic: str, offsets: Sequence[int],
+                 payloads: list[bytes] | None = None) -> list[LogRecord]: ...
 
 
 __all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "AckResult", "DeadLetters",

@@ -571,10 +571,11 @@ cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
     return PyBytes_GET_SIZE(key)
 
 
-def delivered_msgpack(list payloads):
+def delivered_msgpack(list payloads, int extra=0):
     """For each LogRecord payload: the msgpack of its ``Delivered`` document (what
     ``msgspec.msgpack.encode(api.routes.consume.delivered(decode_log_record(p)))`` gives),
-    or None where the Python path must do it; and the queue offset of each."""
+    or None where the Python path must do it; and the queue offset of each. ``extra``: map
+    entries the caller appends to each (a leased message's receipt and counts)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, i
     cdef list out = [None] * count
     cdef list queue_offsets = [None] * count
@@ -583,6 +584,8 @@ def delivered_msgpack(list payloads):
     cdef Py_ssize_t w, keys_end, props_end
     cdef uint8_t* o
     cdef bint text
+    if not 0 <= extra <= 4:
+        raise ValueError("extra: 0..4 map entries (a fixmap holds 15)")
     for k in range(count):
         payload = <object>PyList_GET_ITEM(payloads, k)
         if type(payload) is not bytes:
@@ -628,7 +631,7 @@ def delivered_msgpack(list payloads):
         text = _utf8(p + body.data, body.size)
         buf = PyBytes_FromStringAndSize(NULL, 2 * n + 160)
         o = <uint8_t*>PyBytes_AS_STRING(buf)
-        o[0] = 0x8B if text else 0x8A  # 11 fields, or 10 without ``body``
+        o[0] = 0x80 | ((11 if text else 10) + extra)  # 10 fields and ``body`` if text
         w = 1
         w += _w_key(o + w, _K_OFFSET)
         w += _w_int(o + w, qo.value)

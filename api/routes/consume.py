@@ -58,10 +58,15 @@ def _pull_msgpack_native(payloads: list[bytes], offset: int) -> bytes:
             parts[i] = _msgpack.encode(delivered(message))
             offsets[i] = message.queue_offset
     next_offset = offsets[-1] + 1 if parts else offset
-    n = len(parts)  # msgspec's array header: fixarray, array16 or array32
-    head = bytes((0x90 | n,)) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 0x10000
-                                               else b"\xdd" + n.to_bytes(4, "big"))
-    return b"".join((_PULL_HEAD, head, *parts, _NEXT_OFFSET, _msgpack.encode(next_offset)))
+    return b"".join((_PULL_HEAD, msgpack_array_header(len(parts)), *parts, _NEXT_OFFSET,
+                     _msgpack.encode(next_offset)))
+
+
+def msgpack_array_header(n: int) -> bytes:
+    """msgspec's header of an array of ``n``: fixarray, array16 or array32."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2, "big") if n < 0x10000 else b"\xdd" + n.to_bytes(4, "big")
 
 
 _PULL_HEAD = b"\x82\xa8messages"  # {"messages": [...], "nextOffset": n}

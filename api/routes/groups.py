@@ -17,13 +17,14 @@ from starlette.responses import Response
 
 from api import schemas
 from api.auth import Permission
-from api.bodies import decode, read_body
+from api.bodies import MSGPACK, decode, is_msgpack, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
 from api.openapi import operation, query_parameter
-from api.routes.consume import MAX_OFFSET, Group, check_group
+from api.routes.consume import MAX_OFFSET, Group, check_group, msgpack_array_header
 from api.schemas import TOPIC_PARAMETER, Topic
-from scheduler.groups import Received, ReceiveResult
+from scheduler.groups import AckResult, Received, ReceiveResult
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
+from storage.native import native
 from storage.records import LogRecord
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -53,6 +54,52 @@ def received(m: Received) -> schemas.Received:
         body=schemas.utf8_text(body), born_at=record.born_at, deliver_at=record.deliver_at,
         stored_at=record.stored_at, receipt=m.receipt, delivery_count=m.delivery_count,
         reconsume_times=m.reconsume_times)
+
+
+def receive_answer(result: ReceiveResult, acked: AckResult | None) -> schemas.ReceiveResult:
+    """The answer to a receive (and to the ``ack`` it carried, if any)."""
+    answer = schemas.ReceiveResult(messages=[received(m) for m in result.messages],
+                                   lease_until=result.lease_until)
+    if acked is not None:
+        answer.acked, answer.stale = acked.acked, acked.stale
+    return answer
+
+
+def receive_msgpack_py(result: ReceiveResult, acked: AckResult | None) -> bytes:
+    """``receive_answer`` in msgpack."""
+    return _msgpack.encode(receive_answer(result, acked))
+
+
+def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None) -> bytes:
+    """The same bytes; each message shown as stored is transcoded from its LogRecord bytes
+    in C (storage/_native.pyx, see api/routes/consume.py), its receipt and counts appended
+    (the three entries of a one-dict encode, its map header cut); the others (retries shown
+    as their original, and what C leaves) are encoded from their document."""
+    assert native is not None
+    messages = result.messages
+    shown = [i for i, m in enumerate(messages) if m.payload is not None]
+    parts: list[bytes | None] = [None] * len(messages)
+    if shown:
+        done, _ = native.delivered_msgpack([messages[i].payload for i in shown], 3)
+        for i, part in zip(shown, done, strict=True):
+            if part is not None:
+                m = messages[i]
+                parts[i] = part + _msgpack.encode({
+                    "receipt": m.receipt, "deliveryCount": m.delivery_count,
+                    "reconsumeTimes": m.reconsume_times})[1:]
+    for i, part in enumerate(parts):
+        if part is None:
+            parts[i] = _msgpack.encode(received(messages[i]))
+    head = b"\x84\xa8messages" if acked is not None else b"\x82\xa8messages"
+    tail = [b"\xaaleaseUntil", _msgpack.encode(result.lease_until)]
+    if acked is not None:
+        tail += [b"\xa5acked", _msgpack.encode(acked.acked), b"\xa5stale",
+                 _msgpack.encode(acked.stale)]
+    return b"".join((head, msgpack_array_header(len(parts)), *parts, *tail))  # type: ignore[arg-type]
+
+
+_msgpack = msgspec.msgpack.Encoder()
+receive_msgpack = receive_msgpack_py if native is None else _receive_msgpack_native
 
 
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
@@ -86,11 +133,9 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         result = groups.receive(topic, group, body.max, body.lease_ms)
         if not result.messages and body.wait_ms > 0:
             result = await _long_poll(topic, group, body, body.wait_ms / 1000.0)
-        answer = schemas.ReceiveResult(messages=[received(m) for m in result.messages],
-                                       lease_until=result.lease_until)
-        if acked is not None:
-            answer.acked, answer.stale = acked.acked, acked.stale
-        return respond(answer, 200, request)
+        if is_msgpack(request.headers.get("accept")):
+            return Response(receive_msgpack(result, acked), media_type=MSGPACK)
+        return respond(receive_answer(result, acked), 200, request)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
                          timeout_s: float) -> ReceiveResult:

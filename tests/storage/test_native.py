@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
+from api.routes.groups import _receive_msgpack_native, receive_msgpack_py
 from scheduler.codec import (
     cancel_handles_py,
     delivered_index_values_py,
@@ -28,6 +29,7 @@ from scheduler.codec import (
     scheduled_values_py,
     split_due_py,
 )
+from scheduler.groups import AckResult, Received, ReceiveResult
 from scheduler.timeline import _per_second_py
 from storage.commitlog import CommitLog
 from storage.errors import CorruptionError, HourglassError
@@ -274,6 +276,25 @@ def test_pull_answer_of_many_messages() -> None:
     assert _pull_msgpack_native(payloads, 0) == pull_msgpack_py(payloads, 0)
     with pytest.raises(CorruptionError):
         _pull_msgpack_native([payloads[0][:-1]], 0)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(rows=st.lists(st.tuples(log_records, st.booleans(), st.text(max_size=20),
+                               st.integers(1, 50), st.integers(0, 16)), max_size=20),
+       lease_until=st.integers(0, 1 << 62),
+       acked=st.none() | st.tuples(st.integers(0, 1000), st.lists(st.text(max_size=10),
+                                                                  max_size=3)))
+def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease_until: int,
+                        acked: tuple[int, list[str]] | None) -> None:
+    """A receive's msgpack answer: messages shown as stored (their bytes transcoded in C)
+    mixed with retries shown as their original (no bytes: encoded from the document)."""
+    result = ReceiveResult(lease_until=lease_until, messages=[
+        Received(record, receipt, count, times, encode_log_record(record) if stored else None)
+        for record, stored, receipt, count, times in rows])
+    ack = None if acked is None else AckResult(acked=acked[0], stale=acked[1])
+    assert outcome(_receive_msgpack_native, result, ack) == outcome(
+        receive_msgpack_py, result, ack)
 
 
 def read_both(log: CommitLog, positions: list[int],
