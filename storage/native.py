@@ -2,8 +2,8 @@
 built by pip from source with the machine's C compiler; see setup.py) or None.
 
 Every function there has a pure-Python twin next to its caller (storage/log_format.py,
-storage/commitlog.py, scheduler/committer.py, api/routes/consume.py) that gives the same
-bytes (tests/storage/test_native.py). ``HOURGLASS_PURE_PYTHON=1`` in the environment makes
+storage/commitlog.py, scheduler/codec.py, scheduler/timeline.py, api/routes/consume.py,
+api/routes/groups.py) that gives the same bytes (tests/storage/test_native.py). ``HOURGLASS_PURE_PYTHON=1`` in the environment makes
 the process use the twins even when the extension is there.
 """
 
