@@ -611,7 +611,7 @@ class Broker:
                 log.exception("delivery listener %r failed", listener)
 
     def _on_commit(self, outcome: CommitOutcome) -> None:
-        n = len(outcome.delivered)
+        n = len(outcome.topic_list)
         m = self.metrics
         if n:
             m.delivered.inc(n)

@@ -116,15 +116,14 @@ class ScanBatch:
 
 @dataclass(slots=True)
 class CommitOutcome:
-    """What one commit appended: per message (topic, msgId, queue offset, position)."""
+    """What one commit appended."""
 
-    delivered: list[tuple[str, str, int, int]] = field(default_factory=list)
+    topic_list: list[str] = field(default_factory=list)  # the topic of each appended
     lateness_ms: list[int] = field(default_factory=list)
     skipped: int = 0
     removed_by_shard: dict[int, int] = field(default_factory=dict)  # timer keys deleted
     values: list[bytes] = field(default_factory=list)  # delivered MessageRecord values (due)
     deliver_ats: list[int] = field(default_factory=list)  # their deliverAt (due)
-    topic_list: list[str] = field(default_factory=list)  # the topic of each delivered
 
     @property
     def topics(self) -> set[str]:
@@ -372,7 +371,6 @@ class Committer:
                 self._queues.put_many(batch, topic, run)
         batch.put_many(CF_INDEX, zip(pending.ikeys, delivered_index_values(
             pending.deliver_ats, now, offsets, positions, pending.tx_ids), strict=True))
-        outcome.delivered = list(zip(topics, pending.msg_ids, offsets, positions, strict=True))
         outcome.topic_list = topics
         # ONE expiry entry for the whole commit (its messages share ``now``), not one each:
         # a put per message now and a delete per message when it expires saved
