@@ -122,7 +122,7 @@ def machine() -> dict[str, str]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     versions = {}
-    for pkg in ("redis", "bullmq", "psycopg", "httpx", "numpy", "matplotlib"):
+    for pkg in ("redis", "bullmq", "psycopg", "urllib3", "numpy", "matplotlib"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
     mem = psutil.virtual_memory().total / 2**30
