@@ -33,7 +33,7 @@ from scheduler.committer import CommitOutcome, Committer, Log
 from scheduler.config import EngineConfig
 from scheduler.delivery import DeliveryStage
 from scheduler.group_state import check_group
-from scheduler.groups import GroupManager, read_records
+from scheduler.groups import GroupManager, read_payloads
 from scheduler.intake import (
     Intake,
     PreparedMessage,
@@ -208,7 +208,7 @@ class Broker:
             for scanner in self._scanners:
                 scanner.start()
             self._groups = GroupManager(
-                store=store, read=read_records(self._log.read_many, self._queues.positions),
+                store=store, read=read_payloads(self._log.read_many, self._queues.positions),
                 end_offset=self._queues.end_offset, intake=self._intake, submit=self.submit,
                 clock=self.clock, max_reconsume_times=cfg.max_reconsume_times,
                 window=cfg.group_lease_window, check_running=self._check_running,

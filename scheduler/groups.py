@@ -67,7 +67,12 @@ from storage.constants import (
 from storage.consume_queue import ConsumeQueue
 from storage.errors import InvalidArgument, NotFound
 from storage.keys import pack_u64, unpack_u64
-from storage.records import LogRecord, decode_log_records
+from storage.records import (
+    LogRecord,
+    decode_log_record,
+    decode_log_records,
+    log_record_offsets,
+)
 from storage.rocks import Batch, RocksStore
 
 LEASE_MS_MIN = 1_000
@@ -76,14 +81,24 @@ DEFAULT_RETRY_LEVEL = 3  # RocketMQ: a retry waits level 3 + reconsumeTimes
 
 
 class Received(msgspec.Struct, frozen=True, gc=False):
-    """A leased message as its topic knows it (msgId, offset, properties of the original).
-    (Positional: a receive builds 1000 with one ``map``.)"""
+    """A leased message as its topic knows it (msgId, offset, properties of the original):
+    its LogRecord bytes (``payload``) when it is shown as stored, decoded only when
+    ``record`` is asked for (an answer in msgpack is transcoded from the bytes, in C where
+    it is built: api/routes/groups.py); otherwise (a retry shown as its original) the record
+    it is shown as (``shown``). (Positional: a receive builds 1000 with one ``map``.)"""
 
-    record: LogRecord
     receipt: str
     delivery_count: int
     reconsume_times: int
-    payload: bytes | None = None  # ``record``'s LogRecord bytes, when it is shown as stored
+    payload: bytes | None = None
+    shown: LogRecord | None = None
+
+    @property
+    def record(self) -> LogRecord:
+        if self.shown is not None:
+            return self.shown
+        assert self.payload is not None
+        return decode_log_record(self.payload)
 
 
 class ReceiveResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -117,7 +132,7 @@ class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class GroupManager:
     def __init__(
-        self, *, store: RocksStore, read: ReadRecords,
+        self, *, store: RocksStore, read: ReadPayloads,
         end_offset: Callable[[str], int], intake: Intake,
         submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
@@ -210,18 +225,22 @@ class GroupManager:
                                            self._window)
                 if not taken:
                     continue
+                offsets: list[int] = []
                 records: list[LogRecord] = []
-                payloads: list[bytes] = []  # the records' bytes (the API may transcode them)
                 try:
-                    records = self._read(stream.log_topic, taken, payloads)
+                    payloads = self._read(stream.log_topic, taken)
+                    if kind == MAIN:  # shown as stored: only the offsets are read here
+                        offsets = log_record_offsets(payloads)
+                    else:
+                        records = decode_log_records(payloads)
+                        offsets = [r.queue_offset for r in records]
                 finally:  # what could not be read is handed out again later
-                    if len(records) != len(taken):
-                        for offset in set(taken).difference(r.queue_offset for r in records):
+                    if len(offsets) != len(taken):
+                        for offset in set(taken).difference(offsets):
                             stream.counts[offset] = again.get(offset, 1) - 1
                             heapq.heappush(stream.returned, offset)
-                if not records:
+                if not offsets:
                     continue
-                offsets = [r.queue_offset for r in records]
                 lease = Lease(next(self._lease_ids), until, kind, offsets, again)
                 heapq.heappush(g.expiry, (until, lease.lease_id, lease))
                 stream.leases.update(dict.fromkeys(offsets, lease))
@@ -229,11 +248,11 @@ class GroupManager:
                 receipts = list(map(f"{prefix}{{:x}}".format, offsets))
                 counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
-                    out.extend(map(Received, records, receipts, counts, repeat(0), payloads))
+                    out.extend(map(Received, receipts, counts, repeat(0), payloads))
                     continue
                 for record, receipt, count in zip(records, receipts, counts, strict=True):
                     shown, reconsumed = as_original(topic, record)
-                    out.append(Received(shown, receipt, count, reconsumed))
+                    out.append(Received(receipt, count, reconsumed, shown=shown))
             if len(g.expiry) > g.expiry_limit:  # drop the leases that hold nothing any more
                 g.expiry = [e for e in g.expiry if e[2].held > 0]
                 heapq.heapify(g.expiry)
@@ -308,7 +327,8 @@ class GroupManager:
             dead = 0
             for kind, stream in enumerate(g.streams):
                 offsets = sorted(plan.accepted[kind])
-                records = self._read(stream.log_topic, offsets) if offsets else []
+                records = (decode_log_records(self._read(stream.log_topic, offsets))
+                           if offsets else [])
                 if len(records) != len(offsets):
                     raise NotFound(f"messages of {stream.log_topic!r} at offsets {offsets} are "
                                    f"not all in the log")
@@ -410,7 +430,7 @@ class GroupManager:
         g = self._group(topic, group)
         start = g.dlq_cursor if offset is None else offset
         end = min(self._end_offset(g.dlq_topic), start + max_messages)
-        records = self._read(g.dlq_topic, range(start, end))
+        records = decode_log_records(self._read(g.dlq_topic, range(start, end)))
         return DeadLetters(messages=[as_original(topic, r) for r in records],
                            next_offset=records[-1].queue_offset + 1 if records else start)
 
@@ -424,7 +444,7 @@ class GroupManager:
         with g.lock:
             now = self._clock.now_ms()
             end = min(self._end_offset(g.dlq_topic), g.dlq_cursor + max_messages)
-            records = self._read(g.dlq_topic, range(g.dlq_cursor, end))
+            records = decode_log_records(self._read(g.dlq_topic, range(g.dlq_cursor, end)))
             if not records:
                 return 0
             cursor = records[-1].queue_offset + 1
@@ -467,20 +487,15 @@ class GroupManager:
         g.registered = True
 
 
-def read_records(read_many: Callable[[list[int]], list[bytes]],
-                 positions: Callable[[str, int, int], list[int]]
-                 ) -> ReadRecords:
-    """``read(log_topic, offsets[, payloads])``: the records at those queue offsets, in
-    offset order, one consume-queue range read per run of consecutive offsets; their bytes
-    are appended to ``payloads`` when it is given."""
-    def read(log_topic: str, offsets: Sequence[int],
-             payloads: list[bytes] | None = None) -> list[LogRecord]:
+def read_payloads(read_many: Callable[[list[int]], list[bytes]],
+                  positions: Callable[[str, int, int], list[int]]) -> ReadPayloads:
+    """``read(log_topic, offsets)``: the LogRecord bytes at those queue offsets, in offset
+    order, one consume-queue range read per run of consecutive offsets (fewer when some are
+    not in the log)."""
+    def read(log_topic: str, offsets: Sequence[int]) -> list[bytes]:
         wanted = sorted(offsets)
         if wanted and wanted[-1] - wanted[0] + 1 == len(wanted):  # one run (offsets unique)
-            raw = read_many(positions(log_topic, wanted[0], len(wanted)))
-            if payloads is not None:
-                payloads.extend(raw)
-            return decode_log_records(raw)
+            return read_many(positions(log_topic, wanted[0], len(wanted)))
         found: list[int] = []
         i = 0
         while i < len(wanted):
@@ -489,18 +504,14 @@ def read_records(read_many: Callable[[list[int]], list[bytes]],
                 j += 1
             found.extend(positions(log_topic, wanted[i], j - i))
             i = j
-        raw = read_many(found)
-        if payloads is not None:
-            payloads.extend(raw)
-        return decode_log_records(raw)
+        return read_many(found)
     return read
 
 
-class ReadRecords(Protocol):
-    def __call__(self, log_topic: str, offsets: Sequence[int],
-                 payloads: list[bytes] | None = None) -> list[LogRecord]: ...
+class ReadPayloads(Protocol):
+    def __call__(self, log_topic: str, offsets: Sequence[int]) -> list[bytes]: ...
 
 
 __all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "AckResult", "DeadLetters",
            "GroupManager", "GroupState", "NackResult", "ReceiveResult", "Received",
-           "read_records"]
+           "read_payloads"]

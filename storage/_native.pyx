@@ -564,6 +564,9 @@ cdef bytes _K_BODY = b"\xa4body"
 cdef bytes _K_BORN = b"\xa6bornAt"
 cdef bytes _K_DELIVER = b"\xa9deliverAt"
 cdef bytes _K_STORED = b"\xa8storedAt"
+cdef bytes _K_RECEIPT = b"\xa7receipt"
+cdef bytes _K_COUNT = b"\xaddeliveryCount"
+cdef bytes _K_RECONSUMED = b"\xaereconsumeTimes"
 
 
 cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
@@ -571,25 +574,37 @@ cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
     return PyBytes_GET_SIZE(key)
 
 
-def delivered_msgpack(list payloads, int extra=0):
+def delivered_msgpack(list payloads, list receipts=None, list counts=None):
     """For each LogRecord payload: the msgpack of its ``Delivered`` document (what
     ``msgspec.msgpack.encode(api.routes.consume.delivered(decode_log_record(p)))`` gives),
-    or None where the Python path must do it; and the queue offset of each. ``extra``: map
-    entries the caller appends to each (a leased message's receipt and counts)."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, i
+    or None where the Python path must do it; and the queue offset of each. With
+    ``receipts`` and ``counts`` (one each per payload): a leased message's ``Received``
+    document instead, its receipt, delivery count and ``reconsumeTimes`` 0 after the
+    fields of ``Delivered`` (scheduler/groups.py, a message shown as stored)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, i, receipt_size = 0
     cdef list out = [None] * count
     cdef list queue_offsets = [None] * count
     cdef const uint8_t* p
+    cdef const char* receipt = NULL
     cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
     cdef Py_ssize_t w, keys_end, props_end
+    cdef int64_t delivery_count = 0
     cdef uint8_t* o
-    cdef bint text
-    if not 0 <= extra <= 4:
-        raise ValueError("extra: 0..4 map entries (a fixmap holds 15)")
+    cdef bint text, leased = receipts is not None
+    if leased and (counts is None or PyList_GET_SIZE(receipts) != count
+                   or PyList_GET_SIZE(counts) != count):
+        raise ValueError("receipts and counts: one of each per payload")
     for k in range(count):
         payload = <object>PyList_GET_ITEM(payloads, k)
         if type(payload) is not bytes:
             continue
+        if leased:
+            r = <object>PyList_GET_ITEM(receipts, k)
+            c = <object>PyList_GET_ITEM(counts, k)
+            if type(r) is not str or type(c) is not int or not 0 <= c < (1 << 63):
+                continue
+            receipt = PyUnicode_AsUTF8AndSize(r, &receipt_size)
+            delivery_count = c
         p = <const uint8_t*>PyBytes_AS_STRING(payload)
         n = PyBytes_GET_SIZE(payload)
         # [version, topic, msg_id, queue_offset, body, tags, keys, properties, born_at,
@@ -629,9 +644,10 @@ def delivered_msgpack(list payloads, int extra=0):
         if i != n:
             continue
         text = _utf8(p + body.data, body.size)
-        buf = PyBytes_FromStringAndSize(NULL, 2 * n + 160)
+        buf = PyBytes_FromStringAndSize(NULL, 2 * n + 160 + (receipt_size + 64 if leased else 0))
         o = <uint8_t*>PyBytes_AS_STRING(buf)
-        o[0] = 0x80 | ((11 if text else 10) + extra)  # 10 fields and ``body`` if text
+        # 10 fields and ``body`` if text; a leased message's 3 more
+        o[0] = 0x80 | ((11 if text else 10) + (3 if leased else 0))
         w = 1
         w += _w_key(o + w, _K_OFFSET)
         w += _w_int(o + w, qo.value)
@@ -656,6 +672,14 @@ def delivered_msgpack(list payloads, int extra=0):
         w += _w_int(o + w, deliver.value)
         w += _w_key(o + w, _K_STORED)
         w += _w_int(o + w, stored.value)
+        if leased:
+            w += _w_key(o + w, _K_RECEIPT)
+            w += _w_str(o + w, receipt, receipt_size)
+            w += _w_key(o + w, _K_COUNT)
+            w += _w_int(o + w, delivery_count)
+            w += _w_key(o + w, _K_RECONSUMED)
+            o[w] = 0
+            w += 1
         out[k] = buf[:w]
         queue_offsets[k] = qo.value
     return out, queue_offsets

@@ -160,6 +160,26 @@ def decode_log_records(payloads: list[bytes]) -> list[LogRecord]:
         raise CorruptionError(f"cannot decode LogRecord: {exc}") from None
 
 
+class _LogHead(_Record, frozen=True, kw_only=True, array_like=True, gc=False):
+    """The first fields of a LogRecord (the decoder skips the rest unread)."""
+
+    topic: str
+    msg_id: str
+    queue_offset: int
+
+
+_head_decoder = msgspec.msgpack.Decoder(_LogHead)
+
+
+def log_record_offsets(payloads: list[bytes]) -> list[int]:
+    """The queue offset of each LogRecord in ``payloads``, read from its head: about half
+    the CPU of decoding them whole (the rest is checked when it is decoded or transcoded)."""
+    try:
+        return [head.queue_offset for head in map(_head_decoder.decode, payloads)]
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise CorruptionError(f"cannot decode LogRecord: {exc}") from None
+
+
 def encode_index(entry: IndexEntry) -> bytes:
     return _pack(entry)
 

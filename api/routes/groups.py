@@ -72,21 +72,27 @@ def receive_msgpack_py(result: ReceiveResult, acked: AckResult | None) -> bytes:
 
 def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None) -> bytes:
     """The same bytes; each message shown as stored is transcoded from its LogRecord bytes
-    in C (storage/_native.pyx, see api/routes/consume.py), its receipt and counts appended
-    (the three entries of a one-dict encode, its map header cut); the others (retries shown
-    as their original, and what C leaves) are encoded from their document."""
+    in C with its receipt and counts (storage/_native.pyx, see api/routes/consume.py); the
+    others (retries shown as their original, and what C leaves) are encoded from their
+    document."""
     assert native is not None
     messages = result.messages
-    shown = [i for i, m in enumerate(messages) if m.payload is not None]
-    parts: list[bytes | None] = [None] * len(messages)
-    if shown:
-        done, _ = native.delivered_msgpack([messages[i].payload for i in shown], 3)
-        for i, part in zip(shown, done, strict=True):
-            if part is not None:
-                m = messages[i]
-                parts[i] = part + _msgpack.encode({
-                    "receipt": m.receipt, "deliveryCount": m.delivery_count,
-                    "reconsumeTimes": m.reconsume_times})[1:]
+    # C writes reconsumeTimes 0: that of every message shown as stored
+    shown = [m for m in messages if m.payload is not None and not m.reconsume_times]
+    if len(shown) == len(messages):  # the usual receive: nothing retried
+        parts, _ = native.delivered_msgpack(
+            [m.payload for m in messages], [m.receipt for m in messages],
+            [m.delivery_count for m in messages])
+    else:
+        parts = [None] * len(messages)
+        if shown:
+            at = [i for i, m in enumerate(messages)
+                  if m.payload is not None and not m.reconsume_times]
+            done, _ = native.delivered_msgpack(
+                [m.payload for m in shown], [m.receipt for m in shown],
+                [m.delivery_count for m in shown])
+            for i, part in zip(at, done, strict=True):
+                parts[i] = part
     for i, part in enumerate(parts):
         if part is None:
             parts[i] = _msgpack.encode(received(messages[i]))
