@@ -44,6 +44,7 @@ class StoreTuning:
     max_bytes_for_level_base: int = 256 * MIB  #        L1 size; x10 per level
     max_background_jobs: int = 2  #                     flush + compaction threads (2 cores)
     bloom_bits_per_key: int = 10  #                 ~1 % false positives (index, tx, meta)
+    memtable_bloom_ratio: float = 0.02  #               of a write buffer: bloom of its keys
     block_size: int = 16 * 1024  #                      bytes per data block
     deletion_window: int = 128 * 1024  #                entries per window of the collector
     deletion_trigger: int = 64 * 1024  #                tombstones in a window -> compact file
@@ -99,6 +100,12 @@ def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksd
     if name in POINT_LOOKUP_CFS:
         table.set_bloom_filter(tuning.bloom_bits_per_key, False)
         opts.set_write_buffer_size(tuning.other_write_buffer_bytes)
+        # a send looks up every client msgId it carries, and a new one is in no memtable:
+        # a bloom of each memtable's keys answers that without a skip-list search (1000
+        # new keys against a 32 MiB memtable: 0.34 instead of 0.79-0.86 ms; the write of
+        # them 0.07-0.1 ms dearer; docs/performance.md section 6)
+        opts.set_memtable_whole_key_filtering(True)
+        opts.set_memtable_prefix_bloom_ratio(tuning.memtable_bloom_ratio)
     elif is_time_ordered(name):
         opts.set_write_buffer_size(tuning.timer_write_buffer_bytes)
         opts.add_compact_on_deletion_collector_factory(
