@@ -101,6 +101,8 @@ class Queues(Protocol):
             size: int) -> None: ...
     def put_many(self, batch: Batch, topic: str,
                  entries: list[tuple[int, int, int]]) -> None: ...
+    def put_run(self, batch: Batch, topic: str, first: int, positions: list[int],
+                sizes: list[int]) -> None: ...
     def end_offset(self, topic: str) -> int: ...
 
 
@@ -153,7 +155,7 @@ class Committer:
         one topic (the common case: one range, one consume-queue run)."""
         offsets = self._offsets
         topics = pending.topics
-        if topics and all(t == topics[0] for t in topics):
+        if topics and topics.count(topics[0]) == len(topics):
             single = pending.single = topics[0]
             nxt = offsets.get(single)
             if nxt is None:
@@ -360,10 +362,11 @@ class Committer:
                        outcome: CommitOutcome) -> None:
         """The consume-queue, index (DELIVERED) and expiry entries of appended records."""
         topics = pending.topics
-        entries = list(zip(offsets, positions, map(len, payloads), strict=True))
-        if pending.single is not None:
-            self._queues.put_many(batch, pending.single, entries)
+        if pending.single is not None:  # one topic: its offsets are one run (_take_offsets)
+            self._queues.put_run(batch, pending.single, offsets[0], positions,
+                                 list(map(len, payloads)))
         else:
+            entries = list(zip(offsets, positions, map(len, payloads), strict=True))
             by_topic: dict[str, list[tuple[int, int, int]]] = {}
             for topic, entry in zip(topics, entries, strict=True):
                 by_topic.setdefault(topic, []).append(entry)

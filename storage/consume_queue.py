@@ -71,6 +71,21 @@ class ConsumeQueue:
         batch.put(CF_CQ, cq_key(topic, queue_offset), VALUE.pack(position, size))
 
     @staticmethod
+    def put_run(batch: Batch, topic: str, first: int, positions: list[int],
+                sizes: list[int]) -> None:
+        """Add the entries of offsets ``first``, ``first + 1``, ... (one run: a delivery
+        commit's of one topic) to ``batch``, from the columns of their positions and
+        sizes."""
+        if not positions:
+            return
+        try:
+            value = b"".join(map(VALUE.pack, positions, sizes))
+            key = topic_prefix(topic) + _OFFSET.pack(first)
+        except struct.error as exc:
+            raise InvalidArgument(f"bad consume-queue entry: {exc}") from None
+        batch.put(CF_CQ, key, value)
+
+    @staticmethod
     def put_many(batch: Batch, topic: str, entries: list[tuple[int, int, int]]) -> None:
         """Add (queue_offset, position, size) entries of one topic to ``batch``: one run per
         stretch of consecutive offsets (a delivery commit's are one stretch)."""

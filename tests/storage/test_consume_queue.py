@@ -82,6 +82,25 @@ def test_a_commit_writes_one_run_and_reads_cut_it_anywhere(store: RocksStore) ->
             assert cq.positions("t", offset, n) == [e.position for e in want]
 
 
+def test_a_run_from_columns_is_the_run_of_its_entries(store: RocksStore) -> None:
+    """``put_run`` (a delivery commit of one topic) stores what ``put_many`` stores for the
+    same consecutive entries: one key, the same value."""
+    positions, sizes = [5000 + 37 * i for i in range(50)], [30 + i % 9 for i in range(50)]
+    b = store.batch()
+    ConsumeQueue.put_run(b, "a", 7, positions, sizes)
+    ConsumeQueue.put_many(b, "b", list(zip(range(7, 57), positions, sizes, strict=True)))
+    store.write(b)
+    runs = {key[:1]: (key[1:], value) for key, value in store.scan(CF_CQ)}
+    assert runs[b"a"] == runs[b"b"] and len(runs) == 2
+    assert ConsumeQueue(store).positions("a", 0, 100) == positions
+    b = store.batch()
+    with pytest.raises(InvalidArgument):
+        ConsumeQueue.put_run(b, "t", 0, [1, 2], [10, 1 << 32])
+    with pytest.raises(InvalidArgument):
+        ConsumeQueue.put_run(b, "bad\x00topic", 0, [1], [10])
+    assert len(b) == 0
+
+
 def test_read_costs_two_seeks_and_a_step_per_run(store: RocksStore) -> None:
     _fill(store, "t", 20_000)  # one run
     b = store.batch()
