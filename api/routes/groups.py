@@ -78,21 +78,16 @@ def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None) -> b
     assert native is not None
     messages = result.messages
     # C writes reconsumeTimes 0: that of every message shown as stored
-    shown = [m for m in messages if m.payload is not None and not m.reconsume_times]
-    if len(shown) == len(messages):  # the usual receive: nothing retried
-        parts, _ = native.delivered_msgpack(
-            [m.payload for m in messages], [m.receipt for m in messages],
-            [m.delivery_count for m in messages])
+    at = [i for i, m in enumerate(messages) if m.payload is not None and not m.reconsume_times]
+    shown = messages if len(at) == len(messages) else [messages[i] for i in at]
+    done, _ = native.delivered_msgpack([m.payload for m in shown], [m.receipt for m in shown],
+                                       [m.delivery_count for m in shown])
+    if shown is messages:  # the usual receive: nothing retried
+        parts = done
     else:
         parts = [None] * len(messages)
-        if shown:
-            at = [i for i, m in enumerate(messages)
-                  if m.payload is not None and not m.reconsume_times]
-            done, _ = native.delivered_msgpack(
-                [m.payload for m in shown], [m.receipt for m in shown],
-                [m.delivery_count for m in shown])
-            for i, part in zip(at, done, strict=True):
-                parts[i] = part
+        for i, part in zip(at, done, strict=True):
+            parts[i] = part
     for i, part in enumerate(parts):
         if part is None:
             parts[i] = _msgpack.encode(received(messages[i]))
@@ -101,7 +96,7 @@ def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None) -> b
     if acked is not None:
         tail += [b"\xa5acked", _msgpack.encode(acked.acked), b"\xa5stale",
                  _msgpack.encode(acked.stale)]
-    return b"".join((head, msgpack_array_header(len(parts)), *parts, *tail))  # type: ignore[arg-type]
+    return b"".join((head, msgpack_array_header(len(parts)), *parts, *tail))
 
 
 _msgpack = msgspec.msgpack.Encoder()
