@@ -8,8 +8,9 @@ Syncing calls ``msync(MS_SYNC)`` through ctypes, not ``mmap.flush()``: CPython 3
 ``mmap.flush`` keeps the GIL for the whole msync (47-364 ms per 64 MiB on 2 cores, every
 server thread stalled), while a ctypes foreign call releases it. Same syscall, same range,
 same durability. Populating a new segment's pages likewise: ``MAP_POPULATE`` makes the
-``mmap`` call fault them all in, and CPython holds the GIL through it (~95 ms per 32 MiB,
-measured: a spinning thread made 0.5 % of its progress meanwhile); ``madvise
+``mmap`` call fault them all in, and CPython holds the GIL through it (757 ms for 256 MiB
+here, so ~95 ms per default 32 MiB segment; a spinning thread made 0.5 % of its progress
+meanwhile); ``madvise
 (MADV_POPULATE_READ)`` through ctypes does the same kernel work without it (the same
 thread: 77 %). Kernels before 5.14 refuse that advice: then ``MAP_POPULATE`` as before.
 """

@@ -12,17 +12,14 @@ client's CPU and the wall time per request::
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import urllib3
 
-from .common import Batch, msg_id, now_ms, random_bodies
-from .systems.hourglass import MSGPACK, HourglassSystem, _read_page
+from .consume_only import server_with_messages
+from .systems.hourglass import MSGPACK, _read_page
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,17 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="hourglass-client-"))
-    system = HourglassSystem({"hourglass_consume": "pull"})
-    system.start(work)
-    try:
-        due = int(now_ms())
-        for start in range(0, args.n, 1000):
-            stop = min(start + 1000, args.n)
-            system.send(Batch([msg_id(i) for i in range(start, stop)], [due] * (stop - start),
-                              random_bodies(stop - start)))
-        while system.pending_count() or system.delivered_count() < args.n:
-            time.sleep(0.2)
+    with server_with_messages(args.n, {"hourglass_consume": "pull"}) as system:
         path = f"/v1/topics/{system.topic}/messages"
         headers = {"Accept": MSGPACK, "Authorization": f"Bearer {system.token}"}
         with httpx.Client(base_url=system.base, headers=headers) as hx, \
@@ -61,9 +48,6 @@ def main(argv: list[str] | None = None) -> int:
                     cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
                     print(f"{name:8s} per pull of 1000 (msgpack, decoded): client CPU "
                           f"{cpu / requests * 1e3:.2f} ms, wall {wall / requests * 1e3:.2f} ms")
-    finally:
-        system.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -13,15 +13,38 @@ spent meanwhile::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
 from .common import Batch, Tracker, msg_id, now_ms, random_bodies
 from .systems.hourglass import HourglassSystem
+
+
+@contextlib.contextmanager
+def server_with_messages(n: int, options: dict) -> Iterator[HourglassSystem]:
+    """A server started as the side-by-side starts it, holding ``n`` messages sent due at
+    once and all delivered into the log; stopped and its data removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix="hourglass-bench-"))
+    system = HourglassSystem(options)
+    system.start(work)
+    try:
+        due = int(now_ms())
+        for start in range(0, n, 1000):
+            stop = min(start + 1000, n)
+            system.send(Batch([msg_id(i) for i in range(start, stop)], [due] * (stop - start),
+                              random_bodies(stop - start)))
+        while system.pending_count() or system.delivered_count() < n:
+            time.sleep(0.2)
+        yield system
+    finally:
+        system.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _cpu(procs: list[psutil.Process]) -> float:
@@ -34,24 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("receive", "pull"), default="receive")
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--consumers", type=int, default=2, help="group members (receive)")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="give up when not every message is in hand after this many seconds")
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="hourglass-consume-"))
-    system = HourglassSystem({"hourglass_consume": args.mode, "consumers": args.consumers})
-    system.start(work)
-    try:
-        due = int(now_ms())
-        for start in range(0, args.n, 1000):
-            stop = min(start + 1000, args.n)
-            system.send(Batch([msg_id(i) for i in range(start, stop)], [due] * (stop - start),
-                              random_bodies(stop - start)))
-        while system.pending_count() or system.delivered_count() < args.n:
-            time.sleep(0.2)
+    options = {"hourglass_consume": args.mode, "consumers": args.consumers}
+    with server_with_messages(args.n, options) as system:
         tracker = Tracker(args.n)
         server, me = system.server_processes(), psutil.Process()
         server0, client0 = _cpu(server), _cpu([me])
         began = time.perf_counter()
         system.start_consumers(tracker.record)
         while tracker.distinct < args.n:
+            if time.perf_counter() - began > args.timeout:
+                system.stop_consumers()
+                raise SystemExit(f"only {tracker.distinct:,} of {args.n:,} messages in hand "
+                                 f"after {args.timeout:.0f} s")
             time.sleep(0.002)
         elapsed = time.perf_counter() - began
         server1, client1 = _cpu(server), _cpu([me])
@@ -59,9 +79,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.mode}: {args.n:,} messages in hand in {elapsed:.3f} s "
               f"({args.n / elapsed:,.0f} msg/s); CPU: server {server1 - server0:.2f} s, "
               f"client {client1 - client0:.2f} s")
-    finally:
-        system.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
