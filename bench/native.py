@@ -9,8 +9,8 @@ commit       a delivery commit of 1000 due messages (key split, log payloads, fr
 pull         a pull of 1000: consume queue, log reads with their CRC32C checks, decoding
 msgpack pull a pull of 1000 answered in msgpack (read + answer bytes)
 
-Run it with and without the extension built; ``HOURGLASS_PURE_PYTHON=1`` makes the server
-use the twins. Needs the extension (pip install -e . builds it).
+Needs the extension (pip install -e . builds it); ``HOURGLASS_PURE_PYTHON=1`` makes a
+server use the twins instead.
 """
 
 from __future__ import annotations

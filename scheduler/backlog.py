@@ -139,8 +139,7 @@ class Backlog:
             self.timeline.remove(first, deliver_ats)
         else:
             counts = Counter(topics)
-            self.timeline.remove(next(iter(counts)) if len(counts) == 1 else topics,
-                                 deliver_ats)
+            self.timeline.remove(topics, deliver_ats)
         with self._lock:
             for topic, n in counts.items():
                 self._remove(topic, n)

@@ -408,8 +408,6 @@ class Committer:
         self.needs_replay = False
 
 
-
-
 class _Appends:
     """Columns of the messages one commit appends (plain lists: no object per message)."""
 

@@ -20,6 +20,7 @@ A consumer group's committed offset in a topic's log lives beside the queue it i
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -76,14 +77,8 @@ class ConsumeQueue:
         """Add the entries of offsets ``first``, ``first + 1``, ... (one run: a delivery
         commit's of one topic) to ``batch``, from the columns of their positions and
         sizes."""
-        if not positions:
-            return
-        try:
-            value = b"".join(map(VALUE.pack, positions, sizes))
-            key = topic_prefix(topic) + _OFFSET.pack(first)
-        except struct.error as exc:
-            raise InvalidArgument(f"bad consume-queue entry: {exc}") from None
-        batch.put(CF_CQ, key, value)
+        if positions:
+            batch.put(CF_CQ, *_run_entry(topic_prefix(topic), first, positions, sizes))
 
     @staticmethod
     def put_many(batch: Batch, topic: str, entries: list[tuple[int, int, int]]) -> None:
@@ -91,17 +86,14 @@ class ConsumeQueue:
         stretch of consecutive offsets (a delivery commit's are one stretch)."""
         if not entries:
             return
-        prefix, pack_value = topic_prefix(topic), VALUE.pack
+        prefix = topic_prefix(topic)
         runs = []
         start = 0
         for i in range(1, len(entries) + 1):
             if i == len(entries) or entries[i][0] != entries[i - 1][0] + 1:
                 run = entries[start:i]
-                try:
-                    runs.append((prefix + _OFFSET.pack(run[0][0]), b"".join(
-                        map(pack_value, map(_POSITION, run), map(_SIZE, run)))))
-                except struct.error as exc:
-                    raise InvalidArgument(f"bad consume-queue entry: {exc}") from None
+                runs.append(_run_entry(prefix, run[0][0], map(_POSITION, run),
+                                       map(_SIZE, run)))
                 start = i
         batch.put_many(CF_CQ, runs)
 
@@ -157,6 +149,15 @@ def run_entries(key: bytes, value: bytes, cut: int) -> list[tuple[int, int, int]
     first = _run_start(key, value, cut)
     return [(first + i, position, size)
             for i, (position, size) in enumerate(VALUE.iter_unpack(value))]
+
+
+def _run_entry(prefix: bytes, first: int, positions: Iterable[int],
+               sizes: Iterable[int]) -> tuple[bytes, bytes]:
+    """The key and value of a run of entries from offset ``first`` (module doc)."""
+    try:
+        return prefix + _OFFSET.pack(first), b"".join(map(VALUE.pack, positions, sizes))
+    except struct.error as exc:
+        raise InvalidArgument(f"bad consume-queue entry: {exc}") from None
 
 
 def _run_start(key: bytes, value: bytes, cut: int) -> int:

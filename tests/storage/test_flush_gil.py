@@ -213,7 +213,7 @@ def _resident_bytes(path: Path) -> int:
 def test_segment_create_populates_its_pages_and_leaves_other_threads_running(
         tmp_path: Path) -> None:
     """A new segment's pages are faulted in up front, and other threads run meanwhile
-    (MAP_POPULATE held the GIL through the whole mmap call: 95 ms per 32 MiB here)."""
+    (MAP_POPULATE held the GIL through the whole mmap call: 757 ms for 256 MiB here)."""
     windows = []
     with _Spinner() as spinner:
         for base in (0, _DIRTY):

@@ -222,8 +222,8 @@ class HourglassSystem(System):
                 cwd = self.src
             self.proc = ManagedProcess("hourglass", argv, workdir / "hourglass.log", env=env,
                                        stop_signal=signal.SIGTERM, cwd=cwd)
-        # urllib3 (what openapi-generator's Python clients are built on): a pull or receive
-        # of 1000 costs this client ~1.5 ms less CPU than through httpx (bench/peers/README.md)
+        # urllib3 (what openapi-generator's Python clients are built on): a pull of 1000
+        # costs this client 1.1-1.5 ms less CPU than through httpx (bench/peers/README.md)
         self.http = urllib3.connection_from_url(
             self.base, maxsize=32, timeout=urllib3.Timeout(60.0), retries=False,
             headers={"Authorization": f"Bearer {self.token}"})
