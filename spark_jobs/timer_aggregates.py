@@ -72,7 +72,10 @@ def aggregate(batches: Iterable[pa.RecordBatch], now_ms: int, watermarks: Mappin
     reader knew the scan frontiers, pending) into AGG rows. A key is waiting when it is at or
     above its shard's frontier; without ``pending``, when its deliverAt is at or above the
     shard's watermark (the frontier's millisecond)."""
-    table = pa.Table.from_batches(list(batches))
+    batches = list(batches)
+    if not batches:  # an empty partition: mapInArrow hands over no batch at all
+        return
+    table = pa.Table.from_batches(batches)
     if table.num_rows == 0:
         return
     shard = table.column("shard").to_numpy()

@@ -166,6 +166,22 @@ def test_parquet_export_round_trip(spark: Any, workload: Generated, tmp_path: An
 
     assert counts(exported.due_scans(1000)) == counts(source.due_scans(1000))
     assert exported.due_scans(500) is None  # measured for another window: not made up
+    # a filter that leaves most partitions empty: each task's fold must still answer
+    from spark_jobs.timer_aggregates import AGG_DDL, aggregate
+
+    timers = exported.timers(spark, 3)
+    first = timers.agg({"deliver_at": "min"}).first()[0]
+    lonely = timers.filter(timers.deliver_at == first).repartition(8)
+    marks = dict(exported.watermarks)
+    rows = lonely.mapInArrow(lambda b: aggregate(b, exported.created_at, marks), AGG_DDL)
+    shard_rows = rows.filter(rows.kind == "shard").collect()
+    assert sum(r.n for r in shard_rows) == lonely.count() > 0
+
+
+def test_aggregate_of_an_empty_partition_is_empty() -> None:
+    from spark_jobs.timer_aggregates import aggregate
+
+    assert list(aggregate(iter(()), 1_000, {0: 0})) == []
 
 
 # --- partition planning (pure Python) ----------------------------------------------------------
