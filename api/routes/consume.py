@@ -128,10 +128,10 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             broker.commit_group_offset(topic, check_group(group), offset)
         elif offset is None:
             offset = 0 if group is None else broker.get_group_offset(topic, check_group(group))
-        payloads = broker.read(topic, offset, max_messages)
-        if not payloads and wait_ms > 0:
-            with notifier.slot():
-                payloads = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
+        if wait_ms > 0:
+            payloads = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
+        else:
+            payloads = broker.read(topic, offset, max_messages)
         if is_msgpack(request.headers.get("accept")):
             return Response(pull_msgpack(payloads, offset), media_type=MSGPACK)
         return respond(pull_result(payloads, offset), 200, request)
@@ -147,9 +147,11 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                 if payloads:
                     return payloads
                 remaining = deadline - loop.time()
-                if remaining <= 0 or not await notifier.wait(future, remaining) \
-                        or notifier.closed:
+                if remaining <= 0 or notifier.closed:
                     return payloads
+                with notifier.slot():
+                    if not await notifier.wait(future, remaining):
+                        return payloads
                 # woken by a delivery to this topic: read again (it may be before `offset`)
             finally:
                 notifier.unregister(topic, future)

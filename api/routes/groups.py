@@ -131,9 +131,13 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         topic, group, body = await parse(request, schemas.ReceiveIn, optional=True)
         groups = broker.groups
         acked = None if body.ack is msgspec.UNSET else groups.ack(topic, group, body.ack)
-        result = groups.receive(topic, group, body.max, body.lease_ms)
-        if not result.messages and body.wait_ms > 0:
+        if body.wait_ms > 0:
             result = await _long_poll(topic, group, body, body.wait_ms / 1000.0)
+        else:
+            result = groups.receive(topic, group, body.max, body.lease_ms)
+        if len(result.messages) == body.max:  # it may have left some: the next member's turn
+            for t in groups.topics(topic, group):
+                notifier.hand_on(t, group)
         if is_msgpack(request.headers.get("accept")):
             return Response(receive_msgpack(result, acked), media_type=MSGPACK)
         return respond(receive_answer(result, acked), 200, request)
@@ -147,7 +151,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         deadline = loop.time() + timeout_s
         logs = groups.topics(topic, group)
         while True:
-            futures = [notifier.register(t) for t in logs]  # before reading: no lost wake-up
+            # before reading: no lost wake-up
+            futures = [notifier.register(t, group) for t in logs]
             try:
                 result = groups.receive(topic, group, body.max, body.lease_ms)
                 remaining = deadline - loop.time()
@@ -156,11 +161,17 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                 expiry = groups.next_expiry(topic, group)
                 if expiry is not None:
                     remaining = min(remaining, max(expiry - broker.clock.now_ms(), 1) / 1000.0)
-                await asyncio.wait(futures, timeout=remaining,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                with notifier.slot():
+                    await asyncio.wait(futures, timeout=remaining,
+                                       return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # woken, but gone before receiving: wake another
+                for t, future in zip(logs, futures, strict=True):
+                    if future.done():
+                        notifier.hand_on(t, group)
+                raise
             finally:
                 for t, future in zip(logs, futures, strict=True):
-                    notifier.unregister(t, future)
+                    notifier.unregister(t, future, group)
 
     @router.post("/v1/topics/{topic}/groups/{group}:ack", **operation(
         "ackMessages", tag="consuming", summary="Acknowledge leased messages (durable)",

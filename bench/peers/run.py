@@ -214,6 +214,16 @@ def freeze_source(rev: str, workroot: Path) -> tuple[Path, str]:
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     log(f"hourglass server code frozen at {commit[:12]} in {dest}")
+    # git archive holds no build products: the working tree's compiled hot path goes along
+    # when it was built from the same source, else the frozen server runs the pure Python twins
+    pyx = Path("storage") / "_native.pyx"
+    built = sorted((REPO / "storage").glob("_native.*.so"))
+    if built and (dest / pyx).is_file() and (dest / pyx).read_bytes() == (REPO / pyx).read_bytes():
+        for so in built:
+            shutil.copy2(so, dest / "storage" / so.name)
+    else:
+        log("storage/_native differs from the working tree's build (or is not built): the "
+            "frozen server runs pure Python")
     return dest, commit
 
 

@@ -132,6 +132,8 @@ def test_long_polls_past_the_cap_are_503_with_retry_after(tmp_path: Path) -> Non
             r = c.get("/v1/topics/orders.lp/messages", params={"waitMs": 30_000})
             assert r.status_code == 503 and r.json()["code"] == "UNAVAILABLE", r.text
             assert r.headers["retry-after"] == "1"
+            r = c.post("/v1/topics/orders.lp/groups/g:receive", json={"waitMs": 30_000})
+            assert r.status_code == 503 and r.json()["code"] == "UNAVAILABLE", r.text
             # a pull that does not wait is not a long poll
             assert c.get("/v1/topics/orders.lp/messages").status_code == 200
         with live.client(ADMIN) as c:  # a delivery releases the two

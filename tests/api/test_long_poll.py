@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -79,3 +80,87 @@ def test_shutdown_releases_waiting_pulls(live: Live) -> None:
     thread.join(timeout=20)
     assert out["response"].status_code == 200
     assert out["seconds"] < 15
+
+
+# --- members of a consumer group: the longest waiter is woken, and hands on a full batch -----
+
+GROUP = f"/v1/topics/{TOPIC}/groups/workers"
+
+
+def start_receive(live: Live, **body: object) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        with live.client() as c:
+            started = time.monotonic()
+            # leases outlast the test's clock jumps: nothing comes back to be received twice
+            out["response"] = c.post(f"{GROUP}:receive", json={"leaseMs": 3_600_000, **body})
+            out["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def later(live: Live, *bodies: str, delay_ms: int = 60_000) -> None:
+    """Messages due together in ``delay_ms`` (one delivery commit when the clock gets there)."""
+    with live.client() as c:
+        r = c.post(f"/v1/topics/{TOPIC}/messages:batch", json={"messages": [
+            {"body": b, "delayMs": delay_ms} for b in bodies]})
+        assert r.status_code == 201, r.text
+
+
+def bodies(out: dict) -> list[str]:
+    return [m["body"] for m in out["response"].json()["messages"]]
+
+
+def test_a_delivery_wakes_one_member_of_a_group(live: Live, monkeypatch: Any) -> None:
+    groups = live.broker.groups
+    receives = []
+    plain = groups.receive
+    monkeypatch.setattr(groups, "receive", lambda *a: receives.append(a) or plain(*a))
+    later(live, "one")
+    later(live, "two", delay_ms=120_000)
+    first, first_out = start_receive(live, waitMs=30_000)
+    wait_for_waiters(live, 2)  # the member waits on the topic and on its retry topic
+    second, second_out = start_receive(live, waitMs=30_000)
+    wait_for_waiters(live, 4)
+    live.advance(60_000)
+    first.join(timeout=20)
+    assert not first.is_alive() and bodies(first_out) == ["one"]
+    # the other member was left asleep (woken, it would have found nothing and waited again)
+    assert second.is_alive() and live.app.state.ctx.notifier.waiting == 2
+    live.advance(60_000)  # the next delivery is its turn
+    second.join(timeout=20)
+    assert not second.is_alive() and bodies(second_out) == ["two"]
+    assert second_out["seconds"] < 15
+    # each member: one receive before it waits, one when woken; none that found nothing
+    assert len(receives) == 4
+
+
+def test_a_member_that_takes_a_full_batch_wakes_the_next(live: Live) -> None:
+    later(live, "a", "b", "c")
+    members = []
+    for waiting in (2, 4):
+        members.append(start_receive(live, max=2, waitMs=30_000))
+        wait_for_waiters(live, waiting)
+    live.advance(60_000)  # one commit of three: the first member takes two, the next one
+    for thread, _ in members:
+        thread.join(timeout=20)
+        assert not thread.is_alive()
+    got = [bodies(out) for _, out in members]
+    assert sorted(sum(got, [])) == ["a", "b", "c"] and sorted(map(len, got)) == [1, 2]
+    assert all(out["seconds"] < 15 for _, out in members)  # not by their timeouts
+
+
+def test_a_delivery_wakes_every_pull_and_a_member(live: Live) -> None:
+    later(live, "x")
+    pulls = [start_pull(live, waitMs=30_000) for _ in range(2)]
+    wait_for_waiters(live, 2)
+    member, member_out = start_receive(live, waitMs=30_000)
+    wait_for_waiters(live, 4)
+    live.advance(60_000)
+    for thread, out in [*pulls, (member, member_out)]:
+        thread.join(timeout=20)
+        assert not thread.is_alive()
+        assert [m["body"] for m in out["response"].json()["messages"]] == ["x"]

@@ -1,0 +1,24 @@
+"""bench.peers.run --hourglass-rev: the frozen server copy runs the same compiled hot path as
+the working tree when it was built from the same source (git archive holds no build
+products)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.peers.run import REPO, freeze_source
+
+PROBE = "from storage.native import native; import storage; print(native is not None, " \
+        "storage.__file__)"
+
+
+def test_frozen_copy_takes_the_built_extension_along(tmp_path: Path) -> None:
+    built = sorted((REPO / "storage").glob("_native.*.so"))
+    dest, commit = freeze_source("HEAD", tmp_path)
+    assert len(commit) == 40 and (dest / "storage" / "native.py").is_file()
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=dest, check=True, text=True,
+                         capture_output=True, env={"PYTHONPATH": str(dest)}).stdout.split()
+    assert out[1] == str(dest / "storage" / "__init__.py")  # the frozen code, not the tree's
+    assert out[0] == str(bool(built))  # compiled when the working tree has it built
