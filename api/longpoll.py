@@ -22,7 +22,6 @@ from collections.abc import Collection, Iterator
 
 from api.errors import Overloaded
 
-
 #: a waiter's group: None for a pull, which every delivery to its topic wakes
 Waiters = dict[str | None, dict[asyncio.Future[None], None]]  # futures in arrival order
 
