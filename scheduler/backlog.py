@@ -93,25 +93,28 @@ class Backlog:
         scan (hence no delivery) and no cancel of them comes before. (Loops in C: a send
         batch is usually of one topic.)"""
         names = {m.topic for m in messages}
-        groups: Mapping[str, Sequence[PreparedMessage]]
+        deliver_ats: dict[str, list[int]]
         if len(names) == 1:
-            groups = {names.pop(): messages}
+            deliver_ats = {names.pop(): list(map(_DELIVER_AT, messages))}
         else:
-            lists: dict[str, list[PreparedMessage]] = {}
+            deliver_ats = {}
             for m in messages:
-                lists.setdefault(m.topic, []).append(m)
-            groups = lists
-        deliver_ats = {topic: list(map(_DELIVER_AT, group)) for topic, group in groups.items()}
-        levels = [m.level for m in messages if m.level is not None]
+                deliver_ats.setdefault(m.topic, []).append(m.deliver_at)
+        self.scheduled_at(deliver_ats, [m.level for m in messages if m.level is not None])
+
+    def scheduled_at(self, deliver_ats: Mapping[str, list[int]],
+                     levels: Sequence[int] = ()) -> None:
+        """``scheduled`` by columns: the deliverAt of each message stored, by topic, and the
+        delay levels among them (same locking)."""
         with self._lock:
             topics, oldest = self._topics, self._oldest
-            for topic, group in groups.items():
-                first, count = min(deliver_ats[topic]), topics.get(topic)
+            for topic, ats in deliver_ats.items():
+                first, count = min(ats), topics.get(topic)
                 if count is None:
-                    topics[topic] = len(group)
+                    topics[topic] = len(ats)
                     oldest[topic] = first
                 else:
-                    topics[topic] = count + len(group)
+                    topics[topic] = count + len(ats)
                     if first < oldest[topic]:
                         oldest[topic] = first
                         if topic in self._refreshing:  # what it finds may be later

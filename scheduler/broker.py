@@ -36,6 +36,7 @@ from scheduler.group_state import check_group
 from scheduler.groups import GroupManager, read_payloads
 from scheduler.intake import (
     Intake,
+    PlainBatch,
     PreparedMessage,
     check_msg_id,
     check_topic,
@@ -312,6 +313,22 @@ class Broker:
         now = self.clock.now_ms()
         prepare = self._intake.prepare
         return self.submit([prepare(r, now) for r in requests])
+
+    def send_plain(self, topic: str, messages: list[Any], unset: object) -> PlainBatch | None:
+        """A send batch of plain messages (``Intake.plain``: bodies due later, nothing else;
+        ``messages`` as the API decoded them, ``unset`` marking an absent field), stored from
+        columns, with no object per message: what ``send_batch`` would store and answer.
+        None, with nothing stored, for any other batch (or one holding a re-send, or a
+        message due by now): call ``send_batch``, which also says what is wrong, if
+        anything."""
+        if len(messages) > MAX_BATCH_MESSAGES:
+            return None
+        self._check_running()
+        assert self._writes is not None
+        plain = self._intake.plain(topic, messages, self.clock.now_ms(), unset)
+        if plain is None or not self._writes.submit_plain(plain):
+            return None
+        return plain
 
     def submit(
         self, messages: Sequence[PreparedMessage], *,

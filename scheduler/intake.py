@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -27,6 +29,7 @@ from storage.constants import (
 )
 from storage.errors import InvalidArgument, PayloadTooLarge, TopicInvalid
 from storage.keys import SEP, pack_u64, topic_shard
+from storage.native import native
 from storage.records import FLAG_LEVEL_SHIFT, MessageRecord
 
 
@@ -42,11 +45,20 @@ class MessageIdGenerator:
 
     def next(self, now_ms: int) -> str:
         count = next(self._counter) & 0xFFFFFFFF
+        return self.prefix(now_ms) + f"{count:08X}"
+
+    def prefix(self, now_ms: int) -> str:
+        """The first 20 characters of the ids made at ``now_ms``; the counter's low 32 bits
+        (``counter``), in 8 hex digits, follow."""
         ms, prefix = self._prefix
         if ms != now_ms:  # a batch shares one ms: format it once
             prefix = f"{now_ms & 0xFFFFFFFFFFFF:012X}{self._instance}"
             self._prefix = (now_ms, prefix)
-        return prefix + f"{count:08X}"
+        return prefix
+
+    @property
+    def counter(self) -> Iterator[int]:
+        return self._counter
 
 
 class PreparedMessage(msgspec.Struct, kw_only=True, gc=False):
@@ -95,6 +107,24 @@ class PreparedMessage(msgspec.Struct, kw_only=True, gc=False):
                              self.deliver_at, self.flags)
 
 
+@dataclass(frozen=True, slots=True)
+class PlainBatch:
+    """A send batch of *plain* messages as columns (``Intake.plain``): for each message, its
+    msgId, deliverAt, timer key, index key, stored value (MessageRecord) and SCHEDULED index
+    entry; ``given``: the index keys of the msgIds the client chose. No object per message:
+    the send path's common case (bodies due later, nothing else) stores these as they are."""
+
+    topic: str
+    shard: int
+    msg_ids: list[str]
+    deliver_ats: list[int]
+    timer_keys: list[bytes]
+    index_keys: list[bytes]
+    values: list[bytes]
+    entries: list[bytes]
+    given: list[bytes]
+
+
 def check_topic(topic: object, *, allow_system: bool = False) -> str:
     if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
         raise TopicInvalid(f"topic {topic!r} does not match {TOPIC_PATTERN.pattern}")
@@ -126,6 +156,22 @@ class Intake:
 
     def new_msg_id(self, now_ms: int) -> str:
         return self._ids.next(now_ms)
+
+    def plain(self, topic: str, messages: list[Any], now_ms: int,
+              unset: object) -> PlainBatch | None:
+        """The columns of a batch of plain messages (``storage._native.plain_batch``: bodies
+        due later, no tags, keys, properties nor level) to a topic sent to before, straight
+        from the decoded request (api.schemas.MessageIn; ``unset`` marks an absent field),
+        as ``prepare`` would make them at ``now_ms``. None for any other batch, and without
+        the compiled extension: ``prepare`` takes it (tests/api/test_plain_send.py holds
+        the two paths equal)."""
+        known = self._topics.get(topic)
+        if native is None or known is None:
+            return None
+        columns = native.plain_batch(messages, known[0], now_ms, self._max_delay_ms,
+                                     self._max_body, unset, self._ids.prefix(now_ms),
+                                     self._ids.counter)
+        return None if columns is None else PlainBatch(topic, known[1], *columns)
 
     def prepare(
         self, request: SendRequest, now_ms: int, *, flags: int = 0, allow_system: bool = False,
@@ -236,5 +282,5 @@ def expiry_group_key(expires_at: int, position: int) -> bytes:
     return pack_u64(expires_at) + EXPIRY_GROUP_MARK + pack_u64(position)
 
 
-__all__ = ["EXPIRY_GROUP_MARK", "Intake", "MessageIdGenerator", "PreparedMessage",
+__all__ = ["EXPIRY_GROUP_MARK", "Intake", "MessageIdGenerator", "PlainBatch", "PreparedMessage",
            "check_msg_id", "check_topic", "expiry_group_key", "expiry_key", "topic_shard"]

@@ -27,7 +27,7 @@ from scheduler.codec import (
     scheduled_values,
 )
 from scheduler.committer import CommitOutcome, Committer
-from scheduler.intake import PreparedMessage, expiry_key, topic_shard
+from scheduler.intake import PlainBatch, PreparedMessage, expiry_key, topic_shard
 from scheduler.metrics import EngineMetrics
 from scheduler.model import CancelOutcome, CancelResult, SendResult
 from scheduler.scanner import ShardState
@@ -132,6 +132,40 @@ class WritePaths:
         self.count_sent(later, due, duplicates, outcome)
         return self._results(messages, results, {m.index_key for m in due},
                              duplicates + len(markers))
+
+    def submit_plain(self, plain: PlainBatch) -> bool:
+        """Store a plain batch (``Intake.plain``) when every message in it is new and due
+        later, as ``submit`` would (same locks, look-up, checks and write, from columns);
+        False, with nothing written, for any other: ``submit`` then takes the batch."""
+        if len(set(plain.given)) != len(plain.given):  # a msgId twice: a duplicate
+            return False
+        store = self._store
+        shard = self._shards[plain.shard]
+        timers = list(zip(plain.timer_keys, plain.values, strict=True))
+        timers.sort(key=_KEY)  # key order: see _add_scheduled
+        entries = list(zip(plain.index_keys, plain.entries, strict=True))
+        entries.sort(key=_KEY)
+        first_at = min(plain.deliver_ats)  # (the first timer key's deliverAt)
+        with shard.lock:
+            self._check_running()
+            if self._committer.needs_replay:
+                return False
+            if plain.given and any(raw is not None
+                                   for raw in store.multi_get(CF_INDEX, plain.given)):
+                return False
+            if first_at <= self._clock.now_ms() or timers[0][0] < shard.frontier_key:
+                return False  # one is due (by now, or below the scan frontier)
+            batch = store.batch()
+            batch.put_many(shard.cf, timers)
+            batch.put_many(CF_INDEX, entries)
+            try:
+                store.write(batch)
+            finally:  # also when the write raised: it may have landed (else: one idle scan)
+                shard.note_scheduled(first_at)
+            self._backlog.scheduled_at({plain.topic: plain.deliver_ats})
+        self._metrics.scheduled.inc(len(timers))
+        self._metrics.pending.inc(len(timers))
+        return True
 
     def _find_duplicates(
         self, store: RocksStore, messages: Sequence[PreparedMessage],

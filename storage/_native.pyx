@@ -855,46 +855,277 @@ cdef bytes _str_value(object s):
 cdef const char* _B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 
+cdef Py_ssize_t _handle(char* dst, object key) except -1:
+    """Write the cancel handle of ``key`` (URL-safe base64 of the version byte 1 + the timer
+    key, without padding) to ``dst`` (room for 800); returns its length."""
+    cdef Py_ssize_t n, total, i, w
+    cdef uint8_t src[600]
+    cdef uint32_t v
+    if type(key) is not bytes or PyBytes_GET_SIZE(key) > 598:
+        raise TypeError("a timer key is bytes of at most 598")
+    n = PyBytes_GET_SIZE(key)
+    src[0] = 1
+    memcpy(src + 1, PyBytes_AS_STRING(key), n)
+    total = n + 1
+    w = 0
+    i = 0
+    while i + 3 <= total:
+        v = (<uint32_t>src[i] << 16) | (<uint32_t>src[i + 1] << 8) | src[i + 2]
+        dst[w] = _B64[v >> 18]
+        dst[w + 1] = _B64[(v >> 12) & 63]
+        dst[w + 2] = _B64[(v >> 6) & 63]
+        dst[w + 3] = _B64[v & 63]
+        w += 4
+        i += 3
+    if total - i == 1:
+        v = <uint32_t>src[i] << 16
+        dst[w] = _B64[v >> 18]
+        dst[w + 1] = _B64[(v >> 12) & 63]
+        w += 2
+    elif total - i == 2:
+        v = (<uint32_t>src[i] << 16) | (<uint32_t>src[i + 1] << 8)
+        dst[w] = _B64[v >> 18]
+        dst[w + 1] = _B64[(v >> 12) & 63]
+        dst[w + 2] = _B64[(v >> 6) & 63]
+        w += 3
+    return w
+
+
 def cancel_handles(list timer_keys):
     """== [scheduler.codec.cancel_handle(k) for k in timer_keys]: URL-safe base64 of the
     version byte 1 + the timer key, without padding."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(timer_keys), k, n, total, i, w
+    cdef Py_ssize_t count = PyList_GET_SIZE(timer_keys), k, w
     cdef list out = [None] * count
-    cdef const uint8_t* p
-    cdef uint8_t src[600]
     cdef char dst[808]
-    cdef uint32_t v
     for k in range(count):
-        key = <object>PyList_GET_ITEM(timer_keys, k)
-        if type(key) is not bytes or PyBytes_GET_SIZE(key) > 598:
-            raise TypeError("a timer key is bytes of at most 598")
-        n = PyBytes_GET_SIZE(key)
-        src[0] = 1
-        memcpy(src + 1, PyBytes_AS_STRING(key), n)
-        total = n + 1
-        w = 0
-        i = 0
-        while i + 3 <= total:
-            v = (<uint32_t>src[i] << 16) | (<uint32_t>src[i + 1] << 8) | src[i + 2]
-            dst[w] = _B64[v >> 18]
-            dst[w + 1] = _B64[(v >> 12) & 63]
-            dst[w + 2] = _B64[(v >> 6) & 63]
-            dst[w + 3] = _B64[v & 63]
-            w += 4
-            i += 3
-        if total - i == 1:
-            v = <uint32_t>src[i] << 16
-            dst[w] = _B64[v >> 18]
-            dst[w + 1] = _B64[(v >> 12) & 63]
-            w += 2
-        elif total - i == 2:
-            v = (<uint32_t>src[i] << 16) | (<uint32_t>src[i + 1] << 8)
-            dst[w] = _B64[v >> 18]
-            dst[w + 1] = _B64[(v >> 12) & 63]
-            dst[w + 2] = _B64[(v >> 6) & 63]
-            w += 3
+        w = _handle(dst, <object>PyList_GET_ITEM(timer_keys, k))
         out[k] = PyUnicode_DecodeUTF8(dst, w, NULL)
     return out
+
+
+# --- send path: a plain batch, straight from the decoded request ---------------------------
+cdef const char* _HEX = b"0123456789ABCDEF"
+
+
+def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
+                Py_ssize_t max_body, object unset, str id_prefix, object counter):
+    """The columns a send batch stores, built from the decoded request (api.schemas.MessageIn:
+    ``unset`` for an absent field) when every message in it is *plain*: a body (text or
+    base64) of at most ``max_body`` bytes; no tags, keys, properties nor delay level; due
+    after ``now`` by ``deliverAt`` (at most ``max_delay`` ahead) or ``delayMs`` (at most
+    ``max_delay``); a msgId or none. None for any other batch: the general path
+    (scheduler.intake.Intake.prepare) takes it and says what is wrong, if anything.
+
+    ``prefix``: the topic's index-key part (topic NUL); ``id_prefix`` and ``counter``: the
+    engine's msgId generator (scheduler.intake.MessageIdGenerator) for messages without one.
+    Returns (msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given): the
+    stored value (== scheduler.codec.message_value) and the SCHEDULED index entry at ``now``
+    (== scheduler.codec.index_value) of each message, born at ``now``; ``given``: the index
+    keys of the msgIds the client chose (the ones to look up for idempotency)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, n, w, plen = PyBytes_GET_SIZE(prefix)
+    cdef Py_ssize_t idlen
+    cdef list msg_ids = [None] * count, deliver_ats = [None] * count
+    cdef list timer_keys = [None] * count, index_keys = [None] * count
+    cdef list values = [None] * count, entries = [None] * count, given = []
+    cdef const char* u
+    cdef const char* idp
+    cdef char idbuf[28]
+    cdef int64_t at, delay
+    cdef uint64_t c
+    cdef uint8_t* o
+    cdef uint8_t entry[48]
+    cdef int j
+    if len(id_prefix) != 20:
+        return None
+    idp = PyUnicode_AsUTF8AndSize(id_prefix, &idlen)
+    memcpy(idbuf, idp, 20)
+    try:
+        for k in range(count):
+            m = <object>PyList_GET_ITEM(messages, k)
+            if (m.tags is not unset or m.delay_level is not unset
+                    or (m.keys is not unset and len(m.keys))
+                    or (m.properties is not unset and len(m.properties))):
+                return None
+            text = m.body
+            raw = m.body_base64
+            if text is not unset:
+                if raw is not unset or type(text) is not str:
+                    return None
+                u = PyUnicode_AsUTF8AndSize(text, &n)
+            elif type(raw) is bytes:
+                u = PyBytes_AS_STRING(raw)
+                n = PyBytes_GET_SIZE(raw)
+            else:
+                return None
+            if n > max_body:
+                return None
+            given_at = m.deliver_at
+            given_delay = m.delay_ms
+            if given_at is not unset:
+                if given_delay is not unset or type(given_at) is not int:
+                    return None
+                at = given_at
+                if at < 0 or at > now + max_delay:
+                    return None
+            elif given_delay is not unset:
+                if type(given_delay) is not int:
+                    return None
+                delay = given_delay
+                if delay < 0 or delay > max_delay:
+                    return None
+                at = now + delay
+            else:
+                return None  # due now: the general path delivers it at once
+            if at <= now:
+                return None
+            msg_id = m.msg_id
+            if msg_id is unset:
+                c = <uint64_t>(next(counter)) & 0xFFFFFFFF
+                for j in range(8):
+                    idbuf[27 - j] = _HEX[(c >> (4 * j)) & 15]
+                msg_id = PyUnicode_DecodeUTF8(idbuf, 28, NULL)
+                idkey = PyBytes_FromStringAndSize(NULL, plen + 28)
+                o = <uint8_t*>PyBytes_AS_STRING(idkey)
+                memcpy(o, PyBytes_AS_STRING(prefix), plen)
+                memcpy(o + plen, idbuf, 28)
+            elif type(msg_id) is str:
+                idp = PyUnicode_AsUTF8AndSize(msg_id, &idlen)
+                idkey = PyBytes_FromStringAndSize(NULL, plen + idlen)
+                o = <uint8_t*>PyBytes_AS_STRING(idkey)
+                memcpy(o, PyBytes_AS_STRING(prefix), plen)
+                memcpy(o + plen, idp, idlen)
+                given.append(idkey)
+            else:
+                return None
+            tkey = PyBytes_FromStringAndSize(NULL, 8 + PyBytes_GET_SIZE(idkey))
+            o = <uint8_t*>PyBytes_AS_STRING(tkey)
+            for j in range(8):
+                o[j] = (<uint64_t>at >> (56 - 8 * j)) & 0xFF
+            memcpy(o + 8, PyBytes_AS_STRING(idkey), PyBytes_GET_SIZE(idkey))
+            value = PyBytes_FromStringAndSize(NULL, n + 48)
+            o = <uint8_t*>PyBytes_AS_STRING(value)
+            o[0] = 0x98
+            o[1] = 0x01
+            w = 2 + _w_bin(o + 2, <const uint8_t*>u, n)
+            o[w] = 0xC0  # tags
+            o[w + 1] = 0x90  # keys
+            o[w + 2] = 0x80  # properties
+            w += 3
+            w += _w_int(o + w, now)  # bornAt
+            w += _w_int(o + w, at)
+            o[w] = 0x00  # flags
+            entry[0] = 0x97
+            entry[1] = 0x01
+            memcpy(entry + 2, b"\xa9SCHEDULED", 10)
+            j = 12
+            j += _w_int(entry + j, at)
+            j += _w_int(entry + j, now)
+            entry[j] = 0xC0
+            entry[j + 1] = 0xC0
+            entry[j + 2] = 0xC0
+            msg_ids[k] = msg_id
+            deliver_ats[k] = at
+            timer_keys[k] = tkey
+            index_keys[k] = idkey
+            values[k] = value[:w + 1]
+            entries[k] = PyBytes_FromStringAndSize(<const char*>entry, j + 3)
+    except (OverflowError, UnicodeEncodeError):  # past int64, a lone surrogate: not plain
+        return None
+    return msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given
+
+
+cdef bint _json_safe(const char* s, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    cdef uint8_t ch
+    for i in range(n):
+        ch = <uint8_t>s[i]
+        if ch < 0x20 or ch >= 0x7F or ch == 0x22 or ch == 0x5C:
+            return False
+    return True
+
+
+cdef inline Py_ssize_t _w_lit(uint8_t* o, const char* s, Py_ssize_t n) noexcept:
+    memcpy(o, s, n)
+    return n
+
+
+cdef inline Py_ssize_t _w_dec(uint8_t* o, int64_t v) noexcept:
+    cdef char tmp[24]
+    cdef Py_ssize_t n = 0, k
+    cdef uint64_t u
+    cdef bint neg = v < 0
+    u = <uint64_t>(-(v + 1)) + 1 if neg else <uint64_t>v
+    while True:
+        tmp[n] = 48 + <char>(u % 10)
+        n += 1
+        u //= 10
+        if u == 0:
+            break
+    k = 0
+    if neg:
+        o[0] = 45
+        k = 1
+    while n:
+        n -= 1
+        o[k] = tmp[n]
+        k += 1
+    return k
+
+
+def scheduled_answer(list msg_ids, str topic, list deliver_ats, list timer_keys, bint msgpack):
+    """The send answer ``{"results": [SendResult, ...]}`` of messages just SCHEDULED (none a
+    duplicate), as msgspec encodes it: msgpack, or JSON. None when a string would need
+    escaping in JSON (never for the API's msgIds and topics): the caller encodes the Structs."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(msg_ids), k, n, tn, w = 0, bound
+    cdef const char* t = PyUnicode_AsUTF8AndSize(topic, &tn)
+    cdef const char* s
+    cdef char hdl[808]
+    cdef Py_ssize_t hn
+    cdef uint8_t* o
+    if not msgpack and not _json_safe(t, tn):
+        return None
+    bound = 16
+    for k in range(count):
+        bound += 160 + tn + 2 * len(<str>PyList_GET_ITEM(msg_ids, k)) + 4 * len(
+            <bytes>PyList_GET_ITEM(timer_keys, k))
+    out = PyBytes_FromStringAndSize(NULL, bound)
+    o = <uint8_t*>PyBytes_AS_STRING(out)
+    if msgpack:
+        w = _w_lit(o, b"\x81\xa7results", 9)
+        w += _w_head(o + w, count, 0x90, 15, 0, 0xDC, 0xDD)
+    else:
+        w = _w_lit(o, b'{"results":[', 12)
+    for k in range(count):
+        s = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(msg_ids, k), &n)
+        hn = _handle(hdl, <object>PyList_GET_ITEM(timer_keys, k))
+        if msgpack:
+            w += _w_lit(o + w, b"\x86\xa5msgId", 7)
+            w += _w_str(o + w, s, n)
+            w += _w_lit(o + w, b"\xa5topic", 6)
+            w += _w_str(o + w, t, tn)
+            w += _w_lit(o + w, b"\xa9deliverAt", 10)
+            w += _w_int(o + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
+            w += _w_lit(o + w, b"\xa6status\xa9SCHEDULED\xaccancelHandle", 30)
+            w += _w_str(o + w, hdl, hn)
+            w += _w_lit(o + w, b"\xa9duplicate\xc2", 11)
+        else:
+            if not _json_safe(s, n):
+                return None
+            if k:
+                o[w] = 44
+                w += 1
+            w += _w_lit(o + w, b'{"msgId":"', 10)
+            w += _w_lit(o + w, s, n)
+            w += _w_lit(o + w, b'","topic":"', 11)
+            w += _w_lit(o + w, t, tn)
+            w += _w_lit(o + w, b'","deliverAt":', 14)
+            w += _w_dec(o + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
+            w += _w_lit(o + w, b',"status":"SCHEDULED","cancelHandle":"', 38)
+            w += _w_lit(o + w, hdl, hn)
+            w += _w_lit(o + w, b'","duplicate":false}', 20)
+    if not msgpack:
+        w += _w_lit(o + w, b"]}", 2)
+    return out[:w]
 
 
 # --- the due timeline: counts per second ---------------------------------------------------

@@ -1,0 +1,252 @@
+"""The send path's common case, a batch of plain messages (bodies due later, nothing else),
+is stored from columns built in C (``Intake.plain``, ``WritePaths.submit_plain``) and answered
+from them (``storage._native.scheduled_answer``). It must store, count and answer exactly what
+the general path (``Intake.prepare``, ``WritePaths.submit``) does, and leave every other batch
+to it: checked column by column, answer by answer, and through two live servers, one with the
+plain path and one without, fed the same requests on the same fake clock."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from msgspec import UNSET
+
+from api.schemas import BatchIn, MessageIn
+from scheduler import model
+from scheduler.clock import FakeClock
+from scheduler.codec import cancel_handles, scheduled_values
+from scheduler.intake import Intake
+from scheduler.levels import DelayLevels
+from scheduler.model import SendRequest
+from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, timer_cf
+from storage.native import native
+from storage.records import MessageStatus
+from tests.support.live import ADMIN, T0, Live, make_settings, serve
+
+needs_native = pytest.mark.skipif(native is None, reason="storage/_native is not built")
+
+NOW = 1_800_000_000_000
+MAX_DELAY = 40 * 86_400_000
+MAX_BODY = 512
+TOPIC = "plain.orders"
+
+msg_ids = st.from_regex(r"\A[A-Za-z0-9_.:-]{1,40}\Z")
+bodies = st.one_of(st.text(max_size=40).map(lambda t: {"body": t}),
+                   st.binary(max_size=40).map(lambda b: {"body_base64": b}))
+timings = st.one_of(st.integers(NOW + 1, NOW + MAX_DELAY).map(lambda at: {"deliver_at": at}),
+                    st.integers(1, MAX_DELAY).map(lambda d: {"delay_ms": d}))
+plain_messages = st.builds(lambda body, timing, msg_id: MessageIn(
+    **body, **timing, **({} if msg_id is None else {"msg_id": msg_id})),
+    bodies, timings, st.none() | msg_ids)
+
+
+def new_intake() -> Intake:
+    return Intake(levels=DelayLevels.parse("1s 5s 10s"), max_delay_ms=MAX_DELAY,
+                  max_body_bytes=MAX_BODY, shards=4)
+
+
+def request_of(m: MessageIn) -> SendRequest:
+    from api.bodies import to_send_request
+    return to_send_request(m, TOPIC)
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(st.lists(plain_messages, min_size=1, max_size=30))
+def test_plain_columns_are_what_prepare_makes(messages: list[MessageIn]) -> None:
+    intake = new_intake()
+    intake.prepare(request_of(messages[0]), NOW)  # the topic is known once sent to
+    intake._ids._counter = itertools.count(7)  # the same generated ids on both paths
+    plain = intake.plain(TOPIC, messages, NOW, UNSET)
+    assert plain is not None
+    intake._ids._counter = itertools.count(7)
+    prepared = [intake.prepare(request_of(m), NOW) for m in messages]
+    stored = scheduled_values(prepared, NOW)
+    assert plain.topic == TOPIC and plain.shard == prepared[0].shard
+    assert plain.msg_ids == [p.msg_id for p in prepared]
+    assert plain.deliver_ats == [p.deliver_at for p in prepared]
+    assert plain.timer_keys == [p.timer_key for p in prepared]
+    assert plain.index_keys == [p.index_key for p in prepared]
+    assert [(v, e) for v, e in zip(plain.values, plain.entries, strict=True)] == stored
+    assert plain.given == [p.index_key for p in prepared if not p.generated_id]
+
+
+NOT_PLAIN: list[tuple[str, dict[str, Any]]] = [
+    ("tags", {"body": "x", "delay_ms": 5, "tags": "t"}),
+    ("keys", {"body": "x", "delay_ms": 5, "keys": ["k"]}),
+    ("properties", {"body": "x", "delay_ms": 5, "properties": {"a": "b"}}),
+    ("level", {"body": "x", "delay_level": 2}),
+    ("both bodies", {"body": "x", "body_base64": b"x", "delay_ms": 5}),
+    ("no body", {"delay_ms": 5}),
+    ("two timings", {"body": "x", "delay_ms": 5, "deliver_at": NOW + 5}),
+    ("no timing (due now)", {"body": "x"}),
+    ("delay 0 (due now)", {"body": "x", "delay_ms": 0}),
+    ("deliverAt now", {"body": "x", "deliver_at": NOW}),
+    ("deliverAt past", {"body": "x", "deliver_at": 5}),
+    ("too far", {"body": "x", "deliver_at": NOW + MAX_DELAY + 1}),
+    ("delay too long", {"body": "x", "delay_ms": MAX_DELAY + 1}),
+    ("body too large", {"body": "x" * (MAX_BODY + 1), "delay_ms": 5}),
+    ("base64 body too large", {"body_base64": b"x" * (MAX_BODY + 1), "delay_ms": 5}),
+    ("past int64", {"body": "x", "deliver_at": 2**63}),
+    ("lone surrogate", {"body": "\ud800", "delay_ms": 5}),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("fields", [f for _, f in NOT_PLAIN], ids=[n for n, _ in NOT_PLAIN])
+def test_anything_else_is_left_to_the_general_path(fields: dict[str, Any]) -> None:
+    intake = new_intake()
+    ok = MessageIn(body="fine", delay_ms=10)
+    intake.prepare(request_of(ok), NOW)
+    assert intake.plain(TOPIC, [ok], NOW, UNSET) is not None
+    assert intake.plain(TOPIC, [ok, MessageIn(**fields), ok], NOW, UNSET) is None
+    assert intake.plain("never.sent.to", [ok], NOW, UNSET) is None  # the topic: checked once
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(msg_ids, st.integers(0, 2**63 - 1), st.binary(max_size=300)),
+                min_size=0, max_size=20),
+       st.from_regex(r"\A[A-Za-z0-9_.-]{1,127}\Z"))
+def test_the_answer_is_what_respond_writes(rows: list[tuple[str, int, bytes]],
+                                           topic: str) -> None:
+    ids, ats, keys = ([r[i] for r in rows] for i in range(3))
+    results = {"results": [
+        model.SendResult(msg_id=i, topic=topic, deliver_at=at, status=MessageStatus.SCHEDULED,
+                         cancel_handle=h)
+        for i, at, h in zip(ids, ats, cancel_handles(keys), strict=True)]}
+    assert native.scheduled_answer(ids, topic, ats, keys, True) == msgspec.msgpack.encode(
+        results)
+    assert native.scheduled_answer(ids, topic, ats, keys, False) == msgspec.json.encode(
+        results)
+
+
+@needs_native
+@pytest.mark.parametrize("msg_id", ['quote"d', "back\\slash", "new\nline", "é"])
+def test_a_string_json_would_escape_is_left_to_msgspec(msg_id: str) -> None:
+    assert native.scheduled_answer([msg_id], "t", [1], [b"k"], False) is None
+    assert native.scheduled_answer(["ok"], msg_id, [1], [b"k"], False) is None
+    # msgpack needs no escaping
+    assert msgpack.unpackb(native.scheduled_answer([msg_id], "t", [1], [b"k"], True)) == {
+        "results": [{"msgId": msg_id, "topic": "t", "deliverAt": 1, "status": "SCHEDULED",
+                     "cancelHandle": cancel_handles([b"k"])[0], "duplicate": False}]}
+
+
+# --- two live servers: with the plain path and without -------------------------------------
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Live, Live, list[int]]]:
+    with serve(make_settings(tmp_path / "a"), FakeClock(T0)) as a, \
+            serve(make_settings(tmp_path / "b"), FakeClock(T0)) as b:
+        for live in (a, b):  # the same generated msgIds on both
+            ids = live.broker._intake._ids
+            ids._instance, ids._counter = "0123ABCD", itertools.count()
+        taken: list[int] = []
+        send_plain = a.broker.send_plain
+
+        def counted(*args: Any) -> Any:
+            plain = send_plain(*args)
+            if plain is not None:
+                taken.append(len(plain.msg_ids))
+            return plain
+
+        a.broker.send_plain = counted  # type: ignore[method-assign]
+        b.broker.send_plain = lambda *args: None  # type: ignore[method-assign]
+        yield a, b, taken
+
+
+def batch(rows: list[dict[str, Any]]) -> BatchIn:
+    return BatchIn(messages=[MessageIn(**r) for r in rows])
+
+
+def dump(live: Live) -> dict[str, list[tuple[bytes, bytes]]]:
+    store = live.broker._store
+    assert store is not None
+    cfs = [timer_cf(s) for s in range(store.timer_shards)] + [CF_INDEX, CF_EXPIRY, CF_META]
+    return {cf: list(store.scan(cf)) for cf in cfs}
+
+
+def test_two_servers_store_and_answer_the_same(pair: tuple[Live, Live, list[int]]) -> None:
+    a, b, taken = pair
+    later = T0 + 60_000
+    steps: list[tuple[str, BatchIn]] = [
+        ("json", batch([{"body": "first", "delay_ms": 1000}])),  # topic not yet known
+        ("json", batch([{"body": f"j{i}", "deliver_at": later + i * 7 % 13} for i in range(50)])),
+        ("msgpack", batch([{"body_base64": bytes([i, 0, 255]), "delay_ms": 500 + i,
+                            "msg_id": f"given-{i}"} for i in range(40)])),
+        ("json", batch([{"body": "same again", "delay_ms": 5, "msg_id": "given-3"}])),  # re-send
+        ("json", batch([{"body": "twice", "delay_ms": 5, "msg_id": "t-1"},
+                        {"body": "twice", "delay_ms": 6, "msg_id": "t-1"}])),  # twice in one
+        ("msgpack", batch([{"body": "tagged", "delay_ms": 5, "tags": "x"},
+                           {"body": "plain", "delay_ms": 5}])),
+        ("json", batch([{"body": "now"}, {"body": "later", "delay_ms": 9}])),  # one due now
+        ("json", batch([{"body": "é ünïcode", "delay_ms": 2_000, "msg_id": "u:1"},
+                        {"body": "", "delay_ms": 3_000}])),
+    ]
+    answers = []
+    for encoding, doc in steps:
+        answers.append([send(live, encoding, doc) for live in (a, b)])
+    for k, (got, want) in enumerate(answers):
+        assert got == want, f"step {k}"
+    assert taken == [50, 40, 2]  # the plain ones took the plain path, the rest did not
+    assert dump(a) == dump(b)
+    assert a.broker.stats().pending == b.broker.stats().pending == 1 + 50 + 40 + 1 + 2 + 1 + 2
+    assert backlog(a) == backlog(b)
+    for live in (a, b):
+        live.advance(120_000)
+    pulled = [pull_all(live) for live in (a, b)]
+    assert pulled[0] == pulled[1] and len(pulled[0]) == 1 + 50 + 40 + 1 + 2 + 2 + 2
+    assert dump(a) == dump(b)
+
+
+def backlog(live: Live) -> tuple[Any, ...]:
+    """Pending by topic (count, first deliverAt), and the due timeline per second."""
+    broker = live.broker
+    return (broker.overview().pending_by_topic,
+            broker.timeline(T0, T0 + 120_000, 120, TOPIC))
+
+
+def send(live: Live, encoding: str, doc: BatchIn) -> tuple[int, str, bytes]:
+    if encoding == "msgpack":
+        body = msgspec.msgpack.encode(doc)
+        headers = {"Content-Type": "application/x-msgpack", "Accept": "application/x-msgpack"}
+    else:
+        body, headers = msgspec.json.encode(doc), {"Content-Type": "application/json"}
+    with live.client(ADMIN) as client:
+        r = client.post(f"/v1/topics/{TOPIC}/messages:batch", content=body, headers=headers)
+    return r.status_code, r.headers["content-type"], r.content
+
+
+def pull_all(live: Live) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    offset = 0
+    with live.client(ADMIN) as client:
+        while True:
+            r = client.get(f"/v1/topics/{TOPIC}/messages", params={"offset": offset,
+                                                                  "max": 100})
+            assert r.status_code == 200
+            page = r.json()
+            if not page["messages"]:
+                return out
+            out.extend(page["messages"])
+            offset = page["nextOffset"]
+
+
+def test_base64_bodies_survive_the_plain_path(pair: tuple[Live, Live, list[int]]) -> None:
+    a, _, taken = pair
+    send(a, "json", batch([{"body": "first", "delay_ms": 10}]))
+    raw = bytes(range(256))
+    status, _, answer = send(a, "json", batch([{"body_base64": raw, "delay_ms": 1000}]))
+    assert status == 201 and taken == [1]
+    a.advance(5_000)
+    got = {m["msgId"]: m for m in pull_all(a)}
+    msg_id = msgspec.json.decode(answer)["results"][0]["msgId"]
+    assert base64.b64decode(got[msg_id]["bodyBase64"]) == raw
