@@ -33,6 +33,7 @@ from storage.constants import (
 )
 from storage.errors import InvalidArgument, NotFound
 from storage.keys import SEP
+from storage.native import native
 from storage.records import LogRecord
 
 RECEIPTS_MAX = 1000
@@ -51,6 +52,30 @@ _RECEIPTS = re.compile(_RECEIPT)  # one receipt, then "\n": (prefix, offset in h
 _ALL_RECEIPTS = re.compile(f"(?:{_RECEIPT})+")
 _PREFIX = re.compile(r"1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.")
 _OFFSETS = re.compile(r"(?:(?:0|[1-9a-f][0-9a-f]{0,15})\n)+")
+
+
+def receipt_offsets_py(receipts: Sequence[str], prefix: str) -> list[int] | None:
+    """The offsets of receipts that all start with ``prefix`` (a lease's), each followed by
+    an offset in hex as receipts write it; None when one is otherwise."""
+    if sum(map(str.startswith, receipts, repeat(prefix))) != len(receipts):
+        return None
+    hexes = [r[len(prefix):] for r in receipts]
+    joined = "\n".join(hexes) + "\n"
+    if joined.count("\n") != len(hexes) or not _OFFSETS.fullmatch(joined):
+        return None
+    return list(map(int, hexes, repeat(16)))
+
+
+def _receipt_offsets_native(receipts: Sequence[str], prefix: str) -> list[int] | None:
+    """The same in C (storage/_native.pyx) for a list of str."""
+    assert native is not None
+    if type(receipts) is not list:
+        receipts = list(receipts)
+    offsets: list[int] | None = native.receipt_offsets(receipts, prefix)
+    return offsets
+
+
+receipt_offsets = receipt_offsets_py if native is None else _receipt_offsets_native
 
 
 def check_group(group: object) -> str:
@@ -227,13 +252,12 @@ class Group:
             raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
         first = receipts[0]
         prefix = first[:first.rfind(".") + 1] if isinstance(first, str) else ""
-        if _PREFIX.fullmatch(prefix) and sum(map(str.startswith, receipts, repeat(prefix))) \
-                == len(receipts):  # one lease (the usual ack): checked in passes of C
-            hexes = [r[len(prefix):] for r in receipts]
-            if _OFFSETS.fullmatch("\n".join(hexes) + "\n"):
+        if _PREFIX.fullmatch(prefix):  # one lease (the usual ack): one pass, in C
+            offsets = receipt_offsets(receipts, prefix)
+            if offsets is not None:
                 kind, lease_id = self._check_prefix(prefix)
-                n = len(hexes)
-                return [kind] * n, list(map(int, hexes, repeat(16))), [lease_id] * n
+                n = len(offsets)
+                return [kind] * n, offsets, [lease_id] * n
         joined = "\n".join(receipts) + "\n"
         found = _RECEIPTS.findall(joined) if _ALL_RECEIPTS.fullmatch(joined) else []
         if len(found) != len(receipts):

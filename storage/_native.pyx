@@ -15,7 +15,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 # --- CRC32C (Castagnoli), slicing by 8: the crc32c package's value, same seed convention --
 cdef uint32_t _T[8][256]
@@ -687,6 +687,77 @@ def delivered_msgpack(list payloads, list receipts=None, list counts=None):
 
 # --- delivery: the columns of a commit, and its index entries ------------------------------
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+
+def record_offsets(list payloads):
+    """== storage.records.log_record_offsets: the queue offset of each LogRecord payload,
+    read from its head (version, topic, msgId, queue offset), or None for the whole list
+    when one is not a record as written (the Python path then decodes them and raises)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, i
+    cdef list out = [None] * count
+    cdef const uint8_t* p
+    cdef Item it, qo, body, tags, keys
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            return None
+        p = <const uint8_t*>PyBytes_AS_STRING(payload)
+        n = PyBytes_GET_SIZE(payload)
+        if n < 1 or p[0] != 0x9C:
+            return None
+        # the whole record is parsed (msgspec reads past the head too, and raises on a
+        # damaged tail): [version, topic, msg_id, queue_offset, body, tags, keys,
+        # properties, born_at, deliver_at, stored_at, flags]
+        i = _int(p, n, 1, &it)
+        if i >= 0:
+            i = _str(p, n, i, &it)
+        if i >= 0:
+            i = _str(p, n, i, &it)
+        if i >= 0:
+            i = _int(p, n, i, &qo)
+        if i >= 0:
+            i = _body_tags_keys(p, n, i, &body, &tags, &keys)
+        if i >= 0:
+            i = _str_map(p, n, i, &it, 16)
+        for _ in range(4):
+            if i >= 0:
+                i = _int(p, n, i, &it)
+        if i != n:
+            return None
+        out[k] = qo.value
+    return out
+
+
+def receipt_offsets(list receipts, str prefix):
+    """== scheduler.group_state.receipt_offsets_py: the offsets of receipts that all start
+    with ``prefix``, each followed by an offset in lowercase hex (``0``, or 1-16 digits
+    without a leading zero); None when one is otherwise (or not a str)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(receipts), k, n, plen, i
+    cdef const char* pre = PyUnicode_AsUTF8AndSize(prefix, &plen)
+    cdef const char* r
+    cdef list out = [None] * count
+    cdef uint64_t u
+    cdef char ch
+    for k in range(count):
+        item = <object>PyList_GET_ITEM(receipts, k)
+        if type(item) is not str:
+            return None
+        r = PyUnicode_AsUTF8AndSize(item, &n)
+        if n <= plen or n - plen > 16 or memcmp(r, pre, plen) != 0:
+            return None
+        if r[plen] == 48 and n - plen > 1:  # a leading zero
+            return None
+        u = 0
+        for i in range(plen, n):
+            ch = r[i]
+            if 48 <= ch <= 57:
+                u = (u << 4) | <uint64_t>(ch - 48)
+            elif 97 <= ch <= 102:
+                u = (u << 4) | <uint64_t>(ch - 87)
+            else:
+                return None
+        out[k] = u
+    return out
 
 
 def split_due(list items):

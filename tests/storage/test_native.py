@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from scheduler.codec import (
     scheduled_values_py,
     split_due_py,
 )
+from scheduler.group_state import receipt_offsets_py
 from scheduler.groups import AckResult, Received, ReceiveResult
 from scheduler.timeline import _per_second_py
 from storage.commitlog import CommitLog
@@ -42,6 +44,8 @@ from storage.records import (
     decode_log_record,
     encode_log_record,
     encode_message,
+    log_record_offsets,
+    log_record_offsets_py,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -248,6 +252,38 @@ def test_delivered_msgpack(record: LogRecord, data: st.DataObject) -> None:
         assert out[1] == python_delivered(payloads[1])
 
 
+def python_offsets(payloads: list[bytes]) -> list[int] | None:
+    try:
+        return log_record_offsets_py(payloads)
+    except HourglassError:
+        return None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(records=st.lists(log_records, min_size=1, max_size=10), data=st.data())
+def test_record_offsets(records: list[LogRecord], data: st.DataObject) -> None:
+    """The queue offsets read from the records' heads in C are Python's, for every list C
+    takes; a damaged record anywhere (a byte changed, cut short, lengthened) leaves the whole
+    list to Python, which raises for it."""
+    assert native is not None
+    payloads = [encode_log_record(r) for r in records]
+    offsets = native.record_offsets(payloads)
+    if all(len(r.properties) <= 16 and fits_int64(r.queue_offset, r.born_at, r.deliver_at,
+                                                   r.stored_at, r.flags) for r in records):
+        assert offsets == [r.queue_offset for r in records] == python_offsets(payloads)
+    else:
+        assert offsets is None
+    k = data.draw(st.integers(0, len(payloads) - 1))
+    damaged = [*payloads[:k], data.draw(mutations(payloads[k])), *payloads[k + 1:]]
+    offsets = native.record_offsets(damaged)
+    if offsets is not None:
+        assert offsets == python_offsets(damaged)
+    elif python_offsets(damaged) is None:
+        with pytest.raises(HourglassError):
+            log_record_offsets(damaged)
+
+
 @needs_native
 @settings(max_examples=100)
 @given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40))
@@ -355,3 +391,26 @@ def test_the_engine_writes_and_answers_the_same_either_way(tmp_path: Path) -> No
     assert compiled["pulled"] == pure["pulled"] == 600
     assert compiled["log"] == pure["log"]
     assert compiled["pulls"] == pure["pulls"]
+
+
+suffixes = st.one_of(
+    st.integers(0, (1 << 64) - 1).map(lambda v: f"{v:x}"),  # as receipts write them
+    st.text("0123456789abcdefABCDEF_\n x", max_size=18),  # anything near it
+)
+
+
+@needs_native
+@settings(max_examples=300)
+@given(prefix=st.from_regex(r"\A1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.\Z"),
+       rows=st.lists(st.tuples(st.booleans(), suffixes), min_size=1, max_size=12))
+def test_receipt_offsets(prefix: str, rows: list[tuple[bool, str]]) -> None:
+    """A lease's receipts (``prefix`` + offset in hex), or some of another lease, or with an
+    offset written otherwise: C and Python agree on the offsets, or on None."""
+    assert native is not None
+    receipts = [(prefix if own else "10ab.000000000000.") + suffix for own, suffix in rows]
+    got = native.receipt_offsets(receipts, prefix)
+    assert got == receipt_offsets_py(receipts, prefix)
+    if all(own and re.fullmatch(r"0|[1-9a-f][0-9a-f]{0,15}", s) for own, s in rows):
+        assert got == [int(s, 16) for _, s in rows]
+    else:
+        assert got is None
