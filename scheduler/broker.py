@@ -314,18 +314,20 @@ class Broker:
         prepare = self._intake.prepare
         return self.submit([prepare(r, now) for r in requests])
 
-    def send_plain(self, topic: str, messages: list[Any], unset: object) -> PlainBatch | None:
-        """A send batch of plain messages (``Intake.plain``: bodies due later, nothing else;
-        ``messages`` as the API decoded them, ``unset`` marking an absent field), stored from
-        columns, with no object per message: what ``send_batch`` would store and answer.
-        None, with nothing stored, for any other batch (or one holding a re-send, or a
-        message due by now): call ``send_batch``, which also says what is wrong, if
-        anything."""
-        if len(messages) > MAX_BATCH_MESSAGES:
+    def send_plain(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
+                   max_count: int = MAX_BATCH_MESSAGES) -> PlainBatch | None:
+        """A send batch of plain messages (``Intake.plain``: bodies due later, nothing else)
+        stored from columns, with no object per message: what ``send_batch`` would store and
+        answer. ``messages``: as the API decoded them (``unset`` marking an absent field),
+        or a msgpack request body of at most ``max_count`` messages. None, with nothing
+        stored, for any other batch (or one holding a re-send, or a message due by now):
+        call ``send_batch``, which also says what is wrong, if anything."""
+        if not isinstance(messages, bytes) and len(messages) > MAX_BATCH_MESSAGES:
             return None
         self._check_running()
         assert self._writes is not None
-        plain = self._intake.plain(topic, messages, self.clock.now_ms(), unset)
+        plain = self._intake.plain(topic, messages, self.clock.now_ms(), unset,
+                                   max_count=min(max_count, MAX_BATCH_MESSAGES))
         if plain is None or not self._writes.submit_plain(plain):
             return None
         return plain

@@ -157,20 +157,27 @@ class Intake:
     def new_msg_id(self, now_ms: int) -> str:
         return self._ids.next(now_ms)
 
-    def plain(self, topic: str, messages: list[Any], now_ms: int,
-              unset: object) -> PlainBatch | None:
+    def plain(self, topic: str, messages: list[Any] | bytes, now_ms: int,
+              unset: object = None, *, max_count: int = 0) -> PlainBatch | None:
         """The columns of a batch of plain messages (``storage._native.plain_batch``: bodies
-        due later, no tags, keys, properties nor level) to a topic sent to before, straight
-        from the decoded request (api.schemas.MessageIn; ``unset`` marks an absent field),
-        as ``prepare`` would make them at ``now_ms``. None for any other batch, and without
-        the compiled extension: ``prepare`` takes it (tests/api/test_plain_send.py holds
-        the two paths equal)."""
+        due later, no tags, keys, properties nor level) to a topic sent to before, as
+        ``prepare`` would make them at ``now_ms``: from the decoded request (a list of
+        api.schemas.MessageIn, ``unset`` marking an absent field), or from a msgpack request
+        body of at most ``max_count`` messages (``plain_msgpack``), not decoded first. None
+        for any other batch, and without the compiled extension: ``prepare`` takes it
+        (tests/api/test_plain_send.py holds the paths equal)."""
         known = self._topics.get(topic)
         if native is None or known is None:
             return None
-        columns = native.plain_batch(messages, known[0], now_ms, self._max_delay_ms,
-                                     self._max_body, unset, self._ids.prefix(now_ms),
-                                     self._ids.counter)
+        ids = self._ids
+        if isinstance(messages, bytes):
+            columns = native.plain_msgpack(messages, max_count, known[0], now_ms,
+                                           self._max_delay_ms, self._max_body,
+                                           ids.prefix(now_ms), ids.counter)
+        else:
+            columns = native.plain_batch(messages, known[0], now_ms, self._max_delay_ms,
+                                         self._max_body, unset, ids.prefix(now_ms),
+                                         ids.counter)
         return None if columns is None else PlainBatch(topic, known[1], *columns)
 
     def prepare(

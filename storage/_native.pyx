@@ -978,6 +978,94 @@ def cancel_handles(list timer_keys):
 cdef const char* _HEX = b"0123456789ABCDEF"
 
 
+cdef class _Plain:
+    """The columns of a plain batch as they are built (``plain_batch``, ``plain_msgpack``)."""
+    cdef list msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given
+    cdef bytes prefix
+    cdef int64_t now
+    cdef char idbuf[28]
+    cdef object counter
+
+    def __cinit__(self, Py_ssize_t count, bytes prefix, int64_t now, str id_prefix,
+                  object counter):
+        cdef Py_ssize_t n
+        cdef const char* idp = PyUnicode_AsUTF8AndSize(id_prefix, &n)
+        if n != 20:
+            raise ValueError("a msgId prefix is 20 characters")
+        memcpy(self.idbuf, idp, 20)
+        self.msg_ids = [None] * count
+        self.deliver_ats = [None] * count
+        self.timer_keys = [None] * count
+        self.index_keys = [None] * count
+        self.values = [None] * count
+        self.entries = [None] * count
+        self.given = []
+        self.prefix = prefix
+        self.now = now
+        self.counter = counter
+
+    cdef add(self, Py_ssize_t k, const char* body, Py_ssize_t n, int64_t at, object msg_id):
+        """Message ``k``: its body, deliverAt and msgId (None: a new one, generated)."""
+        cdef Py_ssize_t plen = PyBytes_GET_SIZE(self.prefix), idlen, w
+        cdef const char* idp
+        cdef uint64_t c
+        cdef uint8_t* o
+        cdef uint8_t entry[48]
+        cdef int j
+        cdef int64_t now = self.now
+        if msg_id is None:
+            c = <uint64_t>(next(self.counter)) & 0xFFFFFFFF
+            for j in range(8):
+                self.idbuf[27 - j] = _HEX[(c >> (4 * j)) & 15]
+            msg_id = PyUnicode_DecodeUTF8(self.idbuf, 28, NULL)
+            idp = self.idbuf
+            idlen = 28
+        else:
+            idp = PyUnicode_AsUTF8AndSize(msg_id, &idlen)
+        idkey = PyBytes_FromStringAndSize(NULL, plen + idlen)
+        o = <uint8_t*>PyBytes_AS_STRING(idkey)
+        memcpy(o, PyBytes_AS_STRING(self.prefix), plen)
+        memcpy(o + plen, idp, idlen)
+        if idp != self.idbuf:
+            self.given.append(idkey)
+        tkey = PyBytes_FromStringAndSize(NULL, 8 + plen + idlen)
+        o = <uint8_t*>PyBytes_AS_STRING(tkey)
+        for j in range(8):
+            o[j] = (<uint64_t>at >> (56 - 8 * j)) & 0xFF
+        memcpy(o + 8, PyBytes_AS_STRING(idkey), plen + idlen)
+        value = PyBytes_FromStringAndSize(NULL, n + 48)
+        o = <uint8_t*>PyBytes_AS_STRING(value)
+        o[0] = 0x98
+        o[1] = 0x01
+        w = 2 + _w_bin(o + 2, <const uint8_t*>body, n)
+        o[w] = 0xC0  # tags
+        o[w + 1] = 0x90  # keys
+        o[w + 2] = 0x80  # properties
+        w += 3
+        w += _w_int(o + w, now)  # bornAt
+        w += _w_int(o + w, at)
+        o[w] = 0x00  # flags
+        entry[0] = 0x97
+        entry[1] = 0x01
+        memcpy(entry + 2, b"\xa9SCHEDULED", 10)
+        j = 12
+        j += _w_int(entry + j, at)
+        j += _w_int(entry + j, now)
+        entry[j] = 0xC0
+        entry[j + 1] = 0xC0
+        entry[j + 2] = 0xC0
+        self.msg_ids[k] = msg_id
+        self.deliver_ats[k] = at
+        self.timer_keys[k] = tkey
+        self.index_keys[k] = idkey
+        self.values[k] = value[:w + 1]
+        self.entries[k] = PyBytes_FromStringAndSize(<const char*>entry, j + 3)
+
+    cdef tuple columns(self):
+        return (self.msg_ids, self.deliver_ats, self.timer_keys, self.index_keys, self.values,
+                self.entries, self.given)
+
+
 def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
                 Py_ssize_t max_body, object unset, str id_prefix, object counter):
     """The columns a send batch stores, built from the decoded request (api.schemas.MessageIn:
@@ -993,23 +1081,10 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
     stored value (== scheduler.codec.message_value) and the SCHEDULED index entry at ``now``
     (== scheduler.codec.index_value) of each message, born at ``now``; ``given``: the index
     keys of the msgIds the client chose (the ones to look up for idempotency)."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, n, w, plen = PyBytes_GET_SIZE(prefix)
-    cdef Py_ssize_t idlen
-    cdef list msg_ids = [None] * count, deliver_ats = [None] * count
-    cdef list timer_keys = [None] * count, index_keys = [None] * count
-    cdef list values = [None] * count, entries = [None] * count, given = []
+    cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, n
     cdef const char* u
-    cdef const char* idp
-    cdef char idbuf[28]
     cdef int64_t at, delay
-    cdef uint64_t c
-    cdef uint8_t* o
-    cdef uint8_t entry[48]
-    cdef int j
-    if len(id_prefix) != 20:
-        return None
-    idp = PyUnicode_AsUTF8AndSize(id_prefix, &idlen)
-    memcpy(idbuf, idp, 20)
+    cdef _Plain out = _Plain(count, prefix, now, id_prefix, counter)
     try:
         for k in range(count):
             m = <object>PyList_GET_ITEM(messages, k)
@@ -1051,58 +1126,117 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
                 return None
             msg_id = m.msg_id
             if msg_id is unset:
-                c = <uint64_t>(next(counter)) & 0xFFFFFFFF
-                for j in range(8):
-                    idbuf[27 - j] = _HEX[(c >> (4 * j)) & 15]
-                msg_id = PyUnicode_DecodeUTF8(idbuf, 28, NULL)
-                idkey = PyBytes_FromStringAndSize(NULL, plen + 28)
-                o = <uint8_t*>PyBytes_AS_STRING(idkey)
-                memcpy(o, PyBytes_AS_STRING(prefix), plen)
-                memcpy(o + plen, idbuf, 28)
-            elif type(msg_id) is str:
-                idp = PyUnicode_AsUTF8AndSize(msg_id, &idlen)
-                idkey = PyBytes_FromStringAndSize(NULL, plen + idlen)
-                o = <uint8_t*>PyBytes_AS_STRING(idkey)
-                memcpy(o, PyBytes_AS_STRING(prefix), plen)
-                memcpy(o + plen, idp, idlen)
-                given.append(idkey)
-            else:
+                msg_id = None
+            elif type(msg_id) is not str:
                 return None
-            tkey = PyBytes_FromStringAndSize(NULL, 8 + PyBytes_GET_SIZE(idkey))
-            o = <uint8_t*>PyBytes_AS_STRING(tkey)
-            for j in range(8):
-                o[j] = (<uint64_t>at >> (56 - 8 * j)) & 0xFF
-            memcpy(o + 8, PyBytes_AS_STRING(idkey), PyBytes_GET_SIZE(idkey))
-            value = PyBytes_FromStringAndSize(NULL, n + 48)
-            o = <uint8_t*>PyBytes_AS_STRING(value)
-            o[0] = 0x98
-            o[1] = 0x01
-            w = 2 + _w_bin(o + 2, <const uint8_t*>u, n)
-            o[w] = 0xC0  # tags
-            o[w + 1] = 0x90  # keys
-            o[w + 2] = 0x80  # properties
-            w += 3
-            w += _w_int(o + w, now)  # bornAt
-            w += _w_int(o + w, at)
-            o[w] = 0x00  # flags
-            entry[0] = 0x97
-            entry[1] = 0x01
-            memcpy(entry + 2, b"\xa9SCHEDULED", 10)
-            j = 12
-            j += _w_int(entry + j, at)
-            j += _w_int(entry + j, now)
-            entry[j] = 0xC0
-            entry[j + 1] = 0xC0
-            entry[j + 2] = 0xC0
-            msg_ids[k] = msg_id
-            deliver_ats[k] = at
-            timer_keys[k] = tkey
-            index_keys[k] = idkey
-            values[k] = value[:w + 1]
-            entries[k] = PyBytes_FromStringAndSize(<const char*>entry, j + 3)
+            out.add(k, u, n, at, msg_id)
     except (OverflowError, UnicodeEncodeError):  # past int64, a lone surrogate: not plain
         return None
-    return msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given
+    return out.columns()
+
+
+cdef bint _msg_id_ok(const uint8_t* s, Py_ssize_t n) noexcept:
+    """storage.constants.MSG_ID_REGEX: 1-128 of [A-Za-z0-9_.:-]."""
+    cdef Py_ssize_t i
+    cdef uint8_t c
+    if n < 1 or n > 128:
+        return False
+    for i in range(n):
+        c = s[i]
+        if not ((48 <= c <= 58) or (65 <= c <= 90) or (97 <= c <= 122) or c == 95 or c == 46
+                or c == 45):
+            return False
+    return True
+
+
+cdef enum:
+    F_BODY = 1
+    F_B64 = 2
+    F_ID = 4
+    F_AT = 8
+    F_DELAY = 16
+
+
+def plain_msgpack(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
+                  int64_t max_delay, Py_ssize_t max_body, str id_prefix, object counter):
+    """``plain_batch`` straight from a msgpack request body (``{"messages": [...]}``, at
+    most ``max_count`` of them), without decoding it into MessageIn first. Takes only what
+    is plain and written as msgpack writes it (canonical headers; per message the keys
+    ``body`` (str) or ``bodyBase64`` (bin), ``msgId`` (a valid one), ``deliverAt`` or
+    ``delayMs`` (ints >= 0), each once); None for anything else, which the schema's decoder
+    then reads and checks."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw), i, k, count, fields, f, j
+    cdef Item it, key, body, msg_id, num
+    cdef int seen, flag
+    cdef int64_t at
+    cdef _Plain out
+    if n < 10 or p[0] != 0x81 or memcmp(p + 1, b"\xa8messages", 9) != 0:
+        return None
+    i = _head(p, n, 10, &it)
+    if i < 0 or it.kind != K_ARRAY or it.size < 1 or it.size > max_count:
+        return None
+    count = it.size
+    out = _Plain(count, prefix, now, id_prefix, counter)
+    for k in range(count):
+        i = _head(p, n, i, &it)
+        if i < 0 or it.kind != K_MAP:
+            return None
+        fields = it.size
+        seen = 0
+        for f in range(fields):
+            j = _str(p, n, i, &key)
+            if j < 0:
+                return None
+            i = j
+            flag = 0
+            if key.size == 4 and memcmp(p + key.data, b"body", 4) == 0:
+                flag = F_BODY
+                i = _str(p, n, i, &body)
+            elif key.size == 10 and memcmp(p + key.data, b"bodyBase64", 10) == 0:
+                flag = F_B64
+                i = _head(p, n, i, &body)
+                if i >= 0 and (body.kind != K_BIN or i + body.size > n):
+                    i = -1
+                elif i >= 0:
+                    body.data = i
+                    i += body.size
+            elif key.size == 5 and memcmp(p + key.data, b"msgId", 5) == 0:
+                flag = F_ID
+                i = _str(p, n, i, &msg_id)
+                if i >= 0 and not _msg_id_ok(p + msg_id.data, msg_id.size):
+                    i = -1
+            elif key.size == 9 and memcmp(p + key.data, b"deliverAt", 9) == 0:
+                flag = F_AT
+                i = _int(p, n, i, &num)
+            elif key.size == 7 and memcmp(p + key.data, b"delayMs", 7) == 0:
+                flag = F_DELAY
+                i = _int(p, n, i, &num)
+            if flag == 0 or i < 0 or seen & flag:
+                return None
+            seen |= flag
+        if (seen & (F_BODY | F_B64)) not in (F_BODY, F_B64):
+            return None
+        if (seen & (F_AT | F_DELAY)) not in (F_AT, F_DELAY) or num.value < 0:
+            return None
+        if body.size > max_body:
+            return None
+        if seen & F_AT:
+            at = num.value
+            if at > now + max_delay:
+                return None
+        else:
+            if num.value > max_delay:
+                return None
+            at = now + num.value
+        if at <= now:
+            return None
+        out.add(k, <const char*>p + body.data, body.size, at,
+                PyUnicode_DecodeUTF8(<const char*>p + msg_id.data, msg_id.size, NULL)
+                if seen & F_ID else None)
+    if i != n:
+        return None
+    return out.columns()
 
 
 cdef bint _json_safe(const char* s, Py_ssize_t n) noexcept:

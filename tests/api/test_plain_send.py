@@ -80,6 +80,66 @@ def test_plain_columns_are_what_prepare_makes(messages: list[MessageIn]) -> None
     assert plain.given == [p.index_key for p in prepared if not p.generated_id]
 
 
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(st.lists(plain_messages, min_size=1, max_size=30), st.booleans())
+def test_plain_columns_from_msgpack_bytes_are_the_same(messages: list[MessageIn],
+                                                       by_msgspec: bool) -> None:
+    """Read straight from a msgpack body (as msgspec or msgpack-python writes it), the same
+    columns as from the decoded messages."""
+    intake = new_intake()
+    intake.prepare(request_of(messages[0]), NOW)
+    doc = BatchIn(messages=messages)
+    raw = msgspec.msgpack.encode(doc) if by_msgspec else msgpack.packb(
+        msgspec.to_builtins(doc, builtin_types=(bytes,)))
+    intake._ids._counter = itertools.count(7)
+    from_bytes = intake.plain(TOPIC, raw, NOW, max_count=1000)
+    intake._ids._counter = itertools.count(7)
+    assert from_bytes is not None
+    assert from_bytes == intake.plain(TOPIC, messages, NOW, UNSET)
+    assert intake.plain(TOPIC, raw, NOW, max_count=len(messages) - 1) is None  # too many
+
+
+def raw_batch(*messages: bytes, head: bytes = b"\x81\xa8messages") -> bytes:
+    return head + bytes([0x90 | len(messages)]) + b"".join(messages)
+
+
+GOOD = b"\x82\xa4body\xa1x\xa7delayMs\x05"
+NOT_PLAIN_BYTES: list[tuple[str, bytes]] = [
+    ("unknown key", raw_batch(b"\x83\xa4body\xa1x\xa7delayMs\x05\xa3foo\x01")),
+    ("tags", raw_batch(b"\x83\xa4body\xa1x\xa7delayMs\x05\xa4tags\xa1t")),
+    ("nil msgId", raw_batch(b"\x83\xa4body\xa1x\xa7delayMs\x05\xa5msgId\xc0")),
+    ("msgId with a space", raw_batch(b"\x83\xa4body\xa1x\xa7delayMs\x05\xa5msgId\xa3a b")),
+    ("msgId of 129", raw_batch(b"\x83\xa4body\xa1x\xa7delayMs\x05\xa5msgId\xd9\x81"
+                               + b"a" * 129)),
+    ("negative delay", raw_batch(b"\x82\xa4body\xa1x\xa7delayMs\xff")),
+    ("float delay", raw_batch(b"\x82\xa4body\xa1x\xa7delayMs\xcb" + bytes(8))),
+    ("non-canonical int", raw_batch(b"\x82\xa4body\xa1x\xa7delayMs\xcd\x00\x05")),
+    ("a key twice", raw_batch(b"\x83\xa4body\xa1x\xa7delayMs\x05\xa7delayMs\x06")),
+    ("both bodies", raw_batch(b"\x83\xa4body\xa1x\xaabodyBase64\xc4\x01x\xa7delayMs\x05")),
+    ("body as bin", raw_batch(b"\x82\xa4body\xc4\x01x\xa7delayMs\x05")),
+    ("bodyBase64 as str", raw_batch(b"\x82\xaabodyBase64\xa1x\xa7delayMs\x05")),
+    ("body not UTF-8", raw_batch(b"\x82\xa4body\xa1\xff\xa7delayMs\x05")),
+    ("no timing", raw_batch(b"\x81\xa4body\xa1x")),
+    ("both timings", raw_batch(b"\x83\xa4body\xa1x\xa7delayMs\x05\xa9deliverAt\x05")),
+    ("trailing byte", raw_batch(GOOD) + b"\x00"),
+    ("cut short", raw_batch(GOOD)[:-1]),
+    ("no messages", raw_batch()),
+    ("another top key", raw_batch(GOOD, head=b"\x82\xa8messages") + b"\xa1x\x01"),
+    ("not a map", b"\x91" + GOOD),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("raw", [r for _, r in NOT_PLAIN_BYTES],
+                         ids=[n for n, _ in NOT_PLAIN_BYTES])
+def test_msgpack_bytes_that_are_not_plain_are_left_to_the_decoder(raw: bytes) -> None:
+    intake = new_intake()
+    intake.prepare(request_of(MessageIn(body="fine", delay_ms=10)), NOW)
+    assert intake.plain(TOPIC, raw_batch(GOOD, GOOD), NOW, max_count=1000) is not None
+    assert intake.plain(TOPIC, raw, NOW, max_count=1000) is None
+
+
 NOT_PLAIN: list[tuple[str, dict[str, Any]]] = [
     ("tags", {"body": "x", "delay_ms": 5, "tags": "t"}),
     ("keys", {"body": "x", "delay_ms": 5, "keys": ["k"]}),
@@ -142,24 +202,28 @@ def test_a_string_json_would_escape_is_left_to_msgspec(msg_id: str) -> None:
 
 
 # --- two live servers: with the plain path and without -------------------------------------
+Pair = tuple[Live, Live, list[tuple[str, int]]]  # with, without, what took it on the first
+
+
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[Live, Live, list[int]]]:
+def pair(tmp_path: Path) -> Iterator[Pair]:
     with serve(make_settings(tmp_path / "a"), FakeClock(T0)) as a, \
             serve(make_settings(tmp_path / "b"), FakeClock(T0)) as b:
         for live in (a, b):  # the same generated msgIds on both
             ids = live.broker._intake._ids
             ids._instance, ids._counter = "0123ABCD", itertools.count()
-        taken: list[int] = []
+        taken: list[tuple[str, int]] = []  # (from what, how many) of each plain batch on a
         send_plain = a.broker.send_plain
 
-        def counted(*args: Any) -> Any:
-            plain = send_plain(*args)
+        def counted(topic: str, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            plain = send_plain(topic, messages, *args, **kwargs)
             if plain is not None:
-                taken.append(len(plain.msg_ids))
+                taken.append(("bytes" if isinstance(messages, bytes) else "decoded",
+                              len(plain.msg_ids)))
             return plain
 
         a.broker.send_plain = counted  # type: ignore[method-assign]
-        b.broker.send_plain = lambda *args: None  # type: ignore[method-assign]
+        b.broker.send_plain = lambda *args, **kwargs: None  # type: ignore[method-assign]
         yield a, b, taken
 
 
@@ -174,7 +238,7 @@ def dump(live: Live) -> dict[str, list[tuple[bytes, bytes]]]:
     return {cf: list(store.scan(cf)) for cf in cfs}
 
 
-def test_two_servers_store_and_answer_the_same(pair: tuple[Live, Live, list[int]]) -> None:
+def test_two_servers_store_and_answer_the_same(pair: Pair) -> None:
     a, b, taken = pair
     later = T0 + 60_000
     steps: list[tuple[str, BatchIn]] = [
@@ -196,7 +260,8 @@ def test_two_servers_store_and_answer_the_same(pair: tuple[Live, Live, list[int]
         answers.append([send(live, encoding, doc) for live in (a, b)])
     for k, (got, want) in enumerate(answers):
         assert got == want, f"step {k}"
-    assert taken == [50, 40, 2]  # the plain ones took the plain path, the rest did not
+    # the plain ones took the plain path (msgpack straight from the bytes), the rest did not
+    assert taken == [("decoded", 50), ("bytes", 40), ("decoded", 2)]
     assert dump(a) == dump(b)
     assert a.broker.stats().pending == b.broker.stats().pending == 1 + 50 + 40 + 1 + 2 + 1 + 2
     assert backlog(a) == backlog(b)
@@ -240,12 +305,12 @@ def pull_all(live: Live) -> list[dict[str, Any]]:
             offset = page["nextOffset"]
 
 
-def test_base64_bodies_survive_the_plain_path(pair: tuple[Live, Live, list[int]]) -> None:
+def test_base64_bodies_survive_the_plain_path(pair: Pair) -> None:
     a, _, taken = pair
     send(a, "json", batch([{"body": "first", "delay_ms": 10}]))
     raw = bytes(range(256))
     status, _, answer = send(a, "json", batch([{"body_base64": raw, "delay_ms": 1000}]))
-    assert status == 201 and taken == [1]
+    assert status == 201 and taken == [("decoded", 1)]
     a.advance(5_000)
     got = {m["msgId"]: m for m in pull_all(a)}
     msg_id = msgspec.json.decode(answer)["results"][0]["msgId"]
