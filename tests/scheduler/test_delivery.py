@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Sequence
+
 import pytest
 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
+from scheduler.committer import CommitOutcome, ScanBatch
+from scheduler.delivery import INLINE_MAX, DeliveryStage
+from scheduler.metrics import EngineMetrics
 from scheduler.model import SendRequest
+from scheduler.scanner import Progress
 from storage.errors import DelayTooLong, InvalidArgument, NotFound, TopicInvalid
 from storage.records import MessageStatus
 from tests.support.engine import START_MS, Harness, advance_until, read_topic
@@ -194,3 +202,41 @@ def test_the_delivered_prefix_is_cleaned_up(harness: Harness, clock: FakeClock) 
     cf, before = harness.store.cleanups[-1]
     assert cf == "timer.0" and before == broker.stats().watermarks["0"] > START_MS
     assert len(read_topic(broker, "t")) == 250
+
+
+def test_the_first_batch_after_a_pause_is_committed_alone() -> None:
+    """What falls due after a pause reaches the log in its first scan batch, not after the
+    scanners have queued more; once a backlog is queued, commits take several batches."""
+    commits: list[list[int]] = []
+    release = threading.Event()
+
+    class Recorder:
+        def commit_due(self, scans: Sequence[ScanBatch]) -> CommitOutcome:
+            commits.append([int(s.start) for s in scans])
+            if len(commits) == 2:  # hold the second commit while more is queued
+                assert release.wait(10)
+            return CommitOutcome()
+
+    def scan(name: int) -> ScanBatch:  # more than a scanner commits inline
+        return ScanBatch(shard=0, start=str(name).encode(), end=b"~",
+                         items=[(b"k", b"v")] * (INLINE_MAX + 1))
+
+    progress = Progress()
+    stage = DeliveryStage(committer=Recorder(), clock=FakeClock(START_MS),
+                          metrics=EngineMetrics(), progress=progress, queue_batches=8,
+                          batch_max=100_000, max_backoff_ms=100, on_commit=lambda _: None)
+    for name in (1, 2, 3):  # queued while the stage was idle
+        assert stage.put(scan(name))
+    stage.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(commits) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert stage.put(scan(4)) and stage.put(scan(5))  # queued behind a commit
+        release.set()
+        with progress.cond:
+            assert progress.cond.wait_for(lambda: progress.committed == 5, 10)
+    finally:
+        release.set()
+        stage.stop()
+    assert commits == [[1], [2, 3], [4, 5]]
