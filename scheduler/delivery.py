@@ -5,8 +5,9 @@ batches, so however many messages are due at once, at most that many scan batche
 one being committed) are in memory. The consumer takes a batch and, while a backlog is
 queued, as many more as fit in ``delivery_batch_max`` messages, and commits them with ONE
 log append and ONE RocksDB write (scheduler/committer.py); the first batch after a pause
-goes alone, so that what falls due reaches the log without waiting for the ones behind it. When the stage is idle, a scanner commits a
-small batch itself (``put``), which saves a thread hand-off per due instant.
+goes alone, so that what falls due reaches the log without waiting for the ones behind it.
+When the stage is idle, a scanner commits a small batch itself (``put``), which saves a
+thread hand-off per due instant.
 
 Failures: a failed commit is retried with back-off min(n x 100 ms, retry_max_backoff_ms)
 measured on the engine clock; the batch is never dropped. While it fails the stage is
