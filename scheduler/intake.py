@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from scheduler.codec import message_value
+from scheduler.codec import cancel_handles, message_value
 from scheduler.levels import DelayLevels
-from scheduler.model import SendRequest
+from scheduler.model import SendRequest, SendResult
 from scheduler.timing import resolve_timing
 from storage.constants import (
     MSG_ID_PATTERN,
@@ -30,7 +30,7 @@ from storage.constants import (
 from storage.errors import InvalidArgument, PayloadTooLarge, TopicInvalid
 from storage.keys import SEP, pack_u64, topic_shard
 from storage.native import native
-from storage.records import FLAG_LEVEL_SHIFT, MessageRecord
+from storage.records import FLAG_LEVEL_SHIFT, MessageRecord, MessageStatus
 
 
 class MessageIdGenerator:
@@ -124,6 +124,14 @@ class PlainBatch:
     entries: list[bytes]
     given: list[bytes]
 
+    def results(self) -> list[SendResult]:
+        """What the send path answers for these messages, stored and none a duplicate."""
+        scheduled, topic = MessageStatus.SCHEDULED, self.topic
+        return [SendResult(msg_id=msg_id, topic=topic, deliver_at=at, status=scheduled,
+                           cancel_handle=handle)
+                for msg_id, at, handle in zip(self.msg_ids, self.deliver_ats,
+                                              cancel_handles(self.timer_keys), strict=True)]
+
 
 def check_topic(topic: object, *, allow_system: bool = False) -> str:
     if not isinstance(topic, str) or not TOPIC_PATTERN.match(topic):
@@ -162,15 +170,20 @@ class Intake:
         """The columns of a batch of plain messages (``storage._native.plain_batch``: bodies
         due later, no tags, keys, properties nor level) to a topic sent to before, as
         ``prepare`` would make them at ``now_ms``: from the decoded request (a list of
-        api.schemas.MessageIn, ``unset`` marking an absent field), or from a msgpack request
-        body of at most ``max_count`` messages (``plain_msgpack``), not decoded first. None
+        api.schemas.MessageIn, ``unset`` marking an absent field), from a msgpack request
+        body of at most ``max_count`` messages (``plain_msgpack``), not decoded first, or
+        from the engine's SendRequests, all of ``topic`` (``plain_requests``). None
         for any other batch, and without the compiled extension: ``prepare`` takes it
         (tests/api/test_plain_send.py holds the paths equal)."""
         known = self._topics.get(topic)
         if native is None or known is None:
             return None
         ids = self._ids
-        if isinstance(messages, bytes):
+        if messages and type(messages[0]) is SendRequest:  # the engine's own (send_batch)
+            columns = native.plain_requests(messages, topic, known[0], now_ms,
+                                            self._max_delay_ms, self._max_body,
+                                            ids.prefix(now_ms), ids.counter)
+        elif isinstance(messages, bytes):
             columns = native.plain_msgpack(messages, max_count, known[0], now_ms,
                                            self._max_delay_ms, self._max_body,
                                            ids.prefix(now_ms), ids.counter)

@@ -1135,6 +1135,63 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
     return out.columns()
 
 
+def plain_requests(list requests, str topic, bytes prefix, int64_t now, int64_t max_delay,
+                   Py_ssize_t max_body, str id_prefix, object counter):
+    """``plain_batch`` for the engine's own requests (scheduler.model.SendRequest: bytes
+    body; None, () or {} for an absent field), all of ``topic``: the in-process
+    ``Broker.send_batch``. A msgId must match storage.constants.MSG_ID_REGEX here (the API's
+    decoder has not checked it); None for anything else, as there."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(requests), k, n
+    cdef const char* u
+    cdef int64_t at, delay
+    cdef _Plain out = _Plain(count, prefix, now, id_prefix, counter)
+    try:
+        for k in range(count):
+            m = <object>PyList_GET_ITEM(requests, k)
+            if (m.tags is not None or m.delay_level is not None or len(m.keys)
+                    or len(m.properties)):
+                return None
+            t = m.topic
+            if t is not topic and t != topic:
+                return None
+            body = m.body
+            if type(body) is not bytes:
+                return None
+            n = PyBytes_GET_SIZE(body)
+            if n > max_body:
+                return None
+            given_at = m.deliver_at
+            given_delay = m.delay_ms
+            if given_at is not None:
+                if given_delay is not None or type(given_at) is not int:
+                    return None
+                at = given_at
+                if at < 0 or at > now + max_delay:
+                    return None
+            elif given_delay is not None:
+                if type(given_delay) is not int:
+                    return None
+                delay = given_delay
+                if delay < 0 or delay > max_delay:
+                    return None
+                at = now + delay
+            else:
+                return None
+            if at <= now:
+                return None
+            msg_id = m.msg_id
+            if msg_id is not None:
+                if type(msg_id) is not str:
+                    return None
+                u = PyUnicode_AsUTF8AndSize(msg_id, &n)
+                if not _msg_id_ok(<const uint8_t*>u, n):
+                    return None
+            out.add(k, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), at, msg_id)
+    except (OverflowError, UnicodeEncodeError):
+        return None
+    return out.columns()
+
+
 cdef bint _msg_id_ok(const uint8_t* s, Py_ssize_t n) noexcept:
     """storage.constants.MSG_ID_REGEX: 1-128 of [A-Za-z0-9_.:-]."""
     cdef Py_ssize_t i

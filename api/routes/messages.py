@@ -17,13 +17,11 @@ from api.errors import Forbidden
 from api.openapi import operation
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
-from scheduler.codec import cancel_handles
 from scheduler.intake import PlainBatch, check_msg_id
 from scheduler.listing import MAX_PAGE
 from storage.constants import MAX_BATCH_MESSAGES, MSG_ID_REGEX
 from storage.errors import InvalidArgument
 from storage.native import native
-from storage.records import MessageStatus
 
 #: Path parameters, validated in the handler (after auth) but documented here.
 MsgIdPath = Annotated[str, Path(alias="msgId", json_schema_extra={"pattern": MSG_ID_REGEX})]
@@ -35,13 +33,8 @@ def scheduled_answer(plain: PlainBatch, request: Request) -> Response:
     accept_msgpack = is_msgpack(request.headers.get("accept"))
     body = None if native is None else native.scheduled_answer(
         plain.msg_ids, plain.topic, plain.deliver_ats, plain.timer_keys, accept_msgpack)
-    if body is None:  # (no extension; a string JSON would have to escape: never, by the API)
-        return respond({"results": [
-            model.SendResult(msg_id=msg_id, topic=plain.topic, deliver_at=at,
-                             status=MessageStatus.SCHEDULED, cancel_handle=handle)
-            for msg_id, at, handle in zip(plain.msg_ids, plain.deliver_ats,
-                                          cancel_handles(plain.timer_keys), strict=True)]},
-            201, request)
+    if body is None:  # (a string JSON would have to escape: never, by the API)
+        return respond({"results": plain.results()}, 201, request)
     return Response(body, status_code=201, media_type=MSGPACK if accept_msgpack else JSON)
 
 

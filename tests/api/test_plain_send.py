@@ -22,6 +22,7 @@ from msgspec import UNSET
 
 from api.schemas import BatchIn, MessageIn
 from scheduler import model
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.codec import cancel_handles, scheduled_values
 from scheduler.intake import Intake
@@ -30,6 +31,7 @@ from scheduler.model import SendRequest
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, timer_cf
 from storage.native import native
 from storage.records import MessageStatus
+from tests.support.engine import make_config, read_topic
 from tests.support.live import ADMIN, T0, Live, make_settings, serve
 
 needs_native = pytest.mark.skipif(native is None, reason="storage/_native is not built")
@@ -232,10 +234,7 @@ def batch(rows: list[dict[str, Any]]) -> BatchIn:
 
 
 def dump(live: Live) -> dict[str, list[tuple[bytes, bytes]]]:
-    store = live.broker._store
-    assert store is not None
-    cfs = [timer_cf(s) for s in range(store.timer_shards)] + [CF_INDEX, CF_EXPIRY, CF_META]
-    return {cf: list(store.scan(cf)) for cf in cfs}
+    return dump_store(live.broker)
 
 
 def test_two_servers_store_and_answer_the_same(pair: Pair) -> None:
@@ -315,3 +314,110 @@ def test_base64_bodies_survive_the_plain_path(pair: Pair) -> None:
     got = {m["msgId"]: m for m in pull_all(a)}
     msg_id = msgspec.json.decode(answer)["results"][0]["msgId"]
     assert base64.b64decode(got[msg_id]["bodyBase64"]) == raw
+
+
+# --- the engine's own sends (Broker.send_batch with SendRequests) ---------------------------
+plain_requests = st.builds(
+    lambda body, timing, msg_id: SendRequest(
+        topic=TOPIC, body=body, msg_id=msg_id,
+        deliver_at=timing.get("deliver_at"), delay_ms=timing.get("delay_ms")),
+    st.binary(max_size=40), timings, st.none() | msg_ids)
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(st.lists(plain_requests, min_size=1, max_size=30))
+def test_plain_columns_from_send_requests_are_what_prepare_makes(
+        requests: list[SendRequest]) -> None:
+    intake = new_intake()
+    intake.prepare(requests[0], NOW)
+    intake._ids._counter = itertools.count(7)
+    plain = intake.plain(TOPIC, requests, NOW)
+    assert plain is not None
+    intake._ids._counter = itertools.count(7)
+    prepared = [intake.prepare(r, NOW) for r in requests]
+    assert plain.msg_ids == [p.msg_id for p in prepared]
+    assert plain.deliver_ats == [p.deliver_at for p in prepared]
+    assert plain.timer_keys == [p.timer_key for p in prepared]
+    assert plain.index_keys == [p.index_key for p in prepared]
+    assert list(zip(plain.values, plain.entries, strict=True)) == scheduled_values(prepared,
+                                                                                   NOW)
+    assert plain.given == [p.index_key for p in prepared if not p.generated_id]
+
+
+NOT_PLAIN_REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("another topic", {"topic": "plain.other"}),
+    ("tags", {"tags": "t"}),
+    ("keys", {"keys": ("k",)}),
+    ("properties", {"properties": {"a": "b"}}),
+    ("level", {"delay_ms": None, "delay_level": 2}),
+    ("msgId not valid", {"msg_id": "a b"}),
+    ("msgId too long", {"msg_id": "a" * 129}),
+    ("a str body", {"body": "x"}),
+    ("due now", {"delay_ms": 0}),
+    ("no timing", {"delay_ms": None}),
+    ("negative delay", {"delay_ms": -1}),
+    ("both timings", {"deliver_at": NOW + 5}),
+    ("body too large", {"body": b"x" * (MAX_BODY + 1)}),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("fields", [f for _, f in NOT_PLAIN_REQUESTS],
+                         ids=[n for n, _ in NOT_PLAIN_REQUESTS])
+def test_other_send_requests_are_left_to_prepare(fields: dict[str, Any]) -> None:
+    intake = new_intake()
+    ok = SendRequest(topic=TOPIC, body=b"fine", delay_ms=10)
+    intake.prepare(ok, NOW)
+    assert intake.plain(TOPIC, [ok, ok], NOW) is not None
+    odd = msgspec.structs.replace(ok, **fields)
+    assert intake.plain(TOPIC, [ok, odd, ok], NOW) is None
+
+
+@needs_native
+def test_send_batch_stores_and_answers_the_same_either_way(tmp_path: Path) -> None:
+    """Broker.send_batch through the plain path and through prepare alone: the same results,
+    the same RocksDB contents, the same deliveries."""
+    brokers = []
+    for name in ("plain", "general"):
+        clock = FakeClock(T0)
+        broker = Broker(make_config(tmp_path / name), clock)
+        broker.start()
+        broker._intake._ids._instance, broker._intake._ids._counter = "0123ABCD", itertools.count()
+        brokers.append((broker, clock))
+    plain, general = (b for b, _ in brokers)
+    general._intake.plain = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    assert plain._writes is not None
+    submit_plain, taken = plain._writes.submit_plain, []
+    plain._writes.submit_plain = lambda batch: (  # type: ignore[method-assign]
+        taken.append(submit_plain(batch)) or taken[-1])
+    batches = [
+        [SendRequest(topic=TOPIC, body=b"first", delay_ms=10)],
+        [SendRequest(topic=TOPIC, body=bytes([i]), delay_ms=100 + i % 7,
+                     msg_id=None if i % 3 else f"r-{i}") for i in range(60)],
+        [SendRequest(topic=TOPIC, body=b"again", delay_ms=5, msg_id="r-3")],  # a re-send
+        [SendRequest(topic=TOPIC, body=b"t", delay_ms=5, tags="x")],
+        [SendRequest(topic=TOPIC, body=b"now")],
+    ]
+    try:
+        for batch in batches:
+            assert plain.send_batch(batch) == general.send_batch(batch)
+        assert taken == [True, False]  # the first makes the topic known; a re-send: general
+        assert dump_store(plain) == dump_store(general)
+        for broker, clock in brokers:
+            clock.advance(1_000)
+            broker.drain()
+        delivered = read_topic(plain, TOPIC)
+        assert delivered == read_topic(general, TOPIC)
+        assert len(delivered) == 1 + 60 + 1 + 1
+        assert dump_store(plain) == dump_store(general)
+    finally:
+        for broker, _ in brokers:
+            broker.close()
+
+
+def dump_store(broker: Broker) -> dict[str, list[tuple[bytes, bytes]]]:
+    store = broker._store
+    assert store is not None
+    cfs = [timer_cf(s) for s in range(store.timer_shards)] + [CF_INDEX, CF_EXPIRY, CF_META]
+    return {cf: list(store.scan(cf)) for cf in cfs}
