@@ -112,7 +112,10 @@ class PlainBatch:
     """A send batch of *plain* messages as columns (``Intake.plain``): for each message, its
     msgId, deliverAt, timer key, index key, stored value (MessageRecord) and SCHEDULED index
     entry; ``given``: the index keys of the msgIds the client chose. No object per message:
-    the send path's common case (bodies due later, nothing else) stores these as they are."""
+    the send path's common case (bodies due later, nothing else) stores these as they are.
+    ``topic`` and ``shard`` are the first message's; ``topics`` and ``shards`` each
+    message's when the batch holds more than one topic (only ``Broker.send_batch``'s can),
+    else None."""
 
     topic: str
     shard: int
@@ -123,14 +126,30 @@ class PlainBatch:
     values: list[bytes]
     entries: list[bytes]
     given: list[bytes]
+    topics: list[str] | None = None
+    shards: list[int] | None = None
+
+    def deliver_ats_by_topic(self) -> dict[str, list[int]]:
+        if self.topics is None:
+            return {self.topic: self.deliver_ats}
+        out: dict[str, list[int]] = {}
+        for topic, at in zip(self.topics, self.deliver_ats, strict=True):
+            ats = out.get(topic)
+            if ats is None:
+                out[topic] = [at]
+            else:
+                ats.append(at)
+        return out
 
     def results(self) -> list[SendResult]:
         """What the send path answers for these messages, stored and none a duplicate."""
-        scheduled, topic = MessageStatus.SCHEDULED, self.topic
+        scheduled = MessageStatus.SCHEDULED
+        topics = [self.topic] * len(self.msg_ids) if self.topics is None else self.topics
         return [SendResult(msg_id=msg_id, topic=topic, deliver_at=at, status=scheduled,
                            cancel_handle=handle)
-                for msg_id, at, handle in zip(self.msg_ids, self.deliver_ats,
-                                              cancel_handles(self.timer_keys), strict=True)]
+                for msg_id, topic, at, handle in zip(self.msg_ids, topics, self.deliver_ats,
+                                                     cancel_handles(self.timer_keys),
+                                                     strict=True)]
 
 
 def check_topic(topic: object, *, allow_system: bool = False) -> str:
@@ -172,18 +191,26 @@ class Intake:
         ``prepare`` would make them at ``now_ms``: from the decoded request (a list of
         api.schemas.MessageIn, ``unset`` marking an absent field), from a msgpack request
         body of at most ``max_count`` messages (``plain_msgpack``), not decoded first, or
-        from the engine's SendRequests, all of ``topic`` (``plain_requests``). None
+        from the engine's SendRequests (``plain_requests``; ``topic``: the first one's, and
+        others may follow). None
         for any other batch, and without the compiled extension: ``prepare`` takes it
         (tests/api/test_plain_send.py holds the paths equal)."""
-        known = self._topics.get(topic)
-        if native is None or known is None:
+        if native is None:
             return None
         ids = self._ids
         if messages and type(messages[0]) is SendRequest:  # the engine's own (send_batch)
-            columns = native.plain_requests(messages, topic, known[0], now_ms,
-                                            self._max_delay_ms, self._max_body,
-                                            ids.prefix(now_ms), ids.counter)
-        elif isinstance(messages, bytes):
+            made = native.plain_requests(messages, self._topics, now_ms, self._max_delay_ms,
+                                         self._max_body, ids.prefix(now_ms), ids.counter)
+            if made is None:
+                return None
+            (msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given), topics, \
+                shards = made
+            return PlainBatch(topic, self._topics[topic][1], msg_ids, deliver_ats, timer_keys,
+                              index_keys, values, entries, given, topics, shards)
+        known = self._topics.get(topic)
+        if known is None:
+            return None
+        if isinstance(messages, bytes):
             columns = native.plain_msgpack(messages, max_count, known[0], now_ms,
                                            self._max_delay_ms, self._max_body,
                                            ids.prefix(now_ms), ids.counter)

@@ -11,7 +11,7 @@ cancel either precedes a message's delivery commit or sees it (scheduler/committ
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -55,7 +55,7 @@ class WritePaths:
         self._notify = notify
 
     @contextlib.contextmanager
-    def locks(self, shards: Sequence[int]) -> Iterator[None]:
+    def locks(self, shards: Iterable[int]) -> Iterator[None]:
         """The locks of ``shards``, in ascending order."""
         with contextlib.ExitStack() as stack:
             for s in sorted(shards):
@@ -140,31 +140,46 @@ class WritePaths:
         if len(set(plain.given)) != len(plain.given):  # a msgId twice: a duplicate
             return False
         store = self._store
-        shard = self._shards[plain.shard]
-        timers = list(zip(plain.timer_keys, plain.values, strict=True))
-        timers.sort(key=_KEY)  # key order: see _add_scheduled
+        timers = zip(plain.timer_keys, plain.values, strict=True)
+        by_shard: dict[int, list[tuple[bytes, bytes]]]
+        if plain.shards is None:
+            by_shard = {plain.shard: list(timers)}
+        else:
+            by_shard = {}
+            for shard_, item in zip(plain.shards, timers, strict=True):
+                items = by_shard.get(shard_)
+                if items is None:
+                    by_shard[shard_] = [item]
+                else:
+                    items.append(item)
+        for items in by_shard.values():
+            items.sort(key=_KEY)  # key order: see _add_scheduled
         entries = list(zip(plain.index_keys, plain.entries, strict=True))
         entries.sort(key=_KEY)
-        first_at = min(plain.deliver_ats)  # (the first timer key's deliverAt)
-        with shard.lock:
+        first_at = min(plain.deliver_ats)
+        shards = [(self._shards[s], items) for s, items in sorted(by_shard.items())]
+        with self.locks(by_shard):
             self._check_running()
             if self._committer.needs_replay:
                 return False
             if plain.given and any(raw is not None
                                    for raw in store.multi_get(CF_INDEX, plain.given)):
                 return False
-            if first_at <= self._clock.now_ms() or timers[0][0] < shard.frontier_key:
-                return False  # one is due (by now, or below the scan frontier)
+            if first_at <= self._clock.now_ms() or any(items[0][0] < shard.frontier_key
+                                                       for shard, items in shards):
+                return False  # one is due (by now, or below its shard's scan frontier)
             batch = store.batch()
-            batch.put_many(shard.cf, timers)
+            for shard, items in shards:
+                batch.put_many(shard.cf, items)
             batch.put_many(CF_INDEX, entries)
             try:
                 store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
-                shard.note_scheduled(first_at)
-            self._backlog.scheduled_at({plain.topic: plain.deliver_ats})
-        self._metrics.scheduled.inc(len(timers))
-        self._metrics.pending.inc(len(timers))
+                for shard, items in shards:  # (a timer key begins with its deliverAt)
+                    shard.note_scheduled(int.from_bytes(items[0][0][:8], "big"))
+            self._backlog.scheduled_at(plain.deliver_ats_by_topic())
+        self._metrics.scheduled.inc(len(plain.timer_keys))
+        self._metrics.pending.inc(len(plain.timer_keys))
         return True
 
     def _find_duplicates(

@@ -1135,16 +1135,29 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
     return out.columns()
 
 
-def plain_requests(list requests, str topic, bytes prefix, int64_t now, int64_t max_delay,
+def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
                    Py_ssize_t max_body, str id_prefix, object counter):
     """``plain_batch`` for the engine's own requests (scheduler.model.SendRequest: bytes
-    body; None, () or {} for an absent field), all of ``topic``: the in-process
-    ``Broker.send_batch``. A msgId must match storage.constants.MSG_ID_REGEX here (the API's
-    decoder has not checked it); None for anything else, as there."""
+    body; None, () or {} for an absent field): the in-process ``Broker.send_batch``. Their
+    topics may differ, each one sent to before (``known``: topic -> (key prefix, shard), as
+    scheduler.intake.Intake caches them). A msgId must match storage.constants.MSG_ID_REGEX
+    here (the API's decoder has not checked it); None for anything else, as there. Returns
+    the columns and, when the batch holds more than one topic, each message's topic and
+    shard (else None, None)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(requests), k, n
     cdef const char* u
     cdef int64_t at, delay
-    cdef _Plain out = _Plain(count, prefix, now, id_prefix, counter)
+    cdef _Plain out
+    cdef list topics = None, shards = None
+    if count == 0:
+        return None
+    first = (<object>PyList_GET_ITEM(requests, 0)).topic
+    entry = known.get(first)
+    if entry is None:
+        return None
+    out = _Plain(count, entry[0], now, id_prefix, counter)
+    shard = entry[1]
+    current = first
     try:
         for k in range(count):
             m = <object>PyList_GET_ITEM(requests, k)
@@ -1152,8 +1165,19 @@ def plain_requests(list requests, str topic, bytes prefix, int64_t now, int64_t 
                     or len(m.properties)):
                 return None
             t = m.topic
-            if t is not topic and t != topic:
-                return None
+            if t is not current and t != current:
+                entry = known.get(t)
+                if entry is None:
+                    return None
+                if topics is None:
+                    topics = [first] * k
+                    shards = [shard] * k
+                out.prefix = entry[0]
+                shard = entry[1]
+                current = t
+            if topics is not None:
+                topics.append(current)
+                shards.append(shard)
             body = m.body
             if type(body) is not bytes:
                 return None
@@ -1187,9 +1211,9 @@ def plain_requests(list requests, str topic, bytes prefix, int64_t now, int64_t 
                 if not _msg_id_ok(<const uint8_t*>u, n):
                     return None
             out.add(k, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), at, msg_id)
-    except (OverflowError, UnicodeEncodeError):
+    except (OverflowError, UnicodeEncodeError, TypeError):  # (TypeError: a topic not a str)
         return None
-    return out.columns()
+    return out.columns(), topics, shards
 
 
 cdef bint _msg_id_ok(const uint8_t* s, Py_ssize_t n) noexcept:

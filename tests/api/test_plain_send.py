@@ -317,11 +317,12 @@ def test_base64_bodies_survive_the_plain_path(pair: Pair) -> None:
 
 
 # --- the engine's own sends (Broker.send_batch with SendRequests) ---------------------------
+TOPICS = (TOPIC, "plain.b", "plain.d")  # shards 0, 2, 3 of 4; of 2: 0, 0, 1
 plain_requests = st.builds(
-    lambda body, timing, msg_id: SendRequest(
-        topic=TOPIC, body=body, msg_id=msg_id,
+    lambda topic, body, timing, msg_id: SendRequest(
+        topic=topic, body=body, msg_id=msg_id,
         deliver_at=timing.get("deliver_at"), delay_ms=timing.get("delay_ms")),
-    st.binary(max_size=40), timings, st.none() | msg_ids)
+    st.sampled_from(TOPICS), st.binary(max_size=40), timings, st.none() | msg_ids)
 
 
 @needs_native
@@ -329,10 +330,12 @@ plain_requests = st.builds(
 @given(st.lists(plain_requests, min_size=1, max_size=30))
 def test_plain_columns_from_send_requests_are_what_prepare_makes(
         requests: list[SendRequest]) -> None:
+    """Of one topic or of several (each sent to before), in any order."""
     intake = new_intake()
-    intake.prepare(requests[0], NOW)
+    for topic in TOPICS:
+        intake.prepare(SendRequest(topic=topic, body=b""), NOW)
     intake._ids._counter = itertools.count(7)
-    plain = intake.plain(TOPIC, requests, NOW)
+    plain = intake.plain(requests[0].topic, requests, NOW)
     assert plain is not None
     intake._ids._counter = itertools.count(7)
     prepared = [intake.prepare(r, NOW) for r in requests]
@@ -343,10 +346,23 @@ def test_plain_columns_from_send_requests_are_what_prepare_makes(
     assert list(zip(plain.values, plain.entries, strict=True)) == scheduled_values(prepared,
                                                                                    NOW)
     assert plain.given == [p.index_key for p in prepared if not p.generated_id]
+    assert (plain.topic, plain.shard) == (prepared[0].topic, prepared[0].shard)
+    if len({r.topic for r in requests}) == 1:
+        assert plain.topics is None and plain.shards is None
+    else:
+        assert plain.topics == [p.topic for p in prepared]
+        assert plain.shards == [p.shard for p in prepared]
+    assert plain.results() == [
+        model.SendResult(msg_id=p.msg_id, topic=p.topic, deliver_at=p.deliver_at,
+                         status=MessageStatus.SCHEDULED, cancel_handle=handle)
+        for p, handle in zip(prepared, cancel_handles([p.timer_key for p in prepared]),
+                             strict=True)]
 
 
 NOT_PLAIN_REQUESTS: list[tuple[str, dict[str, Any]]] = [
-    ("another topic", {"topic": "plain.other"}),
+    ("a topic not sent to", {"topic": "plain.other"}),
+    ("a topic not a str", {"topic": ["plain.orders"]}),
+    ("a system topic", {"topic": "%RETRY%g"}),
     ("tags", {"tags": "t"}),
     ("keys", {"keys": ("k",)}),
     ("properties", {"properties": {"a": "b"}}),
@@ -392,9 +408,11 @@ def test_send_batch_stores_and_answers_the_same_either_way(tmp_path: Path) -> No
     plain._writes.submit_plain = lambda batch: (  # type: ignore[method-assign]
         taken.append(submit_plain(batch)) or taken[-1])
     batches = [
-        [SendRequest(topic=TOPIC, body=b"first", delay_ms=10)],
+        [SendRequest(topic=topic, body=b"first", delay_ms=10) for topic in TOPICS],
         [SendRequest(topic=TOPIC, body=bytes([i]), delay_ms=100 + i % 7,
                      msg_id=None if i % 3 else f"r-{i}") for i in range(60)],
+        [SendRequest(topic=TOPICS[i % 3], body=bytes([i]), delay_ms=50 + i % 5,
+                     msg_id=None if i % 4 else f"m-{i}") for i in range(40)],
         [SendRequest(topic=TOPIC, body=b"again", delay_ms=5, msg_id="r-3")],  # a re-send
         [SendRequest(topic=TOPIC, body=b"t", delay_ms=5, tags="x")],
         [SendRequest(topic=TOPIC, body=b"now")],
@@ -402,18 +420,27 @@ def test_send_batch_stores_and_answers_the_same_either_way(tmp_path: Path) -> No
     try:
         for batch in batches:
             assert plain.send_batch(batch) == general.send_batch(batch)
-        assert taken == [True, False]  # the first makes the topic known; a re-send: general
+        # the first batch makes the topics known (no plain path before); a re-send: general
+        assert taken == [True, True, False]
         assert dump_store(plain) == dump_store(general)
         for broker, clock in brokers:
             clock.advance(1_000)
             broker.drain()
-        delivered = read_topic(plain, TOPIC)
-        assert delivered == read_topic(general, TOPIC)
-        assert len(delivered) == 1 + 60 + 1 + 1
-        assert dump_store(plain) == dump_store(general)
+        delivered = [read_topic(plain, topic) for topic in TOPICS]
+        assert delivered == [read_topic(general, topic) for topic in TOPICS]
+        assert sum(map(len, delivered)) == 3 + 60 + 40 + 1 + 1
+        # the two shards' scanners interleave in the log as their threads run: the keys of
+        # the timer and index column families (expiry keys hold log positions)
+        after = [{cf: keys for cf, keys in keys_of(dump_store(b)).items()
+                  if cf not in (CF_EXPIRY, CF_META)} for b in (plain, general)]
+        assert after[0] == after[1]
     finally:
         for broker, _ in brokers:
             broker.close()
+
+
+def keys_of(dump: dict[str, list[tuple[bytes, bytes]]]) -> dict[str, list[bytes]]:
+    return {cf: [key for key, _ in items] for cf, items in dump.items()}
 
 
 def dump_store(broker: Broker) -> dict[str, list[tuple[bytes, bytes]]]:
