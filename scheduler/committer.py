@@ -104,6 +104,8 @@ class Queues(Protocol):
     def put_run(self, batch: Batch, topic: str, first: int, positions: list[int],
                 sizes: list[int]) -> None: ...
     def end_offset(self, topic: str) -> int: ...
+    def landed(self, ends: dict[str, int]) -> None: ...
+    def forget(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +201,12 @@ class Committer:
             self._replay(runtime=True)
 
     def _replay(self, *, runtime: bool) -> list[LogRecord]:
+        try:
+            return self._replay_log(runtime=runtime)
+        finally:  # it wrote consume-queue entries (some, if it raised)
+            self._queues.forget()
+
+    def _replay_log(self, *, runtime: bool) -> list[LogRecord]:
         if runtime:  # a write that raised may have landed all the same: it is not replayed
             stored = self._stored_applied()
             if self.applied_position < stored <= self._log.end_position:
@@ -351,10 +359,15 @@ class Committer:
                                     outcome)
             self._write(batch)
         except BaseException:
+            self._queues.forget()  # (the write may have landed)
             if atomic and positions and self._revoke(positions[0]):
                 # the log is as it was before the append: nothing to replay
                 self.needs_replay = self._log.end_position != self.applied_position
             raise
+        if payloads:  # readers' end offsets (ConsumeQueue.end_offset), before any wake-up
+            single = pending.single
+            self._queues.landed({single: offsets[-1] + 1} if single is not None else
+                                {t: self._offsets[t] for t in set(pending.topics)})
         return outcome
 
     def _add_delivered(self, batch: Batch, pending: _Appends, offsets: list[int],
@@ -397,6 +410,7 @@ class Committer:
                           "position %d: they stay in the log, never applied", position)
             return False
         self._offsets.clear()  # the revoked records' queue offsets are free again
+        self._queues.forget()
         return True
 
     def _write(self, batch: Batch) -> None:

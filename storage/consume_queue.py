@@ -13,6 +13,11 @@ Reading N entries from offset O: one backward step finds the run holding O, then
 and at most N steps read the runs up to O + N. Entries are written inside the caller's batch,
 next to the index updates of the same delivery, so they commit atomically with them.
 
+A topic's end offset is read from RocksDB once and then kept in memory: the committer, the
+one writer of entries, notes the ends each write landed (``landed``) before it wakes anyone,
+and has them read again after a replay, a revoke or a write that raised (``forget``). Code
+that writes entries around it must do the same.
+
 A consumer group's committed offset in a topic's log lives beside the queue it indexes: one
 ``meta`` key per (topic, group) holding the next offset the group has not consumed.
 """
@@ -20,6 +25,7 @@ A consumer group's committed offset in a topic's log lives beside the queue it i
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -53,6 +59,13 @@ def group_offset_key(topic: str, group: str) -> bytes:
 class ConsumeQueue:
     def __init__(self, store: RocksStore) -> None:
         self._store = store
+        # topic -> the end offset of its entries in RocksDB: read once, then moved on by the
+        # committer after each write that lands (``landed``), and forgotten when a replay or
+        # a revoke changes what landed otherwise (``forget``). A receive asked RocksDB every
+        # time: a reverse seek, ~11 % of the event loop under a steady trickle (W3).
+        self._ends: dict[str, int] = {}
+        self._ends_lock = threading.Lock()
+        self._generation = 0  # of ``forget``: a read from before one is not kept
 
     def group_offset(self, topic: str, group: str) -> int:
         """``group``'s committed offset in ``topic``'s log (0 before its first commit)."""
@@ -135,6 +148,33 @@ class ConsumeQueue:
 
     def end_offset(self, topic: str) -> int:
         """The next queue offset of ``topic`` (0 for a topic with no entries)."""
+        end = self._ends.get(topic)
+        if end is not None:
+            return end
+        generation = self._generation
+        end = self._read_end(topic)
+        with self._ends_lock:  # a write may have landed meanwhile: its end is the later one
+            if generation == self._generation:
+                known = self._ends.get(topic)
+                if known is not None and known > end:
+                    return known
+                self._ends[topic] = end
+        return end
+
+    def landed(self, ends: dict[str, int]) -> None:
+        """A write just landed entries up to these end offsets (topic -> end): the committer,
+        its lock held, so each is the latest."""
+        with self._ends_lock:
+            self._ends.update(ends)
+
+    def forget(self) -> None:
+        """What landed may differ from what was noted (a replay, a revoke, a write that raised):
+        read each end offset from RocksDB again."""
+        with self._ends_lock:
+            self._generation += 1
+            self._ends.clear()
+
+    def _read_end(self, topic: str) -> int:
         prefix = topic_prefix(topic)
         last = self._store.read_range(CF_CQ, prefix, _after(prefix), 1, reverse=True)
         if not last:

@@ -28,6 +28,7 @@ def test_read_and_end_offset(store: RocksStore) -> None:
     _fill(store, "orders", 500)
     _fill(store, "orders.eu", 7, base=10**6)  # a topic that extends "orders"
     _fill(store, "order", 3, base=10**7)  # a topic that "orders" extends
+    cq.forget()  # (written around it: end offsets are read again)
     assert cq.end_offset("orders") == 500
     assert cq.end_offset("orders.eu") == 7
     assert cq.end_offset("order") == 3
@@ -39,11 +40,58 @@ def test_read_and_end_offset(store: RocksStore) -> None:
     b = store.batch()
     ConsumeQueue.put(b, "orders", 500, 123, 4)
     store.write(b)
+    assert cq.end_offset("orders") == 500  # until told: the committer does (landed)
+    cq.landed({"orders": 501})
     assert cq.end_offset("orders") == 501
     assert cq.read("orders", 500, 1) == [CqEntry(queue_offset=500, position=123, size=4)]
     for offset, n in ((0, 1000), (100, 50), (495, 100), (501, 10), (0, 0)):
         assert cq.positions("orders", offset, n) == [e.position for e in cq.read(
             "orders", offset, n)]
+
+
+def test_end_offsets_are_read_once_then_noted(store: RocksStore) -> None:
+    cq = ConsumeQueue(store)
+    _fill(store, "a", 40)
+    reads: list[str] = []
+    read_end = cq._read_end
+    cq._read_end = lambda topic: reads.append(topic) or read_end(topic)  # type: ignore[method-assign]
+    assert [cq.end_offset("a") for _ in range(3)] == [40, 40, 40]
+    assert reads == ["a"]
+    cq.landed({"a": 45, "b": 3})
+    assert (cq.end_offset("a"), cq.end_offset("b")) == (45, 3)
+    assert reads == ["a"]
+    cq.forget()
+    assert (cq.end_offset("a"), cq.end_offset("b")) == (40, 0)  # what RocksDB holds
+    assert reads == ["a", "a", "b"]
+
+
+def test_a_write_landing_during_a_read_wins(store: RocksStore) -> None:
+    """A reader that read RocksDB before the committer noted a later end does not put its
+    older figure back; one that read before a ``forget`` keeps nothing."""
+    cq = ConsumeQueue(store)
+    _fill(store, "a", 10)
+    read_end = cq._read_end
+
+    def landed_meanwhile(topic: str) -> int:
+        end = read_end(topic)
+        cq.landed({topic: 25})
+        return end
+
+    cq._read_end = landed_meanwhile  # type: ignore[method-assign]
+    assert cq.end_offset("a") == 25
+    cq._read_end = read_end  # type: ignore[method-assign]
+    assert cq.end_offset("a") == 25
+
+    def forgotten_meanwhile(topic: str) -> int:
+        end = read_end(topic)
+        cq.forget()
+        return end + 1000  # (what a read racing a revoke might have seen)
+
+    cq.forget()
+    cq._read_end = forgotten_meanwhile  # type: ignore[method-assign]
+    assert cq.end_offset("a") == 1010  # this caller's answer ...
+    cq._read_end = read_end  # type: ignore[method-assign]
+    assert cq.end_offset("a") == 10  # ... is not kept
 
 
 def test_a_malformed_entry_is_corruption(store: RocksStore) -> None:
