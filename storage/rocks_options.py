@@ -30,6 +30,7 @@ from storage.constants import (
 )
 
 MIB = 1 << 20
+TIMER_WRITE_BUFFER_CAP = 8 * MIB  # (StoreTuning.for_budget)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +38,7 @@ class StoreTuning:
     # name                                 default      unit / meaning
     block_cache_bytes: int = 256 * MIB  #               shared LRU block cache, all CFs
     db_write_buffer_bytes: int = 512 * MIB  #           memtable budget across all CFs
-    timer_write_buffer_bytes: int = 64 * MIB  #         memtable size of each time-ordered CF
+    timer_write_buffer_bytes: int = 8 * MIB  #          memtable size of each time-ordered CF
     other_write_buffer_bytes: int = 32 * MIB  #         memtable size of index/cq/tx/meta
     max_write_buffer_number: int = 4  #                 memtables per CF before stalling writes
     target_file_size_bytes: int = 64 * MIB  #           SST size at L1
@@ -56,11 +57,18 @@ class StoreTuning:
     def for_budget(cls, memory_bytes: int) -> StoreTuning:
         """Options that keep RocksDB's memory within ``memory_bytes``: 1/4 shared block
         cache, 3/4 memtables (the DB-wide write-buffer budget; each CF's write buffer 1/8
-        of it, so a burst on one CF flushes early instead of growing past the budget)."""
+        of it, so a burst on one CF flushes early instead of growing past the budget).
+
+        A time-ordered CF's write buffer is at most ``TIMER_WRITE_BUFFER_CAP``: its keys
+        arrive in no order (deliverAt), and an insert into a large skip list misses the CPU
+        caches at every level. Sends of 1000 messages due at random over an hour, through
+        ``Broker.send_batch``: 0.88-0.92 ms per RocksDB write with 6 MiB, 0.98 with 8,
+        1.09 with 12, 1.46-1.51 with 24 (the 256 MiB default's 1/8), 1.84 with 2 (flushes
+        then stall it); docs/performance.md section 8."""
         cache = memory_bytes // 4
         memtables = memory_bytes - cache
         return cls(block_cache_bytes=cache, db_write_buffer_bytes=memtables,
-                   timer_write_buffer_bytes=memtables // 8,
+                   timer_write_buffer_bytes=min(memtables // 8, TIMER_WRITE_BUFFER_CAP),
                    other_write_buffer_bytes=memtables // 8)
 
 
