@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -30,6 +31,16 @@ from scheduler.metrics import EngineMetrics
 from scheduler.scanner import Progress
 
 log = logging.getLogger(__name__)
+
+
+def yield_gil() -> None:
+    """Let a thread just woken take the GIL now. Without this the waking thread keeps it and
+    runs on (a scanner scanning ahead, the delivery thread committing the next batch) until
+    CPython's switch interval (5 ms) forces a hand-over, and what was handed on waits that
+    long: 200 k due at once, in process, the first commit started 5.5-6.6 ms after due, with
+    the scan it commits handed on at 0.9-2.5 ms (0.9 ms with this). ``time.sleep(0)``
+    releases the GIL and asks for it again."""
+    time.sleep(0)
 
 
 class CommitsDue(Protocol):
@@ -52,6 +63,7 @@ class BoundedQueue:
         self._cond = threading.Condition()
         self._closed = False
         self._busy = 0  # batches being committed (by the consumer or inline)
+        self._waiting = 0  # consumers waiting in ``get``
         self.messages = 0
 
     def put(self, item: ScanBatch) -> bool:
@@ -64,14 +76,21 @@ class BoundedQueue:
             self._items.append(item)
             self.messages += len(item.items)
             self._cond.notify_all()
-            return True
+            woke = self._waiting > 0
+        if woke:  # hand the GIL to the consumer just woken (yield_gil)
+            yield_gil()
+        return True
 
     def get(self) -> ScanBatch | None:
         """Block until an item is there and take it (the caller is busy until ``done``);
         None once closed."""
         with self._cond:
             while not self._items and not self._closed:
-                self._cond.wait()
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
             if self._closed:
                 return None
             self._busy += 1
