@@ -21,7 +21,6 @@ import contextlib
 from collections.abc import Collection, Iterator
 
 from api.errors import Overloaded
-from scheduler.delivery import yield_gil
 
 #: a waiter's group: None for a pull, which every delivery to its topic wakes
 Waiters = dict[str | None, dict[asyncio.Future[None], None]]  # futures in arrival order
@@ -48,8 +47,7 @@ class DeliveryNotifier:
         try:
             loop.call_soon_threadsafe(self._wake, tuple(topics))
         except RuntimeError:  # the loop closed between the check and the call
-            return
-        yield_gil()  # the loop, woken, runs the wake now rather than at the next switch
+            pass
 
     # --- event loop -------------------------------------------------------------------------
     def _wake(self, topics: tuple[str, ...]) -> None:
