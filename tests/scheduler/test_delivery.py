@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from scheduler import delivery
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.committer import CommitOutcome, ScanBatch
@@ -240,3 +241,25 @@ def test_the_first_batch_after_a_pause_is_committed_alone() -> None:
         release.set()
         stage.stop()
     assert commits == [[1], [2, 3], [4, 5]]
+
+
+def test_a_batch_queued_for_a_waiting_consumer_hands_it_the_gil(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scanner yields the GIL (delivery.yield_gil) after queueing for a delivery thread
+    that waits, and only then: a batch queued while it commits needs no hand-over."""
+    yields: list[str] = []
+    monkeypatch.setattr(delivery, "yield_gil",
+                        lambda: yields.append(threading.current_thread().name))
+    queue = delivery.BoundedQueue(4)
+    batch = ScanBatch(shard=0, start=b"a", end=b"b", items=[(b"k", b"v")])
+    got: list[ScanBatch | None] = []
+    consumer = threading.Thread(target=lambda: got.append(queue.get()), name="consumer")
+    consumer.start()
+    deadline = time.monotonic() + 10
+    while queue._waiting == 0 and time.monotonic() < deadline:  # the consumer waits in get
+        time.sleep(0.001)
+    assert queue.put(batch)
+    consumer.join(10)
+    assert got == [batch] and yields == ["MainThread"]
+    assert queue.put(batch)  # nobody waits: no hand-over
+    assert yields == ["MainThread"]
