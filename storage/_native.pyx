@@ -1066,6 +1066,31 @@ cdef class _Plain:
                 self.entries, self.given)
 
 
+cdef int64_t _due_later(object given_at, object given_delay, object absent, int64_t now,
+                        int64_t max_delay) except? -2:
+    """The deliverAt of a plain message from its deliverAt or its delayMs (``absent``: the
+    value of the one not given): after ``now`` and at most ``max_delay`` ahead. -1 when it
+    is not plain: both or neither given (neither: due now, which the general path delivers
+    at once), not an int, out of range, or due by now. OverflowError past int64."""
+    cdef int64_t at, delay
+    if given_at is not absent:
+        if given_delay is not absent or type(given_at) is not int:
+            return -1
+        at = given_at
+        if at < 0 or at > now + max_delay:
+            return -1
+    elif given_delay is not absent:
+        if type(given_delay) is not int:
+            return -1
+        delay = given_delay
+        if delay < 0 or delay > max_delay:
+            return -1
+        at = now + delay
+    else:
+        return -1
+    return at if at > now else -1
+
+
 def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
                 Py_ssize_t max_body, object unset, str id_prefix, object counter):
     """The columns a send batch stores, built from the decoded request (api.schemas.MessageIn:
@@ -1083,7 +1108,7 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
     keys of the msgIds the client chose (the ones to look up for idempotency)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, n
     cdef const char* u
-    cdef int64_t at, delay
+    cdef int64_t at
     cdef _Plain out = _Plain(count, prefix, now, id_prefix, counter)
     try:
         for k in range(count):
@@ -1105,24 +1130,8 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
                 return None
             if n > max_body:
                 return None
-            given_at = m.deliver_at
-            given_delay = m.delay_ms
-            if given_at is not unset:
-                if given_delay is not unset or type(given_at) is not int:
-                    return None
-                at = given_at
-                if at < 0 or at > now + max_delay:
-                    return None
-            elif given_delay is not unset:
-                if type(given_delay) is not int:
-                    return None
-                delay = given_delay
-                if delay < 0 or delay > max_delay:
-                    return None
-                at = now + delay
-            else:
-                return None  # due now: the general path delivers it at once
-            if at <= now:
+            at = _due_later(m.deliver_at, m.delay_ms, unset, now, max_delay)
+            if at < 0:
                 return None
             msg_id = m.msg_id
             if msg_id is unset:
@@ -1146,7 +1155,7 @@ def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
     shard (else None, None)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(requests), k, n
     cdef const char* u
-    cdef int64_t at, delay
+    cdef int64_t at
     cdef _Plain out
     cdef list topics = None, shards = None
     if count == 0:
@@ -1184,24 +1193,8 @@ def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
             n = PyBytes_GET_SIZE(body)
             if n > max_body:
                 return None
-            given_at = m.deliver_at
-            given_delay = m.delay_ms
-            if given_at is not None:
-                if given_delay is not None or type(given_at) is not int:
-                    return None
-                at = given_at
-                if at < 0 or at > now + max_delay:
-                    return None
-            elif given_delay is not None:
-                if type(given_delay) is not int:
-                    return None
-                delay = given_delay
-                if delay < 0 or delay > max_delay:
-                    return None
-                at = now + delay
-            else:
-                return None
-            if at <= now:
+            at = _due_later(m.deliver_at, m.delay_ms, None, now, max_delay)
+            if at < 0:
                 return None
             msg_id = m.msg_id
             if msg_id is not None:
