@@ -1161,6 +1161,8 @@ def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
     if count == 0:
         return None
     first = (<object>PyList_GET_ITEM(requests, 0)).topic
+    if type(first) is not str:
+        return None
     entry = known.get(first)
     if entry is None:
         return None

@@ -388,6 +388,7 @@ def test_other_send_requests_are_left_to_prepare(fields: dict[str, Any]) -> None
     assert intake.plain(TOPIC, [ok, ok], NOW) is not None
     odd = msgspec.structs.replace(ok, **fields)
     assert intake.plain(TOPIC, [ok, odd, ok], NOW) is None
+    assert intake.plain(odd.topic, [odd, ok], NOW) is None
 
 
 @needs_native
