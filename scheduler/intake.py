@@ -192,9 +192,8 @@ class Intake:
         api.schemas.MessageIn, ``unset`` marking an absent field), from a msgpack request
         body of at most ``max_count`` messages (``plain_msgpack``), not decoded first, or
         from the engine's SendRequests (``plain_requests``; ``topic``: the first one's, and
-        others may follow). None
-        for any other batch, and without the compiled extension: ``prepare`` takes it
-        (tests/api/test_plain_send.py holds the paths equal)."""
+        others may follow). None for any other batch, and without the compiled extension:
+        ``prepare`` takes it (tests/api/test_plain_send.py holds the paths equal)."""
         if native is None:
             return None
         ids = self._ids
