@@ -410,8 +410,7 @@ class Committer:
                           "position %d: they stay in the log, never applied", position)
             return False
         self._offsets.clear()  # the revoked records' queue offsets are free again
-        self._queues.forget()
-        return True
+        return True  # (both callers have the consume queue's end offsets read again)
 
     def _write(self, batch: Batch) -> None:
         end = self._log.end_position

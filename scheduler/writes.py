@@ -33,7 +33,7 @@ from scheduler.model import CancelOutcome, CancelResult, SendResult
 from scheduler.scanner import ShardState
 from storage.constants import CF_EXPIRY, CF_INDEX
 from storage.errors import AlreadyDelivered, Conflict, NotFound
-from storage.keys import encode_handle, encode_timer_key, index_key
+from storage.keys import encode_handle, encode_timer_key, index_key, unpack_u64
 from storage.records import IndexEntry, MessageStatus, decode_index, encode_index
 from storage.rocks import Batch, RocksStore
 
@@ -176,7 +176,7 @@ class WritePaths:
                 store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
                 for shard, items in shards:  # (a timer key begins with its deliverAt)
-                    shard.note_scheduled(int.from_bytes(items[0][0][:8], "big"))
+                    shard.note_scheduled(unpack_u64(items[0][0]))
             self._backlog.scheduled_at(plain.deliver_ats_by_topic())
         self._metrics.scheduled.inc(len(plain.timer_keys))
         self._metrics.pending.inc(len(plain.timer_keys))

@@ -38,7 +38,7 @@ class StoreTuning:
     # name                                 default      unit / meaning
     block_cache_bytes: int = 256 * MIB  #               shared LRU block cache, all CFs
     db_write_buffer_bytes: int = 512 * MIB  #           memtable budget across all CFs
-    timer_write_buffer_bytes: int = 8 * MIB  #          memtable size of each time-ordered CF
+    timer_write_buffer_bytes: int = TIMER_WRITE_BUFFER_CAP  # memtable of each time-ordered CF
     other_write_buffer_bytes: int = 32 * MIB  #         memtable size of index/cq/tx/meta
     max_write_buffer_number: int = 4  #                 memtables per CF before stalling writes
     target_file_size_bytes: int = 64 * MIB  #           SST size at L1
