@@ -37,6 +37,19 @@ def is_msgpack(content_type: str | None) -> bool:
     return content_type.split(";", 1)[0].strip().lower() in _MSGPACK_TYPES
 
 
+def prefers_minimal(request: Request) -> bool:
+    """True when the request asks for ``Prefer: return=minimal`` (RFC 7240: preferences are
+    comma-separated, in one or several ``Prefer`` headers, names case-insensitive, a value
+    may be quoted, parameters after ``;`` are ignored, and only the first instance of a
+    preference counts)."""
+    for header in request.headers.getlist("prefer"):
+        for preference in header.split(","):
+            name, _, value = preference.split(";", 1)[0].partition("=")
+            if name.strip().lower() == "return":
+                return value.strip().strip('"').lower() == "minimal"
+    return False
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole request body, or PayloadTooLarge as soon as it exceeds ``limit`` bytes
     (by Content-Length before reading anything, or while streaming a chunked body)."""

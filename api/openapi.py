@@ -65,7 +65,7 @@ def operation(
     tag: str,
     summary: str,
     ok: int = 200,
-    result: str | None = None,
+    result: str | tuple[str, ...] | None = None,
     result_description: str = "Success.",
     body: str | None = None,
     msgpack: bool = False,
@@ -75,10 +75,15 @@ def operation(
     parameters: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``router.add_api_route`` / ``@router.get`` declaring one
-    operation of the contract: ``result``/``body`` name Structs of api/schemas.py."""
-    content: dict[str, Any] = {JSON: {"schema": _ref(result)}} if result else {}
+    operation of the contract: ``result``/``body`` name Structs of api/schemas.py (a tuple
+    of names: the answer is one of them)."""
+    if isinstance(result, tuple):
+        schema: dict[str, Any] = {"oneOf": [_ref(name) for name in result]}
+    elif result:
+        schema = _ref(result)
+    content: dict[str, Any] = {JSON: {"schema": schema}} if result else {}
     if result and msgpack:
-        content[MSGPACK] = {"schema": _ref(result)}
+        content[MSGPACK] = {"schema": schema}
     responses: dict[int | str, dict[str, Any]] = {
         ok: {"description": result_description, **({"content": content} if content else {})},
     }

@@ -135,6 +135,16 @@ class BatchResult(_Out, kw_only=True):
     results: list[SendResult]
 
 
+class BatchSummary(_Out, kw_only=True):
+    """The answer to a batch sent with `Prefer: return=minimal` (RFC 7240): every message is
+    stored, as with `BatchResult`, but the answer names only the duplicates."""
+
+    count: Annotated[int, Meta(ge=1, description="Messages in the batch, all stored.")]
+    duplicates: Annotated[list[int], Meta(
+        description="0-based positions in the request of the messages whose (topic, msgId) "
+                    "was sent before (their first send stands), in ascending order.")]
+
+
 class CancelResult(_Out, kw_only=True):
     msg_id: MsgId
     topic: str
@@ -348,7 +358,7 @@ class Problem(msgspec.Struct, kw_only=True):
 #: Every Struct that appears in the OpenAPI document (the rest are reached through these).
 COMPONENTS: tuple[Any, ...] = (
     MessageIn, BatchIn, TransactionIn, GroupOffsetIn, CancelOutcome, SendResult, BatchResult,
-    CancelResult,
+    BatchSummary, CancelResult,
     MessageInfo, ScheduledPage, PullResult, GroupOffset, TransactionResult,
     TransactionChecks, Snapshot, Health, Problem, ReceiveIn, AckIn, NackIn, RedriveIn,
     ReceiveResult, AckResult, NackResult, GroupState, DeadLetterPage, RedriveResult,

@@ -74,6 +74,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--hourglass-encoding", choices=("msgpack", "json"), default="msgpack",
                     help="hourglass request and response bodies: msgpack (the API's opt-in "
                          "for batches and pulls) or JSON (its default)")
+    ap.add_argument("--hourglass-answer", choices=("minimal", "full"), default="minimal",
+                    help="hourglass send answers: minimal (`Prefer: return=minimal`, the API's "
+                         "opt-in: a count and the duplicates' positions) or full (a SendResult "
+                         "per message, its default)")
     ap.add_argument("--hourglass-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the hourglass server the harness starts, e.g. "
                          "HOURGLASS_FLUSH_POLICY=sync (repeatable)")
@@ -140,6 +144,7 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
                "hourglass_consume": args.hourglass_consume,
                "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env,
                "hourglass_encoding": args.hourglass_encoding,
+               "hourglass_answer": args.hourglass_answer,
                "hourglass_src": args.hourglass_src, "hourglass_rev": args.hourglass_rev}
     entry: dict = {"workloads": {}, "errors": {}, "params": asdict(params)}
     results["systems"][name] = entry
