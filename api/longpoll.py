@@ -22,8 +22,22 @@ from collections.abc import Collection, Iterator
 
 from api.errors import Overloaded
 
+#: resolved with the topic of the delivery that woke it, or None (timed out, or closing)
+Waiter = asyncio.Future[str | None]
 #: a waiter's group: None for a pull, which every delivery to its topic wakes
-Waiters = dict[str | None, dict[asyncio.Future[None], None]]  # futures in arrival order
+Waiters = dict[str | None, dict[Waiter, None]]  # futures in arrival order
+
+
+def _expire(future: Waiter) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def woken_by(future: Waiter) -> str | None:
+    """The topic whose delivery woke ``future`` (also when its waiter was cancelled after)."""
+    if future.done() and not future.cancelled():
+        return future.result()
+    return None
 
 
 class DeliveryNotifier:
@@ -65,7 +79,7 @@ class DeliveryNotifier:
             future = next(iter(futures))
             del futures[future]
             if not future.done():
-                future.set_result(None)
+                future.set_result(topic)  # (what woke it: a member hands on from there)
                 if not everyone:
                     break
         self._prune(topic, group)
@@ -77,18 +91,22 @@ class DeliveryNotifier:
             if not by_group:
                 del self._waiters[topic]
 
-    def register(self, topic: str, group: str | None = None) -> asyncio.Future[None]:
-        """A future resolved at the next delivery to ``topic`` (or at close); for a member
-        of ``group``, at a delivery when it is the group's longest waiter (or handed on)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def register(self, topic: str, group: str | None = None,
+                 future: Waiter | None = None) -> Waiter:
+        """A future resolved with ``topic`` at the next delivery to it (or with None at
+        close); for a member of ``group``, at a delivery when it is the group's longest
+        waiter (or handed on). ``future``: one registered under another topic already (a
+        member waits on its topic and its group's retry topic with one future)."""
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
         if self._closed:
-            future.set_result(None)
-        else:
+            if not future.done():
+                future.set_result(None)
+        elif not future.done():
             self._waiters.setdefault(topic, {}).setdefault(group, {})[future] = None
         return future
 
-    def unregister(self, topic: str, future: asyncio.Future[None],
-                   group: str | None = None) -> None:
+    def unregister(self, topic: str, future: Waiter, group: str | None = None) -> None:
         self._waiters.get(topic, {}).get(group, {}).pop(future, None)
         self._prune(topic, group)
 
@@ -113,10 +131,21 @@ class DeliveryNotifier:
             for group in list(self._waiters.get(topic, ())):
                 self._release(topic, group, everyone=True)
 
-    async def wait(self, future: asyncio.Future[None], timeout_s: float) -> bool:
-        """True when woken, False when ``timeout_s`` passed first."""
-        done, _ = await asyncio.wait((future,), timeout=max(timeout_s, 0.0))
-        return bool(done)
+    @staticmethod
+    async def wait(future: Waiter, timeout_s: float) -> str | None:
+        """The topic whose delivery woke ``future``; None when ``timeout_s`` passed first (or
+        at close). One timer and the future itself, no task or set around them as
+        ``asyncio.wait`` makes: a steady trickle waits ~250 times a second.
+
+        A cancelled wait cancels ``future`` too (it is awaited directly), so a caller that
+        hands a wake on checks ``woken_by`` first."""
+        if not future.done():
+            timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), _expire, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+        return future.result()
 
     @property
     def closed(self) -> bool:

@@ -19,6 +19,7 @@ from api import schemas
 from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
+from api.longpoll import woken_by
 from api.openapi import operation, query_parameter
 from api.routes.consume import MAX_OFFSET, Group, check_group, msgpack_array_header
 from api.schemas import TOPIC_PARAMETER, Topic
@@ -151,8 +152,11 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         deadline = loop.time() + timeout_s
         logs = groups.topics(topic, group)
         while True:
-            # before reading: no lost wake-up
-            futures = [notifier.register(t, group) for t in logs]
+            # before reading: no lost wake-up (one future, woken by a delivery to any of them)
+            future = None
+            for t in logs:
+                future = notifier.register(t, group, future)
+            assert future is not None
             try:
                 result = groups.receive(topic, group, body.max, body.lease_ms)
                 remaining = deadline - loop.time()
@@ -162,15 +166,14 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                 if expiry is not None:
                     remaining = min(remaining, max(expiry - broker.clock.now_ms(), 1) / 1000.0)
                 with notifier.slot():
-                    await asyncio.wait(futures, timeout=remaining,
-                                       return_when=asyncio.FIRST_COMPLETED)
+                    await notifier.wait(future, remaining)
             except asyncio.CancelledError:  # woken, but gone before receiving: wake another
-                for t, future in zip(logs, futures, strict=True):
-                    if future.done():
-                        notifier.hand_on(t, group)
+                woke = woken_by(future)
+                if woke is not None:
+                    notifier.hand_on(woke, group)
                 raise
             finally:
-                for t, future in zip(logs, futures, strict=True):
+                for t in logs:
                     notifier.unregister(t, future, group)
 
     @router.post("/v1/topics/{topic}/groups/{group}:ack", **operation(
