@@ -7,7 +7,10 @@ Reasons and measurements: docs/storage.md ("RocksDB options"). In short:
 - whole-key bloom filters only where reads are point look-ups (index, tx, meta);
 - one shared LRU block cache and a DB-wide memtable budget, so memory does not grow with
   the number of timer shards;
-- LZ4 on the upper levels, ZSTD on the bottommost level (cold, large, rarely rewritten);
+- LZ4 on the upper levels, ZSTD on the bottommost level (cold, large, rarely rewritten),
+  except in the time-ordered CFs: their keys arrive in deliverAt order, not in key order, so
+  every L0 file overlaps the whole bottommost level and each compaction rewrites it; their
+  data is transient (gone once delivered); LZ4 there halves RocksDB's compaction CPU;
 - a deletion-triggered compaction collector on the time-ordered CFs, so SST files full of
   delivered-key tombstones are compacted away without waiting for size triggers.
 """
@@ -51,6 +54,7 @@ class StoreTuning:
     deletion_trigger: int = 64 * 1024  #                tombstones in a window -> compact file
     bytes_per_sync: int = 1 * MIB  #                    background sync of SST / WAL writes
     max_total_wal_bytes: int = 1024 * MIB  #            WAL budget before forcing CF flushes
+    timer_bottommost_zstd: bool = False  #              ZSTD, not LZ4, at time-ordered CFs' bottom
 
 
     @classmethod
@@ -127,7 +131,11 @@ def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksd
     opts.set_max_bytes_for_level_base(tuning.max_bytes_for_level_base)
     opts.set_level_compaction_dynamic_level_bytes(True)
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
-    opts.set_bottommost_compression_type(rocksdict.DBCompressionType.zstd())
+    # time-ordered CFs: LZ4 at the bottom as well, unless asked (module doc; 1 M sends due
+    # at random over an hour: compaction 1.8 instead of 3.1 CPU-s, docs/performance.md)
+    zstd = not is_time_ordered(name) or tuning.timer_bottommost_zstd
+    opts.set_bottommost_compression_type(rocksdict.DBCompressionType.zstd() if zstd
+                                         else rocksdict.DBCompressionType.lz4())
     return opts
 
 
