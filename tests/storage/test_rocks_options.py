@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.constants import CF_INDEX, timer_cf
+from storage.constants import CF_CQ, CF_EXPIRY, CF_HALF, CF_INDEX, CF_META, CF_TX, timer_cf
 from storage.rocks import RocksStore
 from storage.rocks_options import MIB, TIMER_WRITE_BUFFER_CAP, StoreTuning
 
@@ -47,3 +47,26 @@ def test_a_timer_memtable_is_switched_at_the_cap_and_the_index_one_is_not(
         assert switched(CF_INDEX) == 0
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("timer_zstd", [False, True])
+def test_time_ordered_cfs_are_lz4_at_the_bottom_unless_asked(tmp_path: Path,
+                                                            timer_zstd: bool) -> None:
+    """The bottommost compression of each column family, as RocksDB itself records the
+    options it runs with (its OPTIONS file): LZ4 for the timer and expiry CFs, ZSTD for the
+    index; ZSTD for all with ``timer_bottommost_zstd``."""
+    store = RocksStore(tmp_path / "db", timer_shards=2,
+                       tuning=StoreTuning(timer_bottommost_zstd=timer_zstd))
+    store.close()
+    latest = max((tmp_path / "db").glob("OPTIONS-*"), key=lambda p: int(p.name[8:]))
+    bottom: dict[str, str] = {}
+    section = None
+    for line in latest.read_text().splitlines():
+        if line.startswith("[CFOptions "):
+            section = line.split('"')[1]
+        elif section and line.strip().startswith("bottommost_compression="):
+            bottom[section] = line.split("=", 1)[1]
+    timers = "kZSTD" if timer_zstd else "kLZ4Compression"
+    time_ordered = (timer_cf(0), timer_cf(1), CF_EXPIRY, CF_HALF)
+    assert {cf: bottom[cf] for cf in time_ordered} == dict.fromkeys(time_ordered, timers)
+    assert {bottom[cf] for cf in (CF_INDEX, CF_CQ, CF_TX, CF_META)} == {"kZSTD"}
