@@ -107,6 +107,8 @@ class AckPlan:
     # offsets taken, per stream (MAIN, RETRY)
     stale: list[str] = field(default_factory=list)
     committed: dict[int, int] = field(default_factory=dict)  # stream -> new committed offset
+    # stream -> the runs of acks stored above the committed offset: [(first, end), ...]
+    runs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def taken(self) -> int:
@@ -136,16 +138,20 @@ class Lease:
 
 class Stream:
     """One log a group consumes. Offsets below ``committed`` are acknowledged, and so are
-    those in ``acked``; ``handed``: every offset below it was handed out (or acked) since
-    the group was loaded; ``returned``: a heap of offsets whose lease expired, to hand out
-    again (with their delivery count in ``counts``)."""
+    those in ``acked``; ``runs``: how RocksDB holds ``acked``, one key per run of
+    consecutive offsets (first -> end); ``handed``: every offset below it was handed out (or
+    acked) since the group was loaded; ``returned``: a heap of offsets whose lease expired,
+    to hand out again (with their delivery count in ``counts``)."""
 
-    __slots__ = ("acked", "committed", "counts", "handed", "leases", "log_topic", "returned")
+    __slots__ = ("acked", "committed", "counts", "handed", "leases", "log_topic", "returned",
+                 "runs")
 
-    def __init__(self, log_topic: str, committed: int, acked: set[int]) -> None:
+    def __init__(self, log_topic: str, committed: int, acked: set[int],
+                 runs: dict[int, int] | None = None) -> None:
         self.log_topic = log_topic
         self.committed = committed
         self.acked = acked
+        self.runs = {o: o + 1 for o in acked} if runs is None else runs
         self.handed = committed
         self.leases: dict[int, Lease] = {}  # offset -> the lease holding it
         self.returned: list[int] = []
@@ -344,8 +350,12 @@ class Group:
             if committed != stream.committed:
                 if stream.acked:
                     stream.acked.difference_update(range(stream.committed, committed))
+                if stream.runs:  # (a run is acked whole: below the new offset, or above it)
+                    stream.runs = {first: end for first, end in stream.runs.items()
+                                   if first >= committed}
                 stream.committed = committed
                 stream.handed = max(stream.handed, committed)
+            stream.runs.update(plan.runs.get(kind, ()))
         self.retrying = retrying
         self.registered = True
 
@@ -369,6 +379,21 @@ def _user_properties(props: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in props.items() if k not in INTERNAL_PROPERTIES}
 
 
+def ack_runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted ``offsets`` as runs of consecutive ones: [(first, end), ...], end exclusive."""
+    if offsets[-1] - offsets[0] == len(offsets) - 1:  # the usual ack: one lease, in order
+        return [(offsets[0], offsets[-1] + 1)]
+    runs: list[tuple[int, int]] = []
+    first = prev = offsets[0]
+    for offset in offsets[1:]:
+        if offset != prev + 1:
+            runs.append((first, prev + 1))
+            first = offset
+        prev = offset
+    runs.append((first, prev + 1))
+    return runs
+
+
 def ack_prefix(log_topic: str, group: str) -> bytes:
     return META_GROUP_ACK_PREFIX + log_topic.encode() + SEP + group.encode() + SEP
 
@@ -378,5 +403,5 @@ def state_key(topic: str, group: str) -> bytes:
 
 
 __all__ = ["MAIN", "RECEIPTS_MAX", "RETRY", "AckPlan", "Group", "Lease", "Stream", "ack_prefix",
-           "as_original", "check_group", "dlq_topic", "retry_topic",
+           "ack_runs", "as_original", "check_group", "dlq_topic", "retry_topic",
            "state_key"]

@@ -46,6 +46,7 @@ from scheduler.group_state import (
     Lease,
     Stream,
     ack_prefix,
+    ack_runs,
     as_original,
     check_group,
     dlq_topic,
@@ -191,9 +192,12 @@ class GroupManager:
 
     def _load_stream(self, log_topic: str, group: str) -> Stream:
         prefix = ack_prefix(log_topic, group)
-        acked = {unpack_u64(key, len(prefix))
-                 for key, _ in self._store.scan(CF_META, prefix, prefix + b"\xff")}
-        return Stream(log_topic, self._offset(log_topic, group), acked)
+        runs = {}  # one key per run of acked offsets (first -> end); an empty value: one
+        for key, value in self._store.scan(CF_META, prefix, prefix + b"\xff"):
+            first = unpack_u64(key, len(prefix))
+            runs[first] = unpack_u64(value) if value else first + 1
+        acked = {o for first, end in runs.items() for o in range(first, end)}
+        return Stream(log_topic, self._offset(log_topic, group), acked, runs)
 
     def topics(self, topic: str, group: str) -> tuple[str, str]:
         """The logs a receive of the group reads (what a long poll waits on)."""
@@ -278,14 +282,16 @@ class GroupManager:
             committed = plan.committed.get(kind)
             if committed is not None:
                 ConsumeQueue.put_group_offset(batch, stream.log_topic, g.group, committed)
-                if stream.acked:
-                    batch.delete_many(CF_META, [prefix + pack_u64(o) for o in stream.acked
-                                                if o < committed])
+                if stream.runs:  # runs now below the committed offset
+                    batch.delete_many(CF_META, [prefix + pack_u64(first)
+                                                for first in stream.runs if first < committed])
             else:
                 committed = stream.committed
-            above = [o for o in plan.accepted[kind] if o >= committed]
-            if above:  # gaps below them remain: kept until they fill
-                batch.put_many(CF_META, [(prefix + pack_u64(o), b"") for o in above])
+            above = sorted(o for o in plan.accepted[kind] if o >= committed)
+            if above:  # gaps below them remain: kept until they fill, a key per run
+                runs = plan.runs[kind] = ack_runs(above)
+                batch.put_many(CF_META, [(prefix + pack_u64(first), pack_u64(end))
+                                         for first, end in runs])
         batch.put(CF_META, state_key(g.topic, g.group), pack_u64(retrying))
 
     # --- ack / nack --------------------------------------------------------------------------
@@ -408,11 +414,12 @@ class GroupManager:
             batch = self._store.batch()
             ConsumeQueue.put_group_offset(batch, topic, group, offset)
             prefix = ack_prefix(topic, group)
-            batch.delete_many(CF_META, [prefix + pack_u64(o) for o in main.acked])
+            batch.delete_many(CF_META, [prefix + pack_u64(first) for first in main.runs])
             self._store.write(batch)
             main.drop_leases()
             main.committed = main.handed = offset
             main.acked.clear()
+            main.runs.clear()
             main.returned.clear()
             main.counts.clear()
             g.streams[RETRY].drop_leases()

@@ -317,3 +317,71 @@ def test_the_lease_bookkeeping_stays_bounded_however_long_members_run(
     g.ack("t", "g", [stuck[0].receipt])
     assert g.state("t", "g").committed_offset == 908
     assert not state.streams[0].acked
+
+
+def ack_keys(broker: Broker, topic: str = "t", group: str = "g") -> dict[int, int]:
+    """The ack keys RocksDB holds for the group: first offset -> end of each run."""
+    from scheduler.group_state import ack_prefix
+    from storage.constants import CF_META
+    from storage.keys import unpack_u64
+
+    store = broker._store
+    assert store is not None
+    prefix = ack_prefix(topic, group)
+    return {unpack_u64(k, len(prefix)): unpack_u64(v) if v else unpack_u64(k, len(prefix)) + 1
+            for k, v in store.scan(CF_META, prefix, prefix + b"\xff")}
+
+
+def test_acks_out_of_order_are_stored_a_key_per_run_and_survive_a_restart(
+        harness: Harness) -> None:
+    """Two members: the second acks its 40 before the first acks its 40. The second's are
+    one RocksDB key (a run), not 40; after a restart they stay acknowledged; the first's ack
+    then moves the committed offset past both and leaves no ack key behind."""
+    broker = harness.open()
+    send(broker, 100)
+    first = groups(broker).receive("t", "g", 40, LEASE).messages
+    second = groups(broker).receive("t", "g", 40, LEASE).messages
+    # the second member acks all but one of its messages, out of order
+    late = second[7]
+    acked = [m.receipt for m in reversed(second) if m is not late]
+    assert groups(broker).ack("t", "g", acked).acked == 39
+    assert ack_keys(broker) == {40: 47, 48: 80}
+    broker.close()
+    broker = harness.open()
+    state = groups(broker).state("t", "g")
+    assert (state.committed_offset, state.leased) == (0, 0)
+    again = groups(broker).receive("t", "g", 100, LEASE).messages  # all but the acked 39
+    assert [m.record.queue_offset for m in again] == [*range(40), 47, *range(80, 100)]
+    assert groups(broker).ack("t", "g", [m.receipt for m in again[:41]]).acked == 41
+    assert broker.get_group_offset("t", "g") == 80
+    assert ack_keys(broker) == {}  # every run now below the committed offset: deleted
+    assert groups(broker).ack("t", "g", [m.receipt for m in again[41:]]).acked == 20
+    assert broker.get_group_offset("t", "g") == 100 and ack_keys(broker) == {}
+    del first
+
+
+def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
+        harness: Harness) -> None:
+    """An ack key with an empty value (one offset, as versions before the runs stored
+    them) is read as that one offset, and deleted once the committed offset passes it."""
+    from scheduler.group_state import ack_prefix
+    from storage.constants import CF_META
+    from storage.keys import pack_u64
+
+    broker = harness.open()
+    send(broker, 10)
+    groups(broker).receive("t", "g", 1, LEASE)  # the group exists
+    store = broker._store
+    assert store is not None
+    batch = store.batch()
+    batch.put_many(CF_META, [(ack_prefix("t", "g") + pack_u64(o), b"") for o in (3, 4, 8)])
+    store.write(batch)
+    broker.close()
+    broker = harness.open()
+    got = groups(broker).receive("t", "g", 10, LEASE).messages
+    assert [m.record.queue_offset for m in got] == [0, 1, 2, 5, 6, 7, 9]
+    assert groups(broker).ack("t", "g", [m.receipt for m in got[:5]]).acked == 5
+    assert broker.get_group_offset("t", "g") == 7  # 0-6 acked (3 and 4 from before)
+    assert ack_keys(broker) == {8: 9}
+    groups(broker).set_offset("t", "g", 0)  # a replay drops every stored ack
+    assert ack_keys(broker) == {}
