@@ -34,8 +34,10 @@ from storage.native import native
 #: RFC 7240's ``Prefer`` request header, as sendBatch reads it (api.bodies.prefers_minimal)
 PREFER = {"name": "Prefer", "in": "header", "required": False,
           "description": "`return=minimal`: answer with a `BatchSummary` (how many were stored, "
-                         "which were duplicates) instead of a `SendResult` per message.",
-          "schema": {"type": "string", "examples": ["return=minimal"]}}
+                         "which were duplicates) instead of a `SendResult` per message. The "
+                         "server reads the header as RFC 7240 says (other preferences in it "
+                         "are ignored); these are the values it acts on.",
+          "schema": {"type": "string", "enum": ["return=minimal", "return=representation"]}}
 
 #: Path parameters, validated in the handler (after auth) but documented here.
 MsgIdPath = Annotated[str, Path(alias="msgId", json_schema_extra={"pattern": MSG_ID_REGEX})]

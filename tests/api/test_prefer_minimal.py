@@ -146,6 +146,7 @@ def test_the_openapi_document_declares_the_preference(pair: Pair) -> None:
     op = doc["paths"]["/v1/topics/{topic}/messages:batch"]["post"]
     (prefer,) = [p for p in op["parameters"] if p["name"] == "Prefer"]
     assert prefer["in"] == "header" and not prefer["required"]
+    assert prefer["schema"]["enum"] == ["return=minimal", "return=representation"]
     answers = [{"$ref": "#/components/schemas/BatchResult"},
                {"$ref": "#/components/schemas/BatchSummary"}]
     for media in ("application/json", "application/x-msgpack"):
