@@ -32,7 +32,7 @@ from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, timer_cf
 from storage.native import native
 from storage.records import MessageStatus
 from tests.support.engine import make_config, read_topic
-from tests.support.live import ADMIN, T0, Live, make_settings, serve
+from tests.support.live import ADMIN, T0, Live, serve_twins
 
 needs_native = pytest.mark.skipif(native is None, reason="storage/_native is not built")
 
@@ -209,11 +209,7 @@ Pair = tuple[Live, Live, list[tuple[str, int]]]  # with, without, what took it o
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[Pair]:
-    with serve(make_settings(tmp_path / "a"), FakeClock(T0)) as a, \
-            serve(make_settings(tmp_path / "b"), FakeClock(T0)) as b:
-        for live in (a, b):  # the same generated msgIds on both
-            ids = live.broker._intake._ids
-            ids._instance, ids._counter = "0123ABCD", itertools.count()
+    with serve_twins(tmp_path) as (a, b):
         taken: list[tuple[str, int]] = []  # (from what, how many) of each plain batch on a
         send_plain = a.broker.send_plain
 

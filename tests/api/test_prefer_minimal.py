@@ -7,7 +7,6 @@ encodings; and bad input answered 400 with nothing stored either way."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,8 @@ import pytest
 from starlette.requests import Request
 
 from api.bodies import prefers_minimal
-from scheduler.clock import FakeClock
 from tests.api.test_plain_send import dump_store
-from tests.support.live import ADMIN, T0, Live, make_settings, serve
+from tests.support.live import ADMIN, T0, Live, serve_twins
 
 TOPIC = "orders.minimal"
 MINIMAL = {"Prefer": "return=minimal"}
@@ -53,12 +51,8 @@ Pair = tuple[Live, Live]  # asked for the minimal answer, and not
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[Pair]:
-    with serve(make_settings(tmp_path / "a"), FakeClock(T0)) as a, \
-            serve(make_settings(tmp_path / "b"), FakeClock(T0)) as b:
-        for live in (a, b):  # the same generated msgIds on both
-            ids = live.broker._intake._ids
-            ids._instance, ids._counter = "0123ABCD", itertools.count()
-        yield a, b
+    with serve_twins(tmp_path) as twins:
+        yield twins
 
 
 def post(live: Live, doc: Any, encoding: str, extra: dict[str, str] | None = None

@@ -4,6 +4,7 @@ thread of this process) over a real Broker, so tests can drive its FakeClock and
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -76,3 +77,15 @@ def serve(settings: Settings, clock: Clock, *, freeze_gc: bool = False) -> Itera
     with serve_in_thread(app, settings, freeze_gc=freeze_gc) as base_url:
         yield Live(base_url=base_url, app=app, broker=app.state.ctx.broker, clock=clock,
                    settings=settings)
+
+
+@contextmanager
+def serve_twins(root: Path) -> Iterator[tuple[Live, Live]]:
+    """Two servers on fake clocks at T0 (data in ``root``/a and ``root``/b) that generate
+    the same msgIds: fed the same requests, they answer and store the same."""
+    with serve(make_settings(root / "a"), FakeClock(T0)) as a, \
+            serve(make_settings(root / "b"), FakeClock(T0)) as b:
+        for live in (a, b):
+            ids = live.broker._intake._ids
+            ids._instance, ids._counter = "0123ABCD", itertools.count()
+        yield a, b
