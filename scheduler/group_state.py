@@ -146,12 +146,11 @@ class Stream:
     __slots__ = ("acked", "committed", "counts", "handed", "leases", "log_topic", "returned",
                  "runs")
 
-    def __init__(self, log_topic: str, committed: int, acked: set[int],
-                 runs: dict[int, int] | None = None) -> None:
+    def __init__(self, log_topic: str, committed: int, runs: dict[int, int]) -> None:
         self.log_topic = log_topic
         self.committed = committed
-        self.acked = acked
-        self.runs = {o: o + 1 for o in acked} if runs is None else runs
+        self.runs = runs
+        self.acked = {o for first, end in runs.items() for o in range(first, end)}
         self.handed = committed
         self.leases: dict[int, Lease] = {}  # offset -> the lease holding it
         self.returned: list[int] = []

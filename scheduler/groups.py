@@ -196,8 +196,7 @@ class GroupManager:
         for key, value in self._store.scan(CF_META, prefix, prefix + b"\xff"):
             first = unpack_u64(key, len(prefix))
             runs[first] = unpack_u64(value) if value else first + 1
-        acked = {o for first, end in runs.items() for o in range(first, end)}
-        return Stream(log_topic, self._offset(log_topic, group), acked, runs)
+        return Stream(log_topic, self._offset(log_topic, group), runs)
 
     def topics(self, topic: str, group: str) -> tuple[str, str]:
         """The logs a receive of the group reads (what a long poll waits on)."""

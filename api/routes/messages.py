@@ -57,7 +57,7 @@ def scheduled_answer(plain: PlainBatch, request: Request) -> Response:
 def summary_answer(count: int, duplicates: list[int], request: Request) -> Response:
     """The 201 answer to a batch sent with ``Prefer: return=minimal``: how many were stored
     and which were duplicates, instead of a SendResult each (a batch of 1000 is answered
-    with ~20 bytes instead of ~150 KB)."""
+    with 22 bytes instead of ~137 KB)."""
     response = respond(schemas.BatchSummary(count=count, duplicates=duplicates), 201, request)
     response.headers["Preference-Applied"] = "return=minimal"
     return response

@@ -135,7 +135,7 @@ class HourglassSystem(System):
         self.stats_doc: dict = {}
         self.msgpack = options.get("hourglass_encoding", "msgpack") == "msgpack"
         # ``Prefer: return=minimal``: the answer to a batch is a count and the duplicates'
-        # positions, not a SendResult per message (~20 bytes instead of ~150 KB a batch)
+        # positions, not a SendResult per message (22 bytes instead of ~137 KB a batch)
         self.send_headers = {**(MSGPACK_BODY if self.msgpack else JSON_BODY),
                              **({"Prefer": "return=minimal"}
                                 if options.get("hourglass_answer", "minimal") == "minimal"
