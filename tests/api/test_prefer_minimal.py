@@ -125,12 +125,17 @@ def test_return_representation_is_the_default_answer(pair: Pair) -> None:
     {"messages": [{"body": "x", "delayMs": 10}] * 1001},
 ])
 def test_bad_input_is_refused_the_same_and_stores_nothing(pair: Pair, doc: Any) -> None:
-    minimal, _ = pair
+    minimal, full = pair
     for encoding in ("json", "msgpack"):
         status, headers, problem = post(minimal, doc, encoding, MINIMAL)
         assert status == 400 and problem["code"] == "INVALID_ARGUMENT"
         assert "preference-applied" not in headers
-    assert minimal.broker.stats().pending == 0
+        full_status, full_headers, full_problem = post(full, doc, encoding)
+        assert (full_status, full_problem) == (status, problem)  # refused the same
+        assert full_headers["content-type"] == headers["content-type"]
+    for live in pair:
+        assert live.broker.stats().pending == 0
+    assert dump_store(minimal.broker) == dump_store(full.broker)
 
 
 def test_the_openapi_document_declares_the_preference(pair: Pair) -> None:
