@@ -6,7 +6,12 @@ side-by-side does and sends ``--n`` requests of each kind back to back on one ke
 connection (the adapter's urllib3 pool), then prints the server's CPU per request, user and
 system apart (the system part is the loopback TCP work and the wake-ups of the other side)::
 
-    .venv/bin/python -m bench.peers.request_cost --n 2000
+    .venv/bin/python -m bench.peers.request_cost --n 2000 --gaps-ms 0,4,20
+
+``--gaps-ms``: the client sleeps this long before each request (0: back to back), as a paced
+producer and a consumer woken once per scan do. On this machine's VMs the same request costs
+the server ~3x the CPU after 20 ms idle as back to back: the CPU comes back from idle with
+cold caches (docs/performance.md, section 10).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ def _cpu(procs: list[psutil.Process]) -> tuple[float, float]:
     return sum(t.user for t in times), sum(t.system for t in times)
 
 
-def measure(system: HourglassSystem, n: int) -> dict[str, dict[str, float]]:
-    """Server CPU (user, system, µs) and wall time per request of each kind."""
+def measure(system: HourglassSystem, n: int, gap_s: float = 0.0) -> dict[str, dict[str, float]]:
+    """Server CPU (user, system, µs) and wall time per request of each kind, the client idle
+    ``gap_s`` before each request (the wall time counts the requests only)."""
     topic, group = system.topic, system.group
     receive = msgpack.packb({"max": 1000})
     later = json.dumps({"body": "x", "delayMs": 3_600_000}).encode()
@@ -52,10 +58,13 @@ def measure(system: HourglassSystem, n: int) -> dict[str, dict[str, float]]:
         if status >= 300:
             raise SystemExit(f"{name}: HTTP {status}")
         user0, sys0 = _cpu(server)
-        began = time.perf_counter()
+        wall = 0.0
         for _ in range(n):
+            if gap_s:
+                time.sleep(gap_s)
+            began = time.perf_counter()
             call()
-        wall = time.perf_counter() - began
+            wall += time.perf_counter() - began
         user1, sys1 = _cpu(server)
         out[name] = {"user_us": (user1 - user0) / n * 1e6, "system_us": (sys1 - sys0) / n * 1e6,
                      "wall_us": wall / n * 1e6}
@@ -66,15 +75,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peers.request_cost",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="requests of each kind")
+    ap.add_argument("--gaps-ms", default="0",
+                    help="idle time before each request, ms, comma-separated (default 0)")
     args = ap.parse_args(argv)
+    try:
+        gaps = [float(g) for g in args.gaps_ms.split(",") if g.strip()]
+    except ValueError:
+        ap.error(f"--gaps-ms wants milliseconds, e.g. 0,4,20, not {args.gaps_ms!r}")
+    if not gaps or min(gaps) < 0:
+        ap.error("--gaps-ms wants at least one gap, each >= 0")
     work = Path(tempfile.mkdtemp(prefix="hourglass-bench-"))
     system = HourglassSystem({})
     system.start(work)
     try:
-        for name, row in measure(system, args.n).items():
-            print(f"{name:24s} server CPU {row['user_us'] + row['system_us']:5.0f} µs "
-                  f"(user {row['user_us']:.0f}, system {row['system_us']:.0f}), "
-                  f"wall {row['wall_us']:.0f} µs per request")
+        for gap in gaps:
+            for name, row in measure(system, args.n, gap / 1000).items():
+                print(f"gap {gap:g} ms  {name:24s} server CPU "
+                      f"{row['user_us'] + row['system_us']:5.0f} µs (user {row['user_us']:.0f}, "
+                      f"system {row['system_us']:.0f}), wall {row['wall_us']:.0f} µs per request")
     finally:
         system.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -3,6 +3,7 @@ pull loops (urllib3, msgpack both ways), through the three tools built on it."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,22 @@ def test_request_cost_measures_each_kind_against_a_real_server(tmp_path: Path) -
     try:
         rows = request_cost.measure(system, 40)
         assert system.pending_count() == 41  # every send of one was stored (and the warm-up)
+        began = time.perf_counter()
+        paced = request_cost.measure(system, 10, gap_s=0.02)
+        assert time.perf_counter() - began >= 3 * 10 * 0.02  # the client idled before each
+        assert system.pending_count() == 41 + 11
     finally:
         system.stop()
-    assert list(rows) == ["GET /healthz", "receive, nothing there", "send one, due in 1 h"]
-    for row in rows.values():
-        assert row["wall_us"] > 0 and row["user_us"] >= 0 and row["system_us"] >= 0
-    assert sum(row["user_us"] + row["system_us"] for row in rows.values()) > 0
+    for answer in (rows, paced):
+        assert list(answer) == ["GET /healthz", "receive, nothing there", "send one, due in 1 h"]
+        for row in answer.values():  # (the idle time is not in the wall time per request)
+            assert 0 < row["wall_us"] < 20_000 and row["user_us"] >= 0 and row["system_us"] >= 0
+        assert sum(row["user_us"] + row["system_us"] for row in answer.values()) > 0
+
+
+def test_request_cost_refuses_bad_gaps(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("x", "-4", ""):
+        with pytest.raises(SystemExit) as exc:
+            request_cost.main(["--gaps-ms", bad])
+        assert exc.value.code == 2
+        assert "--gaps-ms" in capsys.readouterr().err
