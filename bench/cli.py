@@ -15,7 +15,8 @@ import sys
 BENCHMARKS = {name: f"bench.{name}" for name in ("storage", "engine", "http", "breakdown", "native",
                                                      "footprint", "analysis", "groups")}
 SEPARATE = {**{name: f"bench.{name}.__main__" for name in ("soak", "crash")},
-            "timeline": "bench.timeline"}  # 10 M messages written first: minutes
+            "timeline": "bench.timeline",  # 10 M messages written first: minutes
+            "backlog": "bench.backlog"}  # millions of sends and their compactions: minutes
 MODULES = {**BENCHMARKS, **SEPARATE}
 
 
