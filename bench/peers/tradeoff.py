@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import log
+from .systems import SYSTEM_NAMES
 
 SCAN_ENV = "HOURGLASS_SCAN_INTERVAL_MS"
 #: W3's CPU target: at most this much of one core, server side
@@ -58,7 +59,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"--intervals wants whole milliseconds, e.g. 1,2,4,8, not {args.intervals!r}")
     if not args.intervals or any(v < 0 for v in args.intervals):
         ap.error("--intervals wants at least one interval, each >= 0")
+    if len(set(args.intervals)) != len(args.intervals):
+        ap.error(f"--intervals names one twice: {args.intervals}")
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for peer in args.peers:
+        if peer not in SYSTEM_NAMES or peer == "hourglass":
+            ap.error(f"unknown peer {peer!r}; choose from "
+                     f"{', '.join(n for n in SYSTEM_NAMES if n != 'hourglass')}")
     return args
 
 

@@ -20,12 +20,18 @@ def test_the_runs_take_turns() -> None:
     assert tradeoff.plan([4, 8], []) == [("hourglass", 4), ("hourglass", 8)]
 
 
-@pytest.mark.parametrize("bad", ["1,x", "", "-1"])
-def test_bad_intervals_are_refused(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("args", "said"), [
+    (["--intervals", "1,x"], "--intervals"), (["--intervals", ""], "--intervals"),
+    (["--intervals", "-1"], "--intervals"), (["--intervals", "4,4"], "--intervals"),
+    (["--peers", "redis,mysql"], "unknown peer 'mysql'"),
+    (["--peers", "hourglass"], "unknown peer 'hourglass'"),
+])
+def test_bad_options_are_refused(args: list[str], said: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        tradeoff.parse_args(["--intervals", bad])
+        tradeoff.parse_args(args)
     assert exc.value.code == 2
-    assert "--intervals" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
 
 
 @pytest.mark.slow
