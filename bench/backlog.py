@@ -5,8 +5,9 @@ In process, on the server's defaults (2 timer shards, 256 MiB RocksDB budget): s
 msgpack-encoded messages (client msgIds, 100-byte bodies) through the path HTTP sends take
 (``Broker.send_plain``), each due at random within an hour that starts 10 minutes on (nothing
 comes due during the run). Every ``--slice`` messages it reports the send rate and the CPU
-per message of the sending thread and of RocksDB's own threads (flushes and compactions,
-``rocksdb:*``), read from /proc per thread: the share of an ingest that its compactions cost,
+per message of the Python threads (the sending one: with nothing due, the engine's own
+threads sleep) and of RocksDB's threads (flushes and compactions, ``rocksdb:*``), read from
+/proc per thread: the share of an ingest that its compactions cost,
 and how it grows with what is already pending. Sends due at random make every L0 file span
 the whole key range, so each compaction out of L0 rewrites what it overlaps at the level
 below (docs/performance.md, section 10). Ends by waiting (up to ``--settle`` s) for the
