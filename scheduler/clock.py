@@ -18,9 +18,14 @@ class Clock(Protocol):
         """Current time, epoch milliseconds."""
         ...
 
-    def wait(self, event: threading.Event, deadline_ms: int | None) -> bool:
+    def wait(self, event: threading.Event, deadline_ms: int | None,
+             not_before: float | None = None) -> bool:
         """Block until ``event`` is set (-> True) or the clock reaches ``deadline_ms``
-        (-> False). ``None`` waits for the event only."""
+        (-> False). ``None`` waits for the event only. ``not_before``: a ``time.monotonic()``
+        instant the caller will not act before anyway (real-time pacing): a real clock
+        then wakes for the deadline no earlier, so that the caller sleeps once, not twice;
+        a fake clock, whose time is not real time, ignores it (the caller sleeps the rest
+        of its pause itself)."""
         ...
 
 
@@ -28,13 +33,18 @@ class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
-    def wait(self, event: threading.Event, deadline_ms: int | None) -> bool:
+    def wait(self, event: threading.Event, deadline_ms: int | None,
+             not_before: float | None = None) -> bool:
         if deadline_ms is None:
             return event.wait()
+        # to the exact instant deadline_ms.000, not whole ms from a truncated now (which
+        # woke up to 1 ms late, 0.5 ms on average)
+        deadline_ns = deadline_ms * 1_000_000
+        if not_before is not None:  # (+50 µs: the two clocks are read one after the other)
+            floor_ns = time.time_ns() + int((not_before - time.monotonic()) * 1e9) + 50_000
+            deadline_ns = max(deadline_ns, floor_ns)
         while True:
-            # to the exact instant deadline_ms.000, not whole ms from a truncated now (which
-            # woke up to 1 ms late, 0.5 ms on average)
-            remaining_ns = deadline_ms * 1_000_000 - time.time_ns()
+            remaining_ns = deadline_ns - time.time_ns()
             if remaining_ns <= 0:
                 return event.is_set()
             if event.wait(remaining_ns / 1e9):
@@ -67,7 +77,8 @@ class FakeClock:
             event.set()  # waiters re-check the time; a spurious wake-up only costs a rescan
         return now_ms
 
-    def wait(self, event: threading.Event, deadline_ms: int | None) -> bool:
+    def wait(self, event: threading.Event, deadline_ms: int | None,
+             not_before: float | None = None) -> bool:
         with self._lock:
             self._waiters.add(event)
         try:

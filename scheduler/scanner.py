@@ -27,7 +27,8 @@ Each shard's state is shared with the send and cancel paths and guarded by the s
   server's CPU. Pacing bounds that to 1000 / interval_ms a second at the price of at most
   ``interval_ms`` of lateness; a full batch is still followed by the next scan at once. Real
   time, not the engine clock: it bounds work per second of CPU, and a FakeClock that stands
-  still in a test must not stall delivery.
+  still in a test must not stall delivery. The idle scanner sleeps once per scan: until the
+  next key or the end of the pause, whichever is later (``clock.wait(..., not_before=)``).
 """
 
 from __future__ import annotations
@@ -136,7 +137,11 @@ class Scanner(threading.Thread):
                 return  # the hand-off refused: shutting down
             if not found and not self._stopping.is_set():  # (stop sets it, then wake)
                 paced_until = started + self._interval_s
-                self._clock.wait(self.state.wake, self.state.wake_at)
+                # one sleep until the next key or the end of the pause, whichever is later
+                # (a steady flow has its next key due within the pause: sleeping until the
+                # key and then the rest of the pause woke this thread twice a scan, and on
+                # these VMs a thread pays for each wake-up with cold caches)
+                self._clock.wait(self.state.wake, self.state.wake_at, not_before=paced_until)
 
     def step(self) -> bool | None:
         """Scan once. True: handed a full batch on (scan again at once); False: everything
