@@ -31,6 +31,7 @@ from typing import Any
 
 import msgpack
 
+from bench.http import cpu_shares, cpu_times
 from scheduler.broker import Broker
 from scheduler.clock import SystemClock
 from scheduler.config import EngineConfig
@@ -78,7 +79,7 @@ def run(data_dir: Path, messages: int, slice_: int, settle_s: float) -> dict[str
         for first in range(0, messages, slice_):
             sent = min(slice_, messages - first)
             bodies = batches(sent, first, now, rng)  # (made before the clock starts)
-            before, began = thread_cpu(), time.perf_counter()
+            machine, before, began = cpu_times(), thread_cpu(), time.perf_counter()
             for body in bodies:
                 if broker.send_plain(TOPIC, body, max_count=BATCH) is None:
                     raise RuntimeError("a send left the plain path: the figures would mix two")
@@ -86,11 +87,12 @@ def run(data_dir: Path, messages: int, slice_: int, settle_s: float) -> dict[str
             after = thread_cpu()
             row = {"pending": first + sent, "sent": sent, "msgs_per_s": sent / wall,
                    "python_us": (after["python"] - before["python"]) / sent * 1e6,
-                   "rocksdb_us": (after["rocksdb"] - before["rocksdb"]) / sent * 1e6}
+                   "rocksdb_us": (after["rocksdb"] - before["rocksdb"]) / sent * 1e6,
+                   "steal_pct": cpu_shares(machine, cpu_times()).get("steal")}
             slices.append(row)
             print(f"pending {row['pending']:>10,}: {row['msgs_per_s'] / 1000:6.0f} k msgs/s, "
                   f"CPU per message: sending {row['python_us']:.2f} µs, RocksDB background "
-                  f"{row['rocksdb_us']:.2f} µs", flush=True)
+                  f"{row['rocksdb_us']:.2f} µs (CPU steal {row['steal_pct']} %)", flush=True)
         store = broker._store
         assert store is not None
         before, began = thread_cpu(), time.monotonic()
@@ -106,7 +108,7 @@ def run(data_dir: Path, messages: int, slice_: int, settle_s: float) -> dict[str
     total_bg = sum(r["rocksdb_us"] * r["sent"] for r in slices) / 1e6 + settle
     return {"messages": messages, "slice": slice_, "slices": slices,
             "settle_rocksdb_cpu_s": settle, "pending_after": pending,
-            "rocksdb_us_per_message": total_bg / messages * 1e6 if messages else 0.0}
+            "rocksdb_us_per_message": total_bg / messages * 1e6}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import contextlib
 import os
@@ -71,6 +72,21 @@ def log(msg: str) -> None:
 
 _LIVE: set[ManagedProcess] = set()
 _LIVE_LOCK = threading.Lock()
+
+
+def number_list(ap: argparse.ArgumentParser, flag: str, text: str,
+                cast: Callable[[str], float], example: str) -> list:
+    """The comma-separated numbers of option ``flag`` (each >= 0, at least one, none twice);
+    a usage error through ``ap`` otherwise."""
+    try:
+        values = [cast(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        ap.error(f"{flag} wants numbers, e.g. {example}, not {text!r}")
+    if not values or min(values) < 0:
+        ap.error(f"{flag} wants at least one number, each >= 0")
+    if len(set(values)) != len(values):
+        ap.error(f"{flag} names one twice: {text!r}")
+    return values
 
 
 def free_port() -> int:

@@ -27,6 +27,7 @@ from pathlib import Path
 import msgpack
 import psutil
 
+from .common import number_list
 from .systems.hourglass import HourglassSystem
 
 MSGPACK = {"Content-Type": "application/x-msgpack", "Accept": "application/x-msgpack"}
@@ -78,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gaps-ms", default="0",
                     help="idle time before each request, ms, comma-separated (default 0)")
     args = ap.parse_args(argv)
-    try:
-        gaps = [float(g) for g in args.gaps_ms.split(",") if g.strip()]
-    except ValueError:
-        ap.error(f"--gaps-ms wants milliseconds, e.g. 0,4,20, not {args.gaps_ms!r}")
-    if not gaps or min(gaps) < 0:
-        ap.error("--gaps-ms wants at least one gap, each >= 0")
+    gaps = number_list(ap, "--gaps-ms", args.gaps_ms, float, "0,4,20")
     work = Path(tempfile.mkdtemp(prefix="hourglass-bench-"))
     system = HourglassSystem({})
     system.start(work)

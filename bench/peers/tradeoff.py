@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import log
+from ..http import cpu_shares, cpu_times
+from .common import log, number_list
 from .systems import SYSTEM_NAMES
 
 SCAN_ENV = "HOURGLASS_SCAN_INTERVAL_MS"
@@ -53,14 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--hourglass-rev", default=None, metavar="REV",
                     help="run the hourglass servers from a frozen copy of this git commit")
     args = ap.parse_args(argv)
-    try:
-        args.intervals = [int(v) for v in args.intervals.split(",") if v.strip()]
-    except ValueError:
-        ap.error(f"--intervals wants whole milliseconds, e.g. 1,2,4,8, not {args.intervals!r}")
-    if not args.intervals or any(v < 0 for v in args.intervals):
-        ap.error("--intervals wants at least one interval, each >= 0")
-    if len(set(args.intervals)) != len(args.intervals):
-        ap.error(f"--intervals names one twice: {args.intervals}")
+    args.intervals = number_list(ap, "--intervals", args.intervals, int, "1,2,4,8")
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in args.peers:
         if peer not in SYSTEM_NAMES or peer == "hourglass":
@@ -99,11 +93,14 @@ def run_one(system: str, interval: int | None, args: argparse.Namespace, out: Pa
         if args.hourglass_rev:
             cmd += ["--hourglass-rev", args.hourglass_rev]
     log(f"tradeoff: {run_name(system, interval)}: {shlex.join(cmd[1:])}")
+    before = cpu_times()
     done = subprocess.run(cmd, check=False)
+    steal = cpu_shares(before, cpu_times()).get("steal")
     if done.returncode != 0:
         raise RuntimeError(f"{run_name(system, interval)} failed (exit {done.returncode}); "
                            f"see {where}")
-    return figures(json.loads((where / "results.json").read_text()), system, interval)
+    return {**figures(json.loads((where / "results.json").read_text()), system, interval),
+            "steal_pct": steal}
 
 
 def figures(results: dict, system: str, interval: int | None) -> dict[str, Any]:
@@ -128,15 +125,16 @@ def figures(results: dict, system: str, interval: int | None) -> dict[str, Any]:
 
 def table(rows: list[dict]) -> str:
     lines = ["| run | scan interval | lateness p50 / p99 | server CPU (cores) | "
-             "server + client CPU (cores) | every message once, none early |",
-             "|---|--:|--:|--:|--:|---|"]
+             "server + client CPU (cores) | every message once, none early | CPU steal |",
+             "|---|--:|--:|--:|--:|---|--:|"]
     for r in rows:
         iv = "—" if r["interval_ms"] is None else f"{r['interval_ms']} ms"
+        steal = "?" if r.get("steal_pct") is None else f"{r['steal_pct']:.1f} %"
         lines.append(
             f"| {r['system']} | {iv} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} ms | "
             f"{r['server_cpu_s']:.1f} s ({r['server_cores']:.2f}) | "
             f"{r['server_cpu_s'] + r['client_cpu_s']:.1f} s ({r['total_cores']:.2f}) | "
-            f"{'yes' if r['correct'] else 'NO'} |")
+            f"{'yes' if r['correct'] else 'NO'} | {steal} |")
     return "\n".join(lines)
 
 
@@ -183,11 +181,11 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.peers.tradeoff " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    command = "python -m bench.peers.tradeoff " + shlex.join(argv)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     rows = [run_one(system, interval, args, out)
             for system, interval in plan(args.intervals, args.peers)]
