@@ -58,6 +58,10 @@ class ConnectionLimits:
             503, "Service Unavailable", "UNAVAILABLE",
             f"more than {max_connections} connections are open; try again shortly",
             b"retry-after: 1\r\n")
+        self.not_http = _raw_response(
+            400, "Bad Request", "INVALID_ARGUMENT",
+            "the request is not valid HTTP/1.1 (its request line or a header cannot be parsed: "
+            "e.g. a control character in a header value)")
         self.too_large = _raw_response(
             431, "Request Header Fields Too Large", "INVALID_ARGUMENT",
             f"the request line and headers exceed {max_header_bytes} bytes")
@@ -223,6 +227,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
     # --- guards -----------------------------------------------------------------------------
+    def send_400_response(self, msg: str) -> None:
+        """What the parser cannot read is answered with a problem document, as every other
+        refusal (uvicorn's own answer is text/plain)."""
+        self._refuse(self._limits.not_http)
+
     def _refuse(self, response: bytes) -> None:
         """Answer ``response`` and close; nothing more of this connection is parsed."""
         self._refused = True

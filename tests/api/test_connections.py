@@ -97,6 +97,23 @@ def test_request_headers_over_64_kib_are_431(tmp_path: Path) -> None:
             assert status_of(read_all(sock)) == 201
 
 
+def test_a_request_that_is_not_http_gets_a_problem_document(tmp_path: Path) -> None:
+    """uvicorn answers what its parser refuses in text/plain; the API answers problems."""
+    with started(tmp_path) as live:
+        for bad in (b"GET /healthz HTTP/1.1\r\nhost: x\r\nprefer: a\x01b\r\n\r\n",
+                    b"GET /healthz HTTP/9.9\r\nhost: x\r\n\r\n",
+                    b"NOT HTTP AT ALL\r\n\r\n"):
+            with connect(live) as sock:
+                sock.sendall(bad)
+                response = read_all(sock)
+            assert status_of(response) == 400, response[:200]
+            assert b"content-type: application/problem+json" in response.lower()
+            assert body_of(response)["code"] == "INVALID_ARGUMENT"
+        with connect(live) as sock:  # the server goes on answering
+            sock.sendall(REQUEST)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
 def test_a_connection_whose_headers_do_not_arrive_is_closed(tmp_path: Path) -> None:
     with started(tmp_path, header_timeout_ms=300) as live:
         with connect(live) as silent:  # says nothing at all
