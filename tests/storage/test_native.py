@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import struct
 import subprocess
@@ -93,8 +94,26 @@ def mutations(data: bytes) -> st.SearchStrategy[bytes]:
 @settings(max_examples=300)
 @given(data=st.binary(max_size=3000), value=st.integers(0, (1 << 32) - 1))
 def test_crc32c(data: bytes, value: int) -> None:
+    """Both ways C computes it: the CPU's crc32 instruction (where it has SSE4.2) and the
+    tables."""
     assert native is not None
-    assert native.crc32c(data, value) == crc32c(data, value)
+    hardware = native.crc32c_hardware()
+    try:
+        for use in (True, False):
+            native.crc32c_hardware(use)
+            assert native.crc32c(data, value) == crc32c(data, value)
+    finally:
+        native.crc32c_hardware(hardware)
+
+
+@needs_native
+def test_crc32c_uses_the_cpu_where_it_can() -> None:
+    assert native is not None
+    has_sse42 = platform.machine() == "x86_64" and "sse4_2" in Path(
+        "/proc/cpuinfo").read_text().split()
+    assert native.crc32c_hardware() is has_sse42
+    assert native.crc32c_hardware(False) is False
+    assert native.crc32c_hardware(True) is has_sse42
 
 
 @needs_native
@@ -226,30 +245,31 @@ def test_scheduled_values(messages: list[SimpleNamespace], at: int) -> None:
         assert got == expected
 
 
-def python_delivered(payload: bytes) -> bytes | None:
+def python_delivered(payload: bytes, once: bool = False) -> bytes | None:
     try:
-        return msgspec.msgpack.encode(delivered(decode_log_record(payload)))
+        return msgspec.msgpack.encode(delivered(decode_log_record(payload), once))
     except HourglassError:
         return None
 
 
 @needs_native
 @settings(max_examples=200)
-@given(record=log_records, data=st.data())
-def test_delivered_msgpack(record: LogRecord, data: st.DataObject) -> None:
+@given(record=log_records, data=st.data(), once=st.booleans())
+def test_delivered_msgpack(record: LogRecord, data: st.DataObject, once: bool) -> None:
+    """``once``: ``Prefer: body=once`` (one body: the text, else the bytes)."""
     assert native is not None
     payload = encode_log_record(record)
     payloads = [payload, data.draw(mutations(payload))]
-    out, offsets = native.delivered_msgpack(payloads)
+    out, offsets = native.delivered_msgpack(payloads, once=once)
     if len(record.properties) <= 16 and fits_int64(
             record.queue_offset, record.born_at, record.deliver_at, record.stored_at,
             record.flags):
-        assert out[0] == python_delivered(payload) is not None
+        assert out[0] == python_delivered(payload, once) is not None
         assert offsets[0] == record.queue_offset
     else:
         assert out[0] is None
     if out[1] is not None:
-        assert out[1] == python_delivered(payloads[1])
+        assert out[1] == python_delivered(payloads[1], once)
 
 
 def python_offsets(payloads: list[bytes]) -> list[int] | None:
@@ -286,11 +306,12 @@ def test_record_offsets(records: list[LogRecord], data: st.DataObject) -> None:
 
 @needs_native
 @settings(max_examples=100)
-@given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40))
-def test_pull_answer(records: list[LogRecord], offset: int) -> None:
+@given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40),
+       once=st.booleans())
+def test_pull_answer(records: list[LogRecord], offset: int, once: bool) -> None:
     payloads = [encode_log_record(r) for r in records]
-    assert outcome(_pull_msgpack_native, payloads, offset) == outcome(
-        pull_msgpack_py, payloads, offset)
+    assert outcome(_pull_msgpack_native, payloads, offset, once) == outcome(
+        pull_msgpack_py, payloads, offset, once)
 
 
 def outcome(fn: Callable[..., bytes], *args: object) -> bytes | type[BaseException]:
@@ -320,9 +341,10 @@ def test_pull_answer_of_many_messages() -> None:
                      max_size=20),
        lease_until=st.integers(0, 1 << 62),
        acked=st.none() | st.tuples(st.integers(0, 1000), st.lists(st.text(max_size=10),
-                                                                  max_size=3)))
+                                                                  max_size=3)),
+       once=st.booleans())
 def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease_until: int,
-                        acked: tuple[int, list[str]] | None) -> None:
+                        acked: tuple[int, list[str]] | None, once: bool) -> None:
     """A receive's msgpack answer: messages shown as stored (their bytes transcoded in C)
     mixed with retries shown as their original (no bytes: encoded from the document)."""
     result = ReceiveResult(lease_until=lease_until, messages=[
@@ -330,8 +352,8 @@ def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease
         else Received(receipt, count, times, shown=record)
         for record, stored, receipt, count, times in rows])
     ack = None if acked is None else AckResult(acked=acked[0], stale=acked[1])
-    assert outcome(_receive_msgpack_native, result, ack) == outcome(
-        receive_msgpack_py, result, ack)
+    assert outcome(_receive_msgpack_native, result, ack, once) == outcome(
+        receive_msgpack_py, result, ack, once)
 
 
 def read_both(log: CommitLog, positions: list[int],
