@@ -37,17 +37,29 @@ def is_msgpack(content_type: str | None) -> bool:
     return content_type.split(";", 1)[0].strip().lower() in _MSGPACK_TYPES
 
 
-def prefers_minimal(request: Request) -> bool:
-    """True when the request asks for ``Prefer: return=minimal`` (RFC 7240: preferences are
-    comma-separated, in one or several ``Prefer`` headers, names case-insensitive, a value
-    may be quoted, parameters after ``;`` are ignored, and only the first instance of a
-    preference counts)."""
+def preference(request: Request, name: str) -> str | None:
+    """The value of the preference ``name`` in the request's ``Prefer`` headers (RFC 7240:
+    preferences are comma-separated, in one or several ``Prefer`` headers, names
+    case-insensitive, a value may be quoted, parameters after ``;`` are ignored, and only the
+    first instance of a preference counts), lower-cased; "" for a name without a value,
+    None when it is not asked for."""
     for header in request.headers.getlist("prefer"):
-        for preference in header.split(","):
-            name, _, value = preference.split(";", 1)[0].partition("=")
-            if name.strip().lower() == "return":
-                return value.strip().strip('"').lower() == "minimal"
-    return False
+        for item in header.split(","):
+            key, _, value = item.split(";", 1)[0].partition("=")
+            if key.strip().lower() == name:
+                return value.strip().strip('"').lower()
+    return None
+
+
+def prefers_minimal(request: Request) -> bool:
+    """True when the request asks for ``Prefer: return=minimal`` (a send batch's answer)."""
+    return preference(request, "return") == "minimal"
+
+
+def prefers_body_once(request: Request) -> bool:
+    """True when the request asks for ``Prefer: body=once``: each delivered message in the
+    answer carries its body once (api/schemas.py ``body_fields``)."""
+    return preference(request, "body") == "once"
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -175,10 +175,12 @@ class Delivered(_Out, kw_only=True):
     tags: str | None
     keys: tuple[str, ...]
     properties: Mapping[str, str]
-    body_base64: bytes
-    body: Annotated[str, Meta(description="Present when the body is valid UTF-8.")] | UnsetType = (
-        UNSET
-    )
+    body_base64: Annotated[bytes, Meta(description=(
+        "The body's bytes. Absent only when the request asked for `Prefer: body=once` and "
+        "the body is UTF-8 text (then `body` carries it)."))] | UnsetType = UNSET
+    body: Annotated[str, Meta(description=(
+        "Present when the body is valid UTF-8 (with `Prefer: body=once`, instead of "
+        "`bodyBase64`)."))] | UnsetType = UNSET
     born_at: EpochMs
     deliver_at: EpochMs
     stored_at: Annotated[int, Meta(ge=0, description="When it was written to the log; "
@@ -372,3 +374,13 @@ def utf8_text(body: bytes) -> str | UnsetType:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         return UNSET
+
+
+def body_fields(body: bytes, once: bool = False) -> dict[str, Any]:
+    """A delivered message's ``body_base64`` and ``body`` (as keyword arguments): both, the
+    text one only when the bytes are UTF-8; ``once`` (``Prefer: body=once``): the text one
+    when they are, else the bytes."""
+    text = utf8_text(body)
+    if once and text is not UNSET:
+        return {"body": text}
+    return {"body_base64": body, "body": text}

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from api import schemas
 from api.auth import Permission
-from api.bodies import MSGPACK, decode, is_msgpack, read_body
+from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_bool, query_int, respond
 from api.openapi import operation, query_parameter
 from api.schemas import TOPIC_PARAMETER, Topic
@@ -24,38 +24,38 @@ from storage.records import LogRecord, decode_log_records
 Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Consumer group.")]
 
 
-def delivered(message: LogRecord) -> schemas.Delivered:
-    body = message.body
+def delivered(message: LogRecord, once: bool = False) -> schemas.Delivered:
+    """``once``: the body once (``Prefer: body=once``, schemas.body_fields)."""
     return schemas.Delivered(
         offset=message.queue_offset, msg_id=message.msg_id, topic=message.topic,
         tags=message.tags, keys=message.keys, properties=message.properties,
-        body_base64=body, body=schemas.utf8_text(body), born_at=message.born_at,
+        **schemas.body_fields(message.body, once), born_at=message.born_at,
         deliver_at=message.deliver_at, stored_at=message.stored_at,
     )
 
 
-def pull_result(payloads: list[bytes], offset: int) -> schemas.PullResult:
+def pull_result(payloads: list[bytes], offset: int, once: bool = False) -> schemas.PullResult:
     """The answer to a pull that read ``payloads`` (LogRecords) from ``offset``."""
     messages = decode_log_records(payloads)
-    return schemas.PullResult(messages=[delivered(m) for m in messages],
+    return schemas.PullResult(messages=[delivered(m, once) for m in messages],
                               next_offset=messages[-1].queue_offset + 1 if messages else offset)
 
 
-def pull_msgpack_py(payloads: list[bytes], offset: int) -> bytes:
+def pull_msgpack_py(payloads: list[bytes], offset: int, once: bool = False) -> bytes:
     """``pull_result`` in msgpack."""
-    return _msgpack.encode(pull_result(payloads, offset))
+    return _msgpack.encode(pull_result(payloads, offset, once))
 
 
-def _pull_msgpack_native(payloads: list[bytes], offset: int) -> bytes:
+def _pull_msgpack_native(payloads: list[bytes], offset: int, once: bool = False) -> bytes:
     """The same bytes, each message transcoded from its payload in C (storage/_native.pyx)
     without building it in Python; the messages it leaves (None) are done as in
     ``pull_result`` (which raises CorruptionError for a payload that cannot be decoded)."""
     assert native is not None
-    parts, offsets = native.delivered_msgpack(payloads)
+    parts, offsets = native.delivered_msgpack(payloads, once=once)
     for i, part in enumerate(parts):
         if part is None:
             message = decode_log_records([payloads[i]])[0]
-            parts[i] = _msgpack.encode(delivered(message))
+            parts[i] = _msgpack.encode(delivered(message, once))
             offsets[i] = message.queue_offset
     next_offset = offsets[-1] + 1 if parts else offset
     return b"".join((_PULL_HEAD, msgpack_array_header(len(parts)), *parts, _NEXT_OFFSET,
@@ -74,12 +74,28 @@ _NEXT_OFFSET = b"\xaanextOffset"
 _msgpack = msgspec.msgpack.Encoder()
 pull_msgpack = pull_msgpack_py if native is None else _pull_msgpack_native
 
+#: RFC 7240's ``Prefer`` request header, as pulls and receives read it (api.bodies)
+PREFER_BODY = {"name": "Prefer", "in": "header", "required": False,
+               "description": "`body=once`: each message carries its body once, as `body` when "
+                              "it is UTF-8 text, else as `bodyBase64` (the default carries "
+                              "`bodyBase64` always and `body` beside it for text); answered "
+                              "with `Preference-Applied: body=once`. Other preferences in the "
+                              "header are ignored.",
+               "schema": {"type": "string", "enum": ["body=once"]}}
+
+
+def body_once_applied(response: Response) -> Response:
+    """``response`` with ``Preference-Applied: body=once``."""
+    response.headers["Preference-Applied"] = "body=once"
+    return response
+
+
 MAX_OFFSET = (1 << 63) - 1
 GROUP_PARAMETER = {"name": "group", "in": "path", "required": True,
                    "description": "Consumer group.",
                    "schema": {"type": "string", "pattern": GROUP_REGEX}}
 PULL_PARAMETERS = [
-    TOPIC_PARAMETER,
+    TOPIC_PARAMETER, PREFER_BODY,
     query_parameter("offset", "First offset to read; default: the group's committed offset "
                     "(0 if none).", {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}),
     query_parameter("group", "Consumer group: where to start when no offset is given.",
@@ -132,9 +148,12 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             payloads = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
         else:
             payloads = broker.read(topic, offset, max_messages)
+        once = prefers_body_once(request)
         if is_msgpack(request.headers.get("accept")):
-            return Response(pull_msgpack(payloads, offset), media_type=MSGPACK)
-        return respond(pull_result(payloads, offset), 200, request)
+            response = Response(pull_msgpack(payloads, offset, once), media_type=MSGPACK)
+        else:
+            response = respond(pull_result(payloads, offset, once), 200, request)
+        return body_once_applied(response) if once else response
 
     async def _long_poll(topic: str, offset: int, max_messages: int,
                          timeout_s: float) -> list[bytes]:

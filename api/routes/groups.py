@@ -17,11 +17,18 @@ from starlette.responses import Response
 
 from api import schemas
 from api.auth import Permission
-from api.bodies import MSGPACK, decode, is_msgpack, read_body
+from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
 from api.longpoll import woken_by
 from api.openapi import operation, query_parameter
-from api.routes.consume import MAX_OFFSET, Group, check_group, msgpack_array_header
+from api.routes.consume import (
+    MAX_OFFSET,
+    PREFER_BODY,
+    Group,
+    body_once_applied,
+    check_group,
+    msgpack_array_header,
+)
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler.groups import AckResult, Received, ReceiveResult
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
@@ -38,40 +45,37 @@ GROUP_PARAMETERS = [TOPIC_PARAMETER, GROUP_PARAMETER]
 HOT = frozenset({"receiveMessages", "ackMessages", "nackMessages"})
 
 
-def _fields(record: LogRecord) -> dict[str, Any]:
-    body = record.body
+def _fields(record: LogRecord, once: bool = False) -> dict[str, Any]:
+    """The fields of ``Delivered`` (``once``: the body once, schemas.body_fields)."""
     return {"offset": record.queue_offset, "msg_id": record.msg_id, "topic": record.topic,
-                "tags": record.tags, "keys": record.keys, "properties": record.properties,
-                "body_base64": body, "body": schemas.utf8_text(body), "born_at": record.born_at,
-                "deliver_at": record.deliver_at, "stored_at": record.stored_at}
+            "tags": record.tags, "keys": record.keys, "properties": record.properties,
+            **schemas.body_fields(record.body, once), "born_at": record.born_at,
+            "deliver_at": record.deliver_at, "stored_at": record.stored_at}
 
 
-def received(m: Received) -> schemas.Received:
-    record = m.record
-    body = record.body
-    return schemas.Received(
-        offset=record.queue_offset, msg_id=record.msg_id, topic=record.topic,
-        tags=record.tags, keys=record.keys, properties=record.properties, body_base64=body,
-        body=schemas.utf8_text(body), born_at=record.born_at, deliver_at=record.deliver_at,
-        stored_at=record.stored_at, receipt=m.receipt, delivery_count=m.delivery_count,
-        reconsume_times=m.reconsume_times)
+def received(m: Received, once: bool = False) -> schemas.Received:
+    return schemas.Received(**_fields(m.record, once), receipt=m.receipt,
+                            delivery_count=m.delivery_count, reconsume_times=m.reconsume_times)
 
 
-def receive_answer(result: ReceiveResult, acked: AckResult | None) -> schemas.ReceiveResult:
+def receive_answer(result: ReceiveResult, acked: AckResult | None,
+                   once: bool = False) -> schemas.ReceiveResult:
     """The answer to a receive (and to the ``ack`` it carried, if any)."""
-    answer = schemas.ReceiveResult(messages=[received(m) for m in result.messages],
+    answer = schemas.ReceiveResult(messages=[received(m, once) for m in result.messages],
                                    lease_until=result.lease_until)
     if acked is not None:
         answer.acked, answer.stale = acked.acked, acked.stale
     return answer
 
 
-def receive_msgpack_py(result: ReceiveResult, acked: AckResult | None) -> bytes:
+def receive_msgpack_py(result: ReceiveResult, acked: AckResult | None,
+                       once: bool = False) -> bytes:
     """``receive_answer`` in msgpack."""
-    return _msgpack.encode(receive_answer(result, acked))
+    return _msgpack.encode(receive_answer(result, acked, once))
 
 
-def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None) -> bytes:
+def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None,
+                            once: bool = False) -> bytes:
     """The same bytes; each message shown as stored is transcoded from its LogRecord bytes
     in C with its receipt and counts (storage/_native.pyx, see api/routes/consume.py); the
     others (retries shown as their original, and what C leaves) are encoded from their
@@ -82,7 +86,7 @@ def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None) -> b
     at = [i for i, m in enumerate(messages) if m.payload is not None and not m.reconsume_times]
     shown = messages if len(at) == len(messages) else [messages[i] for i in at]
     done, _ = native.delivered_msgpack([m.payload for m in shown], [m.receipt for m in shown],
-                                       [m.delivery_count for m in shown])
+                                       [m.delivery_count for m in shown], once)
     if shown is messages:  # the usual receive: nothing retried
         parts = done
     else:
@@ -91,7 +95,7 @@ def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None) -> b
             parts[i] = part
     for i, part in enumerate(parts):
         if part is None:
-            parts[i] = _msgpack.encode(received(messages[i]))
+            parts[i] = _msgpack.encode(received(messages[i], once))
     head = b"\x84\xa8messages" if acked is not None else b"\x82\xa8messages"
     tail = [b"\xaaleaseUntil", _msgpack.encode(result.lease_until)]
     if acked is not None:
@@ -125,7 +129,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     @router.post("/v1/topics/{topic}/groups/{group}:receive", **operation(
         "receiveMessages", tag="consuming", summary="Lease messages to this member (long poll)",
         result="ReceiveResult", body="ReceiveIn", msgpack=True, errors=(503,),
-        parameters=GROUP_PARAMETERS,
+        parameters=[*GROUP_PARAMETERS, PREFER_BODY],
         result_description="Leased messages (possibly none) and when their lease ends.",
     ))
     async def receive_messages(request: Request) -> Response:
@@ -139,9 +143,12 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         if len(result.messages) == body.max:  # it may have left some: the next member's turn
             for t in groups.topics(topic, group):
                 notifier.hand_on(t, group)
+        once = prefers_body_once(request)
         if is_msgpack(request.headers.get("accept")):
-            return Response(receive_msgpack(result, acked), media_type=MSGPACK)
-        return respond(receive_answer(result, acked), 200, request)
+            response = Response(receive_msgpack(result, acked, once), media_type=MSGPACK)
+        else:
+            response = respond(receive_answer(result, acked, once), 200, request)
+        return body_once_applied(response) if once else response
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
                          timeout_s: float) -> ReceiveResult:
@@ -222,7 +229,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                             {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}),
             query_parameter("max", "At most this many.",
                             {"type": "integer", "minimum": 1, "maximum": MAX_PULL_MESSAGES,
-                             "default": schemas.DEFAULT_PULL})],
+                             "default": schemas.DEFAULT_PULL}), PREFER_BODY],
     ))
     async def list_dead_letters(topic: Topic, group: Group, request: Request,
                                 principal: Authenticated) -> Response:
@@ -231,10 +238,12 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         max_messages = query_int(request, "max", schemas.DEFAULT_PULL, 1, MAX_PULL_MESSAGES)
         assert max_messages is not None
         page = broker.groups.dead_letters(topic, group, offset, max_messages)
-        return respond(schemas.DeadLetterPage(
-            messages=[schemas.DeadLetter(**_fields(r), reconsume_times=n)
+        once = prefers_body_once(request)
+        response = respond(schemas.DeadLetterPage(
+            messages=[schemas.DeadLetter(**_fields(r, once), reconsume_times=n)
                       for r, n in page.messages],
             next_offset=page.next_offset), 200, request)
+        return body_once_applied(response) if once else response
 
     @router.post("/v1/topics/{topic}/groups/{group}/dead-letters:redrive", **operation(
         "redriveDeadLetters", tag="consuming",

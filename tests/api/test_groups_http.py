@@ -209,11 +209,12 @@ MEMBER = textwrap.dedent("""
     base, token, out = sys.argv[1], sys.argv[2], sys.argv[3]
     G = "/v1/topics/orders.g/groups/workers"
     seen = []
-    open(out + ".ready", "w").close()
-    while not os.path.exists(os.path.join(os.path.dirname(out), "go")):
-        time.sleep(0.01)  # start together (a barrier across processes)
     with httpx.Client(base_url=base, headers={"Authorization": "Bearer " + token},
                       timeout=30) as c:
+        assert c.get("/healthz").status_code == 200  # connected before the start
+        open(out + ".ready", "w").close()
+        while not os.path.exists(os.path.join(os.path.dirname(out), "go")):
+            time.sleep(0.01)  # start together (a barrier across processes)
         idle = 0
         while idle < 20:
             got = c.post(G + ":receive", json={"max": 10, "waitMs": 100}).json()["messages"]

@@ -12,11 +12,14 @@ from bench.peers import client_cost, consume_only, request_cost
 from bench.peers.systems.hourglass import HourglassSystem
 
 
-@pytest.mark.parametrize("mode", ["receive", "pull"])
-def test_the_consumers_get_every_message(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert consume_only.main(["--mode", mode, "--n", "3000", "--timeout", "60"]) == 0
+@pytest.mark.parametrize(("mode", "body"), [("receive", "once"), ("pull", "once"),
+                                           ("receive", "both"), ("pull", "both")])
+def test_the_consumers_get_every_message(mode: str, body: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert consume_only.main(["--mode", mode, "--body", body, "--n", "3000",
+                              "--timeout", "60"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{mode}: 3,000 messages in hand in "), out
+    assert out.startswith(f"{mode}, body {body}: 3,000 messages in hand in "), out
 
 
 def test_client_cost_pulls_everything_through_both_clients(

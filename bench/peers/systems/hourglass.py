@@ -140,6 +140,10 @@ class HourglassSystem(System):
                              **({"Prefer": "return=minimal"}
                                 if options.get("hourglass_answer", "minimal") == "minimal"
                                 else {})}
+        # ``Prefer: body=once``: a delivered message carries its 100-byte body once, not
+        # twice (``body`` and ``bodyBase64``): ~110 bytes less per message in msgpack
+        self.consume_headers = ({"Prefer": "body=once"}
+                                if options.get("hourglass_body", "once") == "once" else {})
         self.consume_mode: str = options.get("hourglass_consume") or "receive"
         if self.consume_mode not in ("receive", "pull"):
             raise ValueError(f"hourglass_consume is 'receive' or 'pull', not "
@@ -198,7 +202,8 @@ class HourglassSystem(System):
                          "one request)" if self.consume_mode == "pull" else
                          f"{self.consumers} members of one group: POST …:receive max={PULL_MAX}"
                          f" waitMs={WAIT_MS} ack=<the previous batch's receipts> (ack + "
-                         "receive in one request)"),
+                         "receive in one request)")
+                        + ("; Prefer: body=once" if self.consume_headers else ""),
             "bodies": ("msgpack batches, pulls and receives (Content-Type / Accept "
                        "application/x-msgpack)" if self.msgpack else "JSON"),
         }
@@ -307,7 +312,8 @@ class HourglassSystem(System):
         (``ack`` in the request body: one request per batch); the last batch with ``:ack``."""
         group = f"/v1/topics/{self.topic}/groups/{self.group}"
         ask = {"max": PULL_MAX, "waitMs": WAIT_MS, "leaseMs": LEASE_MS}
-        headers = {**MSGPACK_BODY, "Accept": MSGPACK} if self.msgpack else JSON_BODY
+        headers = {**(MSGPACK_BODY | {"Accept": MSGPACK} if self.msgpack else JSON_BODY),
+                   **self.consume_headers}
         pack = msgpack.packb if self.msgpack else orjson.dumps
         unpack = msgpack.unpackb if self.msgpack else orjson.loads
         receipts: list[str] = []  # the previous batch's, acknowledged with the next receive
@@ -336,7 +342,7 @@ class HourglassSystem(System):
     def _pull_loop(self, sink: Sink, stop: threading.Event) -> None:
         path = (f"/v1/topics/{self.topic}/messages?"
                 f"{urlencode({'group': self.group, 'max': PULL_MAX, 'waitMs': WAIT_MS})}")
-        accept = {"Accept": MSGPACK} if self.msgpack else None
+        accept = {**({"Accept": MSGPACK} if self.msgpack else {}), **self.consume_headers}
         offset: int | None = None  # where the previous batch ended: committed with the next pull
         while not stop.is_set():
             url = path if offset is None else f"{path}&offset={offset}&commit=true"
