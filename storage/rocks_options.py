@@ -34,6 +34,7 @@ from storage.constants import (
 
 MIB = 1 << 20
 TIMER_WRITE_BUFFER_CAP = 8 * MIB  # (StoreTuning.for_budget)
+INDEX_WRITE_BUFFER_CAP = 8 * MIB  # (StoreTuning.for_budget)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +43,8 @@ class StoreTuning:
     block_cache_bytes: int = 256 * MIB  #               shared LRU block cache, all CFs
     db_write_buffer_bytes: int = 512 * MIB  #           memtable budget across all CFs
     timer_write_buffer_bytes: int = TIMER_WRITE_BUFFER_CAP  # memtable of each time-ordered CF
-    other_write_buffer_bytes: int = 32 * MIB  #         memtable size of index/cq/tx/meta
+    index_write_buffer_bytes: int = INDEX_WRITE_BUFFER_CAP  # memtable of the index CF
+    other_write_buffer_bytes: int = 32 * MIB  #         memtable size of cq/tx/meta
     max_write_buffer_number: int = 4  #                 memtables per CF before stalling writes
     target_file_size_bytes: int = 64 * MIB  #           SST size at L1
     max_bytes_for_level_base: int = 256 * MIB  #        L1 size; x10 per level
@@ -68,11 +70,20 @@ class StoreTuning:
         caches at every level. Sends of 1000 messages due at random over an hour, through
         ``Broker.send_batch``: 0.88-0.92 ms per RocksDB write with 6 MiB, 0.98 with 8,
         1.09 with 12, 1.46-1.51 with 24 (the 256 MiB default's 1/8), 1.84 with 2 (flushes
-        then stall it); docs/performance.md section 8."""
+        then stall it); docs/performance.md section 8.
+
+        So is the index CF's, ``INDEX_WRITE_BUFFER_CAP``: its keys are (topic, msgId), and a
+        delivery commit rewrites them in deliverAt order, i.e. at random. 200 k sends, then
+        200 k rewrites in batches of 1000: 1.24-1.33 instead of 1.65-1.88 µs a rewrite with
+        8 MiB instead of 24, random msgIds sent at 0.87-0.94 instead of 1.21-1.26 µs, and the
+        process's CPU with the flushes and compactions after them no higher (2.43-2.49
+        against 2.49-2.57 µs a message with sequential msgIds, 3.42-3.47 against
+        3.89-3.97 with random ones); docs/performance.md section 11."""
         cache = memory_bytes // 4
         memtables = memory_bytes - cache
         return cls(block_cache_bytes=cache, db_write_buffer_bytes=memtables,
                    timer_write_buffer_bytes=min(memtables // 8, TIMER_WRITE_BUFFER_CAP),
+                   index_write_buffer_bytes=min(memtables // 8, INDEX_WRITE_BUFFER_CAP),
                    other_write_buffer_bytes=memtables // 8)
 
 
@@ -111,7 +122,8 @@ def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksd
     table.set_format_version(5)
     if name in POINT_LOOKUP_CFS:
         table.set_bloom_filter(tuning.bloom_bits_per_key, False)
-        opts.set_write_buffer_size(tuning.other_write_buffer_bytes)
+        opts.set_write_buffer_size(tuning.index_write_buffer_bytes if name == CF_INDEX
+                                   else tuning.other_write_buffer_bytes)
         # a send looks up every client msgId it carries, and a new one is in no memtable:
         # a bloom of each memtable's keys answers that without a skip-list search (1000
         # new keys against a 32 MiB memtable: 0.34 instead of 0.79-0.86 ms; the write of

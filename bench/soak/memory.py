@@ -18,7 +18,8 @@ MIB = 1 << 20
 
 SMALL_BUFFERS = {  # StoreTuning for --rocksdb-buffers small: caches in steady state in a minute
     "block_cache_bytes": 16 * MIB, "db_write_buffer_bytes": 32 * MIB,
-    "timer_write_buffer_bytes": 4 * MIB, "other_write_buffer_bytes": 2 * MIB,
+    "timer_write_buffer_bytes": 4 * MIB, "index_write_buffer_bytes": 2 * MIB,
+    "other_write_buffer_bytes": 2 * MIB,
     "max_total_wal_bytes": 64 * MIB,
 }
 
