@@ -28,6 +28,7 @@ from api.routes import (
     groups,
     messages,
     operations,
+    stream,
     transactions,
     ui,
 )
@@ -85,6 +86,7 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
     messages.add_routes(app.router, ctx)
     consume.add_routes(app.router, ctx)
     groups.add_routes(app.router, ctx)
+    stream.add_routes(app.router, ctx)
     transactions.add_routes(app.router, ctx)
     operations.add_routes(app.router, ctx, registry)
     dashboard.add_routes(app.router, ctx)  # the dashboard: its API and its page

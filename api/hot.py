@@ -32,7 +32,8 @@ from api.problems import known_problem, problem_response
 log = logging.getLogger("hourglass.api")
 
 #: operationIds served ahead of FastAPI: their endpoints take only the Request
-HOT_OPERATIONS = frozenset({"sendMessage", "sendBatch", "pullMessages", "commitGroupOffset"})
+HOT_OPERATIONS = frozenset({"sendMessage", "sendBatch", "pullMessages", "commitGroupOffset",
+                            "streamMessages"})
 
 
 class HourglassApp(FastAPI):

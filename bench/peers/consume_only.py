@@ -54,7 +54,7 @@ def _cpu(procs: list[psutil.Process]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peers.consume_only",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("receive", "pull"), default="receive")
+    ap.add_argument("--mode", choices=("receive", "pull", "stream"), default="receive")
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--consumers", type=int, default=2, help="group members (receive)")
     ap.add_argument("--body", choices=("once", "both"), default="once",

@@ -60,10 +60,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--w3-delay-ms", default="1000-3000", help="W3 delay range, ms (MIN-MAX)")
     ap.add_argument("--drain-timeout", type=float, default=1800.0,
                     help="seconds after the due time to wait for the last message")
-    ap.add_argument("--hourglass-consume", choices=("receive", "pull"), default="receive",
+    ap.add_argument("--hourglass-consume", choices=("receive", "pull", "stream"),
+                    default="stream",
                     help="hourglass consumers: 'receive' = --consumers members of one group "
                          "(POST …:receive, then …:ack); 'pull' = one thread pulling by offset "
-                         "and committing it (the mode before competing consumers)")
+                         "and committing it (the mode before competing consumers); 'stream' = "
+                         "one thread reading GET …/messages:stream, committing its offset "
+                         "once a second")
     ap.add_argument("--hourglass-url", default=None,
                     help="use this running hourglass server instead of starting one")
     ap.add_argument("--token", default=None,

@@ -6,7 +6,8 @@
    endian)``), which the server does not accept where it expects a number, so it must answer
    400; the case still runs, with every check, instead of failing in the client.
 2. Cap ``waitMs`` (a pull's query, a group receive's body): the fuzzer's boundary value
-   (30000) would turn every empty pull into a 30 s wait; long polling has its own tests.
+   (30000) would turn every empty pull into a 30 s wait; long polling has its own tests. The
+   same for a stream's ``durationMs`` (given or not: its default is 5 minutes).
 3. Drop generated queries the client cannot send as generated (``filter_query``).
 4. A compatibility shim: hypothesis-jsonschema 0.23.1 (the latest) still drives Hypothesis'
    private ``many`` helper through ``more()``, which Hypothesis 6.170 replaced by iteration,
@@ -24,6 +25,7 @@ import schemathesis
 from hypothesis.internal.conjecture import utils as conjecture_utils
 
 MAX_WAIT_MS = 20
+MAX_STREAM_MS = 3_600_000  # api/routes/stream.py MAX_DURATION_MS
 BIGINT_EXT = 1  # msgpack extension type code of an integer outside [-2**63, 2**64)
 _INT_RANGE = range(-(1 << 63), 1 << 64)
 
@@ -32,6 +34,14 @@ _INT_RANGE = range(-(1 << 63), 1 << 64)
 def map_query(context: Any, query: dict[str, Any] | None) -> dict[str, Any] | None:
     if query and isinstance(query.get("waitMs"), int) and query["waitMs"] > MAX_WAIT_MS:
         query["waitMs"] = MAX_WAIT_MS
+    operation = getattr(context, "operation", None)
+    if operation is not None and operation.path.endswith(":stream"):
+        # a stream lasts durationMs (default 5 minutes): a valid one, or none, becomes 20 ms
+        query = dict(query or {})
+        duration = query.get("durationMs", MAX_STREAM_MS)
+        if isinstance(duration, int) and not isinstance(duration, bool) \
+                and MAX_WAIT_MS < duration <= MAX_STREAM_MS:
+            query["durationMs"] = MAX_WAIT_MS
     return query
 
 

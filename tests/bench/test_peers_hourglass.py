@@ -13,7 +13,8 @@ from bench.peers.systems.hourglass import HourglassSystem
 
 
 @pytest.mark.parametrize(("mode", "body"), [("receive", "once"), ("pull", "once"),
-                                           ("receive", "both"), ("pull", "both")])
+                                           ("stream", "once"), ("receive", "both"),
+                                           ("pull", "both"), ("stream", "both")])
 def test_the_consumers_get_every_message(mode: str, body: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert consume_only.main(["--mode", mode, "--body", body, "--n", "3000",

@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,34 @@ class _Page(msgspec.Struct, rename="camel"):
 #: decodes msgpack answers into typed structs, as a generated client would (4-5x less client
 #: CPU than a dict per message: the consumers share the load generator's interpreter)
 _read_page = msgspec.msgpack.Decoder(_Page).decode
+
+
+class _Frames:
+    """The frames of a msgpack stream (one msgpack map each, back to back) as ``_Page``s:
+    msgpack's Unpacker finds where each ends (``skip``), msgspec decodes it."""
+
+    def __init__(self) -> None:
+        self._bounds = msgpack.Unpacker()
+        self._buf = bytearray()
+        self._base = 0  # the Unpacker's position of self._buf[0]
+
+    def feed(self, chunk: bytes) -> list[_Page]:
+        self._bounds.feed(chunk)
+        self._buf += chunk
+        pages, start = [], 0
+        while True:
+            try:
+                self._bounds.skip()
+            except msgpack.OutOfData:
+                break
+            end = self._bounds.tell() - self._base
+            pages.append(_read_page(self._buf[start:end]))
+            start = end
+        del self._buf[:start]
+        self._base += start
+        return pages
 LEASE_MS = 60_000
+STREAM_MS = 2_000  # a consumer's stream is renewed this often (it then sees its stop)
 
 
 def _text(r: urllib3.BaseHTTPResponse) -> str:
@@ -144,13 +172,13 @@ class HourglassSystem(System):
         # twice (``body`` and ``bodyBase64``): ~110 bytes less per message in msgpack
         self.consume_headers = ({"Prefer": "body=once"}
                                 if options.get("hourglass_body", "once") == "once" else {})
-        self.consume_mode: str = options.get("hourglass_consume") or "receive"
-        if self.consume_mode not in ("receive", "pull"):
-            raise ValueError(f"hourglass_consume is 'receive' or 'pull', not "
+        self.consume_mode: str = options.get("hourglass_consume") or "stream"
+        if self.consume_mode not in ("receive", "pull", "stream"):
+            raise ValueError(f"hourglass_consume is 'receive', 'pull' or 'stream', not "
                              f"{self.consume_mode!r}")
 
     def consumer_threads(self) -> int:
-        if self.consume_mode == "pull":
+        if self.consume_mode in ("pull", "stream"):
             return 1  # one ordered log per topic: one offset reader per group and topic
         return self.consumers
 
@@ -200,6 +228,9 @@ class HourglassSystem(System):
             "consumer": (f"1 thread: GET …/messages?group&max={PULL_MAX}&waitMs={WAIT_MS}"
                          "&offset=<previous nextOffset>&commit=true (pull + offset commit in "
                          "one request)" if self.consume_mode == "pull" else
+                         f"1 thread: GET …/messages:stream?offset&max={PULL_MAX}&durationMs="
+                         f"{STREAM_MS} (a frame per delivery), the group's offset PUT once a "
+                         "second" if self.consume_mode == "stream" else
                          f"{self.consumers} members of one group: POST …:receive max={PULL_MAX}"
                          f" waitMs={WAIT_MS} ack=<the previous batch's receipts> (ack + "
                          "receive in one request)")
@@ -280,13 +311,15 @@ class HourglassSystem(System):
 
     def _call(self, method: str, path: str, body: bytes | None = None,
               headers: dict[str, str] | None = None,
-              timeout: float | None = None) -> urllib3.BaseHTTPResponse:
-        """One request on the pool's keep-alive connections (``headers`` beside the token)."""
+              timeout: float | None = None, preload_content: bool = True
+              ) -> urllib3.BaseHTTPResponse:
+        """One request on the pool's keep-alive connections (``headers`` beside the token);
+        ``preload_content`` False: the body is read as it comes (``stream``)."""
         assert self.http is not None
         return self.http.urlopen(
             method, path, body=body, headers={**self.http.headers, **(headers or {})},
             timeout=urllib3.Timeout(timeout) if timeout is not None else None,
-            retries=False)
+            retries=False, preload_content=preload_content)
 
     # --- producing -------------------------------------------------------------------------
     def send(self, batch: Batch) -> None:
@@ -304,6 +337,8 @@ class HourglassSystem(System):
     def consume_loop(self, k: int, sink: Sink, stop: threading.Event) -> None:
         if self.consume_mode == "pull":
             self._pull_loop(sink, stop)
+        elif self.consume_mode == "stream":
+            self._stream_loop(sink, stop)
         else:
             self._receive_loop(sink, stop)
 
@@ -364,6 +399,54 @@ class HourglassSystem(System):
             sink([m["msgId"] for m in msgs], t,
                  [m["storedAt"] - m["deliverAt"] for m in msgs])
             offset = doc["nextOffset"]
+
+    def _stream_loop(self, sink: Sink, stop: threading.Event) -> None:
+        """One standing stream (GET …/messages:stream), a frame per delivery, renewed every
+        STREAM_MS (so ``stop`` is seen); the group's offset committed once a second and at
+        the end, as RocketMQ's push consumer persists its offsets every few seconds."""
+        offsets = f"/v1/topics/{self.topic}/groups/{self.group}/offset"
+        start = self._call("GET", offsets)
+        if start.status != 200:
+            raise RuntimeError(f"hourglass offset: HTTP {start.status}: {_text(start)}")
+        offset = orjson.loads(start.data)["offset"]
+        committed, last_commit = offset, time.monotonic()
+        headers = {**({"Accept": MSGPACK} if self.msgpack else {}), **self.consume_headers}
+        while not stop.is_set():
+            query = urlencode({"offset": offset, "max": PULL_MAX, "durationMs": STREAM_MS})
+            r = self._call("GET", f"/v1/topics/{self.topic}/messages:stream?{query}",
+                           headers=headers, preload_content=False)
+            if r.status != 200:
+                raise RuntimeError(f"hourglass stream: HTTP {r.status}: {_text(r)}")
+            frames = _Frames()
+            rest = b""  # NDJSON: the start of a frame whose line has not ended yet
+            for chunk in r.stream(1 << 20):
+                t = now_ms()
+                if self.msgpack:
+                    for page in frames.feed(chunk):
+                        if page.messages:
+                            sink([m.msg_id for m in page.messages], t,
+                                 [m.stored_at - m.deliver_at for m in page.messages])
+                        offset = page.next_offset
+                else:
+                    lines = (rest + chunk).split(b"\n")
+                    rest = lines.pop()
+                    for doc in map(orjson.loads, filter(None, lines)):
+                        msgs = doc["messages"]
+                        if msgs:
+                            sink([m["msgId"] for m in msgs], t,
+                                 [m["storedAt"] - m["deliverAt"] for m in msgs])
+                        offset = doc["nextOffset"]
+                if offset != committed and time.monotonic() - last_commit >= 1.0:
+                    self._commit(offsets, offset)
+                    committed, last_commit = offset, time.monotonic()
+            r.release_conn()
+        if offset != committed:
+            self._commit(offsets, offset)
+
+    def _commit(self, path: str, offset: int) -> None:
+        r = self._call("PUT", path, orjson.dumps({"offset": offset}), JSON_BODY)
+        if r.status != 200:
+            raise RuntimeError(f"hourglass offset commit: HTTP {r.status}: {_text(r)}")
 
     # --- inspection ------------------------------------------------------------------------
     def server_processes(self) -> list[psutil.Process]:

@@ -1,0 +1,235 @@
+"""``GET /v1/topics/{topic}/messages:stream`` over real HTTP: a frame at once, then a frame
+per delivery, each what a pull from its offset answers (NDJSON or msgpack, ``Prefer:
+body=once``); from an offset or the group's committed one; ended by ``durationMs``, by the
+client leaving (its long-poll slot given back) and by server shutdown; bad input refused
+before the 200, as a pull refuses it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import orjson
+import pytest
+
+from scheduler.clock import FakeClock
+from tests.support.live import ADMIN, CONSUMER, T0, Live, make_settings, serve
+
+TOPIC = "orders.stream"
+STREAM = f"/v1/topics/{TOPIC}/messages:stream"
+PULL = f"/v1/topics/{TOPIC}/messages"
+
+
+def send(c: httpx.Client, ids: range, delay_ms: int = 0) -> None:
+    r = c.post(f"/v1/topics/{TOPIC}/messages:batch", json={"messages": [
+        {"msgId": f"m{i}", "body": f"body {i}", "delayMs": delay_ms} for i in ids]})
+    assert r.status_code == 201, r.text
+
+
+class Frames:
+    """The frames of a streamed response, read as they come (in JSON or msgpack)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.msgpack = response.headers["content-type"] == "application/x-msgpack"
+        self._chunks = response.iter_bytes()
+        self._unpacker = msgpack.Unpacker()
+        self._rest = b""
+        self._ready: list[dict[str, Any]] = []
+
+    def next(self) -> dict[str, Any]:
+        while not self._ready:
+            chunk = next(self._chunks)  # StopIteration: the stream ended
+            if self.msgpack:
+                self._unpacker.feed(chunk)
+                self._ready.extend(self._unpacker)
+            else:
+                lines = (self._rest + chunk).split(b"\n")
+                self._rest = lines.pop()
+                self._ready.extend(orjson.loads(line) for line in lines)
+        return self._ready.pop(0)
+
+    def rest(self) -> list[dict[str, Any]]:
+        """Every frame until the stream ends."""
+        out = []
+        while True:
+            try:
+                out.append(self.next())
+            except StopIteration:
+                assert not self._rest and not self._ready
+                return out
+
+
+def pulled(c: httpx.Client, offset: int, headers: dict[str, str]) -> dict[str, Any]:
+    r = c.get(PULL, params={"offset": offset, "max": 1000}, headers=headers)
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = (msgpack.unpackb(r.content) if r.headers["content-type"]
+                           == "application/x-msgpack" else r.json())
+    return doc
+
+
+@pytest.mark.parametrize(("accept", "prefer"), [
+    ("application/json", None), ("application/x-msgpack", None),
+    ("application/x-msgpack", "body=once")])
+def test_a_frame_at_once_then_one_per_delivery(live: Live, accept: str,
+                                               prefer: str | None) -> None:
+    headers = {"Accept": accept, **({"Prefer": prefer} if prefer else {})}
+    with live.client(CONSUMER) as consumer, live.client(ADMIN) as c:
+        send(c, range(3))  # due now: in the log already
+        with consumer.stream("GET", STREAM, params={"durationMs": 30_000},
+                             headers=headers) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"] == (
+                "application/x-msgpack" if "msgpack" in accept else "application/x-ndjson")
+            assert r.headers.get("preference-applied") == prefer
+            frames = Frames(r)
+            first = frames.next()
+            assert first == pulled(c, 0, headers)  # what a pull answers
+            assert [m["msgId"] for m in first["messages"]] == ["m0", "m1", "m2"]
+            assert first["nextOffset"] == 3
+            send(c, range(3, 5), delay_ms=1000)
+            send(c, range(5, 8), delay_ms=2000)
+            live.advance(1000)
+            second = frames.next()
+            assert [m["msgId"] for m in second["messages"]] == ["m3", "m4"]
+            assert second == pulled(c, 3, headers)
+            live.advance(1000)
+            third = frames.next()
+            assert [m["msgId"] for m in third["messages"]] == ["m5", "m6", "m7"]
+            assert third["nextOffset"] == 8
+            for m in third["messages"]:  # the bodies as a pull carries them
+                if prefer == "body=once":
+                    assert "bodyBase64" not in m and m["body"].startswith("body ")
+                else:
+                    assert m["body"].startswith("body ") and m["bodyBase64"]
+
+
+def test_from_an_offset_or_the_groups_committed_one_and_max_per_frame(live: Live) -> None:
+    with live.client(ADMIN) as c:
+        send(c, range(10))
+        assert c.put(f"/v1/topics/{TOPIC}/groups/g/offset", json={"offset": 6}).status_code \
+            == 200
+        with c.stream("GET", STREAM, params={"group": "g", "durationMs": 300}) as r:
+            frames = Frames(r).rest()
+        assert [m["msgId"] for f in frames for m in f["messages"]] == ["m6", "m7", "m8", "m9"]
+        with c.stream("GET", STREAM, params={"offset": 2, "max": 3, "durationMs": 300}) as r:
+            frames = Frames(r).rest()
+        assert [len(f["messages"]) for f in frames] == [3, 3, 2]  # then nothing new: the end
+        assert [f["nextOffset"] for f in frames] == [5, 8, 10]
+        # the stream commits nothing: the group is where it was
+        assert c.get(f"/v1/topics/{TOPIC}/groups/g/offset").json() == {"offset": 6}
+
+
+def test_duration_ends_it_and_the_slot_comes_back(live: Live) -> None:
+    notifier = live.app.state.ctx.notifier
+    with live.client(CONSUMER) as consumer:
+        began = time.monotonic()
+        with consumer.stream("GET", STREAM, params={"durationMs": 400}) as r:
+            frames = Frames(r).rest()
+        took = time.monotonic() - began
+        assert frames == [{"messages": [], "nextOffset": 0}]  # the first frame only
+        assert 0.35 < took < 10
+    wait_until_no_polls(notifier)
+
+
+def wait_until_no_polls(notifier: Any) -> None:
+    """The server gives a stream's slot back right after its last write (asynchronously)."""
+    deadline = time.monotonic() + 10
+    while notifier.polls:
+        assert time.monotonic() < deadline, "a stream's slot was never given back"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def capped(tmp_path: Path) -> Iterator[Live]:
+    with serve(replace(make_settings(tmp_path / "data"), max_long_polls=1),
+               FakeClock(T0)) as live:
+        yield live
+
+
+def test_streams_hold_a_long_poll_slot_until_the_client_leaves(capped: Live) -> None:
+    notifier = capped.app.state.ctx.notifier
+    first = capped.client(CONSUMER)
+    response = first.send(first.build_request("GET", STREAM), stream=True)
+    assert response.status_code == 200
+    frames = Frames(response)  # (kept: dropping its reader would close the stream)
+    frames.next()
+    assert notifier.polls == 1
+    with capped.client(CONSUMER) as other:
+        busy = other.get(STREAM)  # past the cap: 503, as a long poll
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1", busy.text
+        assert busy.json()["code"] == "UNAVAILABLE"
+        response.close()
+        first.close()  # the client leaves: the server notices and gives the slot back
+        wait_until_no_polls(notifier)
+        with other.stream("GET", STREAM, params={"durationMs": 50}) as r:
+            assert r.status_code == 200
+
+
+def test_server_shutdown_ends_the_stream(tmp_path: Path) -> None:
+    frames: list[dict[str, Any]] = []
+    ended = threading.Event()
+    with serve(make_settings(tmp_path / "data"), FakeClock(T0)) as live:
+        started = threading.Event()
+
+        def read() -> None:
+            with live.client(CONSUMER) as c, c.stream("GET", STREAM) as r:
+                reader = Frames(r)  # durationMs: the default 5 minutes
+                frames.append(reader.next())
+                started.set()
+                frames.extend(reader.rest())
+            ended.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        assert started.wait(10)
+        began = time.monotonic()
+    assert ended.wait(10) and time.monotonic() - began < 10
+    assert frames == [{"messages": [], "nextOffset": 0}]
+
+
+@pytest.mark.parametrize(("params", "token", "status"), [
+    ({"durationMs": 0}, CONSUMER, 400),
+    ({"durationMs": 3_600_001}, CONSUMER, 400),
+    ({"offset": -1}, CONSUMER, 400),
+    ({"max": 1001}, CONSUMER, 400),
+    ({"group": "bad group"}, CONSUMER, 400),
+    ({}, None, 401),
+])
+def test_bad_input_is_refused_before_the_stream_starts(live: Live, params: dict[str, Any],
+                                                       token: str | None,
+                                                       status: int) -> None:
+    with live.client(token) as c:
+        r = c.get(STREAM, params=params)
+        assert r.status_code == status, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        pull = c.get(PULL, params={k: v for k, v in params.items() if k != "durationMs"})
+        if "durationMs" not in params:
+            assert pull.status_code == status  # as a pull refuses it
+    assert live.app.state.ctx.notifier.polls == 0
+
+
+def test_a_topic_the_caller_may_not_read_is_refused_as_a_pull_refuses_it(live: Live) -> None:
+    with live.client(CONSUMER) as c:  # consumer of orders.* only
+        stream = c.get("/v1/topics/payments/messages:stream")
+        pull = c.get("/v1/topics/payments/messages")
+    assert stream.status_code == pull.status_code and stream.status_code in (403, 404)
+    assert stream.json()["code"] == pull.json()["code"]
+
+
+def test_the_openapi_document_describes_the_frames(live: Live) -> None:
+    with live.client(ADMIN) as c:
+        doc = c.get("/openapi.json").json()
+    op = doc["paths"]["/v1/topics/{topic}/messages:stream"]["get"]
+    assert op["operationId"] == "streamMessages"
+    content = op["responses"]["200"]["content"]
+    assert set(content) == {"application/x-ndjson", "application/x-msgpack"}
+    assert content["application/x-ndjson"]["schema"] == {
+        "$ref": "#/components/schemas/PullResult"}
+    names = {p["name"] for p in op["parameters"]}
+    assert {"offset", "group", "max", "durationMs", "Prefer"} <= names
