@@ -144,10 +144,10 @@ class StreamResponse(Response):
                     await send({"type": "http.response.body", "body": frame,
                                 "more_body": True})
                     beat = now + HEARTBEAT_S
-                    if payloads:
-                        continue  # more may be there already
-                if now >= deadline:
+                if now >= deadline:  # (also while messages keep coming)
                     return
+                if payloads:
+                    continue  # more may be there already
                 # woken by a delivery, the client leaving, a heartbeat due or the end
                 self._waiting = future
                 await notifier.wait(future, min(deadline, beat) - now)

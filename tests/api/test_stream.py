@@ -146,6 +146,15 @@ def wait_until_no_polls(notifier: Any) -> None:
         time.sleep(0.01)
 
 
+def test_duration_ends_it_while_messages_keep_coming(live: Live) -> None:
+    with live.client(ADMIN) as c:
+        send(c, range(200))
+        with c.stream("GET", STREAM, params={"max": 1, "durationMs": 1}) as r:
+            frames = Frames(r).rest()
+    assert 1 <= len(frames) < 200  # a frame of one takes more than 5 µs
+    assert [f["nextOffset"] for f in frames] == list(range(1, len(frames) + 1))
+
+
 @pytest.fixture
 def capped(tmp_path: Path) -> Iterator[Live]:
     with serve(replace(make_settings(tmp_path / "data"), max_long_polls=1),
