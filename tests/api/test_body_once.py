@@ -13,20 +13,15 @@ from typing import Any
 import httpx
 import msgpack
 import pytest
-from starlette.requests import Request
 
 from api.bodies import prefers_body_once
+from tests.api.test_prefer_minimal import request_with
 from tests.support.live import ADMIN, Live
 
 TOPIC = "orders.once"
 TEXT, BINARY = "plain text, ünïcode", b"\xff\xfe\x00 not utf-8"
 ONCE = {"Prefer": "body=once"}
 MSGPACK = {"Accept": "application/x-msgpack"}
-
-
-def request_with(*prefer: str) -> Request:
-    headers = [(b"prefer", value.encode()) for value in prefer]
-    return Request({"type": "http", "method": "GET", "path": "/", "headers": headers})
 
 
 @pytest.mark.parametrize(("headers", "once"), [
