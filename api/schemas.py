@@ -376,11 +376,9 @@ def utf8_text(body: bytes) -> str | UnsetType:
         return UNSET
 
 
-def body_fields(body: bytes, once: bool = False) -> dict[str, Any]:
-    """A delivered message's ``body_base64`` and ``body`` (as keyword arguments): both, the
-    text one only when the bytes are UTF-8; ``once`` (``Prefer: body=once``): the text one
-    when they are, else the bytes."""
+def body_fields(body: bytes, once: bool = False) -> tuple[bytes | UnsetType, str | UnsetType]:
+    """A delivered message's ``body_base64`` and ``body`` (UNSET: left out): the bytes, and
+    the text when they are UTF-8; ``once`` (``Prefer: body=once``): the text when they are,
+    else the bytes."""
     text = utf8_text(body)
-    if once and text is not UNSET:
-        return {"body": text}
-    return {"body_base64": body, "body": text}
+    return (UNSET, text) if once and text is not UNSET else (body, text)

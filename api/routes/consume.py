@@ -26,10 +26,11 @@ Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Consumer group.")]
 
 def delivered(message: LogRecord, once: bool = False) -> schemas.Delivered:
     """``once``: the body once (``Prefer: body=once``, schemas.body_fields)."""
+    body_base64, body = schemas.body_fields(message.body, once)
     return schemas.Delivered(
         offset=message.queue_offset, msg_id=message.msg_id, topic=message.topic,
         tags=message.tags, keys=message.keys, properties=message.properties,
-        **schemas.body_fields(message.body, once), born_at=message.born_at,
+        body_base64=body_base64, body=body, born_at=message.born_at,
         deliver_at=message.deliver_at, stored_at=message.stored_at,
     )
 

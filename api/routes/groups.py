@@ -47,9 +47,10 @@ HOT = frozenset({"receiveMessages", "ackMessages", "nackMessages"})
 
 def _fields(record: LogRecord, once: bool = False) -> dict[str, Any]:
     """The fields of ``Delivered`` (``once``: the body once, schemas.body_fields)."""
+    body_base64, body = schemas.body_fields(record.body, once)
     return {"offset": record.queue_offset, "msg_id": record.msg_id, "topic": record.topic,
             "tags": record.tags, "keys": record.keys, "properties": record.properties,
-            **schemas.body_fields(record.body, once), "born_at": record.born_at,
+            "body_base64": body_base64, "body": body, "born_at": record.born_at,
             "deliver_at": record.deliver_at, "stored_at": record.stored_at}
 
 
