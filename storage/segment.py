@@ -13,6 +13,14 @@ here, so ~95 ms per default 32 MiB segment; a spinning thread made 0.5 % of its 
 meanwhile); ``madvise
 (MADV_POPULATE_READ)`` through ctypes does the same kernel work without it (the same
 thread: 77 %). Kernels before 5.14 refuse that advice: then ``MAP_POPULATE`` as before.
+
+``MADV_POPULATE_WRITE`` (tried first) populates the pages writable: a page populated for
+reading takes a write fault at its first write through the mapping (the kernel must mark a
+shared file page dirty), in the appending thread and under the GIL. Writing 63 MiB of
+200-byte records into a new 64 MiB segment: 10 252 minor faults and 124 ns a record after
+POPULATE_READ, none and 14-21 ns after POPULATE_WRITE (docs/performance.md section 11). The
+pages are then dirty from the start: the kernel may write a page's zeros back before the
+log fills it, at most once per page.
 """
 
 from __future__ import annotations
@@ -40,13 +48,18 @@ _madvise = _libc.madvise
 _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _madvise.restype = ctypes.c_int
 _MADV_POPULATE_READ = 22  # <sys/mman.h>, Linux 5.14
+_MADV_POPULATE_WRITE = 23  # <sys/mman.h>, Linux 5.14
 
 
-def populate(mm: mmap.mmap) -> bool:
-    """Fault every page of ``mm`` in, without the GIL; False if the kernel refused."""
+def populate(mm: mmap.mmap, *, writable: bool = True) -> bool:
+    """Fault every page of ``mm`` in (writable: ready to be written without a fault each),
+    without the GIL; False if the kernel refused."""
     view = ctypes.c_char.from_buffer(mm)
     try:
-        return _madvise(ctypes.addressof(view), len(mm), _MADV_POPULATE_READ) == 0
+        address = ctypes.addressof(view)
+        if writable and _madvise(address, len(mm), _MADV_POPULATE_WRITE) == 0:
+            return True
+        return _madvise(address, len(mm), _MADV_POPULATE_READ) == 0
     finally:
         del view
 
