@@ -59,11 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--consumers", type=int, default=2, help="group members (receive)")
     ap.add_argument("--body", choices=("once", "both"), default="once",
                     help="`Prefer: body=once` on the pulls and receives, or not (both bodies)")
+    ap.add_argument("--encoding", choices=("msgpack", "json"), default="msgpack",
+                    help="answers in msgpack (the API's opt-in) or JSON (its default)")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="give up when not every message is in hand after this many seconds")
     args = ap.parse_args(argv)
     options = {"hourglass_consume": args.mode, "consumers": args.consumers,
-               "hourglass_body": args.body}
+               "hourglass_body": args.body, "hourglass_encoding": args.encoding}
     with server_with_messages(args.n, options) as system:
         tracker = Tracker(args.n)
         server, me = system.server_processes(), psutil.Process()
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - began
         server1, client1 = _cpu(server), _cpu([me])
         system.stop_consumers()
-        print(f"{args.mode}, body {args.body}: {args.n:,} messages in hand in {elapsed:.3f} s "
+        print(f"{args.mode}, body {args.body}, {args.encoding}: {args.n:,} messages in hand "
+              f"in {elapsed:.3f} s "
               f"({args.n / elapsed:,.0f} msg/s); CPU: server {server1 - server0:.2f} s, "
               f"client {client1 - client0:.2f} s")
     return 0

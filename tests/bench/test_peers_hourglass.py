@@ -12,15 +12,16 @@ from bench.peers import client_cost, consume_only, request_cost
 from bench.peers.systems.hourglass import HourglassSystem
 
 
-@pytest.mark.parametrize(("mode", "body"), [("receive", "once"), ("pull", "once"),
-                                           ("stream", "once"), ("receive", "both"),
-                                           ("pull", "both"), ("stream", "both")])
-def test_the_consumers_get_every_message(mode: str, body: str,
+@pytest.mark.parametrize(("mode", "body", "encoding"), [
+    ("receive", "once", "msgpack"), ("pull", "once", "msgpack"), ("stream", "once", "msgpack"),
+    ("receive", "both", "msgpack"), ("pull", "both", "msgpack"), ("stream", "both", "msgpack"),
+    ("receive", "once", "json"), ("pull", "once", "json"), ("stream", "once", "json")])
+def test_the_consumers_get_every_message(mode: str, body: str, encoding: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    assert consume_only.main(["--mode", mode, "--body", body, "--n", "3000",
-                              "--timeout", "60"]) == 0
+    assert consume_only.main(["--mode", mode, "--body", body, "--encoding", encoding,
+                              "--n", "3000", "--timeout", "60"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{mode}, body {body}: 3,000 messages in hand in "), out
+    assert out.startswith(f"{mode}, body {body}, {encoding}: 3,000 messages in hand in "), out
 
 
 def test_client_cost_pulls_everything_through_both_clients(

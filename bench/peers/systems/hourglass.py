@@ -107,6 +107,8 @@ class _Frames:
         del self._buf[:start]
         self._base += start
         return pages
+
+
 LEASE_MS = 60_000
 STREAM_MS = 2_000  # a consumer's stream is renewed this often (it then sees its stop)
 
