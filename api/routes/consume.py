@@ -75,7 +75,8 @@ _NEXT_OFFSET = b"\xaanextOffset"
 _msgpack = msgspec.msgpack.Encoder()
 pull_msgpack = pull_msgpack_py if native is None else _pull_msgpack_native
 
-#: RFC 7240's ``Prefer`` request header, as pulls and receives read it (api.bodies)
+#: RFC 7240's ``Prefer`` request header, as the answers carrying delivered messages read it
+#: (pulls, receives, dead-letter reads, streams; api.bodies.prefers_body_once)
 PREFER_BODY = {"name": "Prefer", "in": "header", "required": False,
                "description": "`body=once`: each message carries its body once, as `body` when "
                               "it is UTF-8 text, else as `bodyBase64` (the default carries "
@@ -85,9 +86,10 @@ PREFER_BODY = {"name": "Prefer", "in": "header", "required": False,
                "schema": {"type": "string", "enum": ["body=once"]}}
 
 
-def body_once_applied(response: Response) -> Response:
-    """``response`` with ``Preference-Applied: body=once``."""
-    response.headers["Preference-Applied"] = "body=once"
+def body_once_applied(response: Response, once: bool) -> Response:
+    """``response``, with ``Preference-Applied: body=once`` when ``once`` was applied."""
+    if once:
+        response.headers["Preference-Applied"] = "body=once"
     return response
 
 
@@ -154,7 +156,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             response = Response(pull_msgpack(payloads, offset, once), media_type=MSGPACK)
         else:
             response = respond(pull_result(payloads, offset, once), 200, request)
-        return body_once_applied(response) if once else response
+        return body_once_applied(response, once)
 
     async def _long_poll(topic: str, offset: int, max_messages: int,
                          timeout_s: float) -> list[bytes]:

@@ -149,7 +149,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             response = Response(receive_msgpack(result, acked, once), media_type=MSGPACK)
         else:
             response = respond(receive_answer(result, acked, once), 200, request)
-        return body_once_applied(response) if once else response
+        return body_once_applied(response, once)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
                          timeout_s: float) -> ReceiveResult:
@@ -244,7 +244,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             messages=[schemas.DeadLetter(**_fields(r, once), reconsume_times=n)
                       for r, n in page.messages],
             next_offset=page.next_offset), 200, request)
-        return body_once_applied(response) if once else response
+        return body_once_applied(response, once)
 
     @router.post("/v1/topics/{topic}/groups/{group}/dead-letters:redrive", **operation(
         "redriveDeadLetters", tag="consuming",

@@ -38,10 +38,11 @@ from api.auth import Permission
 from api.bodies import MSGPACK, is_msgpack, prefers_body_once
 from api.context import ApiContext, query_int
 from api.longpoll import DeliveryNotifier
-from api.openapi import operation, query_parameter
+from api.openapi import REF, operation, query_parameter
 from api.routes.consume import (
     MAX_OFFSET,
     PREFER_BODY,
+    body_once_applied,
     check_group,
     pull_msgpack,
     pull_result,
@@ -78,8 +79,8 @@ STREAM_PARAMETERS = [
 _FRAMES = {"description": "A frame per delivery: each a PullResult, the next one from its "
                           "nextOffset; a frame without messages every "
                           f"{HEARTBEAT_S:.0f} s of quiet.",
-           "content": {NDJSON: {"schema": {"$ref": "#/components/schemas/PullResult"}},
-                       MSGPACK: {"schema": {"$ref": "#/components/schemas/PullResult"}}}}
+           "content": {media: {"schema": {"$ref": REF.format(name="PullResult")}}
+                       for media in (NDJSON, MSGPACK)}}
 
 
 class StreamResponse(Response):
@@ -89,10 +90,9 @@ class StreamResponse(Response):
     def __init__(self, broker: Broker, notifier: DeliveryNotifier, topic: str, offset: int,
                  max_messages: int, duration_s: float, encode: Callable[[list[bytes], int],
                                                                          bytes],
-                 media_type: str, release: Callable[[], None], once: bool) -> None:
-        super().__init__(status_code=200, media_type=media_type, headers={
-            "cache-control": "no-store", **({"preference-applied": "body=once"} if once
-                                            else {})})
+                 media_type: str, release: Callable[[], None]) -> None:
+        super().__init__(status_code=200, media_type=media_type,
+                         headers={"cache-control": "no-store"})
         del self.headers["content-length"]  # (chunked: the length is not known)
         self._broker, self._notifier, self._topic = broker, notifier, topic
         self._offset, self._max, self._duration_s = offset, max_messages, duration_s
@@ -192,5 +192,6 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                 return _json.encode(pull_result(payloads, at, once)) + b"\n"
         slot = contextlib.ExitStack()
         slot.enter_context(notifier.slot())  # Overloaded (503) here; back when it ends
-        return StreamResponse(broker, notifier, topic, offset, max_messages,
-                              duration_ms / 1000.0, encode, media, slot.close, once)
+        return body_once_applied(StreamResponse(
+            broker, notifier, topic, offset, max_messages, duration_ms / 1000.0, encode, media,
+            slot.close), once)

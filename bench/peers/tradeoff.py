@@ -6,11 +6,11 @@
 W3 of the side-by-side (a steady 2 k msg/s, each due 1-3 s after it is sent) asks for a p99
 lateness no worse than the best peer's AND at most 0.1 core of server CPU. Both depend on how
 often hourglass's scanner looks for due keys (``HOURGLASS_SCAN_INTERVAL_MS``): each scan that
-finds something is a delivery commit and, downstream, a receive by a waiting consumer, so a
-shorter interval buys lateness with CPU. This runs ``python -m bench.peers.run --workloads
-w3`` once per interval (a fresh server each, nothing else changed) and once per peer, in
-turns (peer, interval, interval, peer, ...) so that a drift of the machine spreads over both,
-and writes:
+finds something is a delivery commit and, downstream, a frame to the consumer's stream (or a
+receive, with ``--hourglass-consume receive``), so a shorter interval buys lateness with
+CPU. This runs ``python -m bench.peers.run --workloads w3`` once per interval (a fresh
+server each, nothing else changed) and once per peer, in turns (peer, interval, interval,
+peer, ...) so that a drift of the machine spreads over both, and writes:
 
 - ``tradeoff.json``: per run, p50 / p99 lateness, server and client CPU and the cores they
   are over the run's wall time (W3 sends for 30 s, then drains for up to 3 s more);
