@@ -8,9 +8,11 @@ A record never spans segments: when the next record does not fit, an end-of-segm
 of the next segment (base = previous base + previous size). Bytes after the last record are
 zero (segments are allocated zero-filled), so "zero header" means "end of log".
 
-Durability. Writes go into the mapping: they survive a kill -9 (the page cache belongs to the
-kernel) but a power cut only once msync'ed. ``flush_policy="sync"`` msyncs each batch before
-``append_batch`` returns; ``"async"`` msyncs every ``flush_interval_ms`` on a background thread.
+Durability. Appends go into the page cache (``pwrite``; storage/segment.py says why not
+through the mapping, which serves the reads): they survive a kill -9 (the page cache belongs
+to the kernel) but a power cut only once msync'ed. ``flush_policy="sync"`` msyncs each batch
+before ``append_batch`` returns; ``"async"`` msyncs every ``flush_interval_ms`` on a background
+thread.
 Either way the thread records the last msync'ed position in ``checkpoint`` (12 bytes).
 
 Recovery on open walks the records after the checkpoint (those before it were msync'ed): the
@@ -334,7 +336,7 @@ class CommitLog:
             stop = end - seg.base if end <= seg.end else _written_end(seg, off)
             zeros = memoryview(bytes(min(stop - off, _REVOKE_PIECE)))
             for at in range(off, stop, len(zeros)):
-                seg.mm[at:min(stop, at + len(zeros))] = zeros[:stop - at]
+                seg.write(at, zeros[:stop - at])
             with self._create_lock:  # the flusher makes spares under it, for the last segment
                 later = self._segments[i + 1:]
                 del self._segments[i + 1:], self._bases[i + 1:]
@@ -398,7 +400,7 @@ class CommitLog:
                    lengths: list[int]) -> list[int]:
         """Frame and copy records that all fit in ``seg`` at ``off``: one memmove."""
         buf, positions = frame(payloads, lengths, seg.base + off)
-        seg.mm[off:off + len(buf)] = buf
+        seg.write(off, buf)
         self._end = seg.base + off + len(buf)
         return positions
 

@@ -52,7 +52,7 @@ frame = frame_py if native is None else _frame_native
 def seal(seg: Segment, off: int) -> None:
     """Mark the rest of ``seg`` from ``off`` as padding (if a header fits)."""
     if seg.size - off >= HEADER_SIZE:
-        HEADER.pack_into(seg.mm, off, EOS_MAGIC, seg.size - off - HEADER_SIZE, 0)
+        seg.write(off, HEADER.pack(EOS_MAGIC, seg.size - off - HEADER_SIZE, 0))
 
 
 def check(magic: int, length: int, crc: int, seg: Segment, off: int) -> tuple[bytes, str | None]:

@@ -2,7 +2,7 @@
 
 Named by its 20-digit start position (like RocketMQ's ``00000000001073741824``). The file is
 allocated to its full size when created (``posix_fallocate``), so a full disk is an error at
-creation time, never a SIGBUS on a later write through the mapping.
+creation time, never on a later append (nor a SIGBUS reading through the mapping).
 
 Syncing calls ``msync(MS_SYNC)`` through ctypes, not ``mmap.flush()``: CPython 3.11's
 ``mmap.flush`` keeps the GIL for the whole msync (47-364 ms per 64 MiB on 2 cores, every
@@ -14,13 +14,20 @@ meanwhile); ``madvise
 (MADV_POPULATE_READ)`` through ctypes does the same kernel work without it (the same
 thread: 77 %). Kernels before 5.14 refuse that advice: then ``MAP_POPULATE`` as before.
 
-``MADV_POPULATE_WRITE`` (tried first) populates the pages writable: a page populated for
-reading takes a write fault at its first write through the mapping (the kernel must mark a
-shared file page dirty), in the appending thread and under the GIL. Writing 63 MiB of
-200-byte records into a new 64 MiB segment: 10 252 minor faults and 124 ns a record after
-POPULATE_READ, none and 14-21 ns after POPULATE_WRITE (docs/performance.md section 11). The
-pages are then dirty from the start: the kernel may write a page's zeros back before the
-log fills it, at most once per page.
+Appends go into the file with ``pwrite``, not through the mapping, which only reads. A page
+written through a shared mapping has a writable, dirty page-table entry, and writing that
+page back (the flusher's msync, or the kernel's own writeback) must make the entry clean and
+read-only again, which on a multi-threaded process means a TLB shoot-down: an IPI to the
+other CPU for every 4 KiB page. On these VMs the IPIs were 12 % of an in-process drain's CPU
+(200 k records, 63 MiB: 350 of 2 772 perf samples in msync's ``flush_tlb_mm_range``), and
+they interrupt whichever thread runs on the other CPU. A page written with ``pwrite`` is
+dirty only in the page cache, the mapping's entries stay read-only and clean, and writeback
+has nothing to shoot down. ``pwrite`` also copies without the GIL, and takes no page fault:
+populating the pages for reading is enough (before, the writes needed them populated
+writable, ``MADV_POPULATE_WRITE``, or took a write fault per page under the GIL: 10 252 for
+63 MiB). The mapping and the file are one page cache, so a read through the mapping sees a
+``pwrite`` at once; the rare writes of recovery and revoke (zeros, an end-of-segment header)
+take the same path.
 """
 
 from __future__ import annotations
@@ -51,15 +58,15 @@ _MADV_POPULATE_READ = 22  # <sys/mman.h>, Linux 5.14
 _MADV_POPULATE_WRITE = 23  # <sys/mman.h>, Linux 5.14
 
 
-def populate(mm: mmap.mmap, *, writable: bool = True) -> bool:
-    """Fault every page of ``mm`` in (writable: ready to be written without a fault each),
-    without the GIL; False if the kernel refused."""
+def populate(mm: mmap.mmap, *, writable: bool = False) -> bool:
+    """Fault every page of ``mm`` in, without the GIL (``writable``: ready to be written
+    through the mapping, which appends no longer do: module doc); False if the kernel
+    refused."""
     view = ctypes.c_char.from_buffer(mm)
     try:
         address = ctypes.addressof(view)
-        if writable and _madvise(address, len(mm), _MADV_POPULATE_WRITE) == 0:
-            return True
-        return _madvise(address, len(mm), _MADV_POPULATE_READ) == 0
+        advice = _MADV_POPULATE_WRITE if writable else _MADV_POPULATE_READ
+        return _madvise(address, len(mm), advice) == 0
     finally:
         del view
 
@@ -77,14 +84,17 @@ def fsync_dir(directory: Path) -> None:
 
 
 class Segment:
-    __slots__ = ("_sync_lock", "base", "mm", "path", "size", "writable")
+    __slots__ = ("_fd", "_sync_lock", "base", "mm", "path", "size", "writable")
 
-    def __init__(self, path: Path, base: int, mm: mmap.mmap, *, writable: bool = True) -> None:
+    def __init__(self, path: Path, base: int, mm: mmap.mmap, fd: int, *,
+                 writable: bool = True) -> None:
+        """Takes ownership of ``fd`` (the file, open for writing when ``writable``)."""
         self.path = path
         self.base = base
         self.mm = mm
         self.size = len(mm)
         self.writable = writable
+        self._fd = fd
         self._sync_lock = threading.Lock()  # an msync in flight vs close()
 
     @classmethod
@@ -114,31 +124,41 @@ class Segment:
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
-                fd = -1
                 with contextlib.suppress(OSError):
                     path.unlink()
             raise StorageError(f"cannot create CommitLog segment {path}: {exc}") from exc
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        return cls(path, base, mm)
+        return cls(path, base, mm, fd)
 
     @classmethod
     def open(cls, path: Path, *, writable: bool) -> Segment:
+        fd = -1
         try:
-            with open(path, "r+b" if writable else "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    raise StorageError(f"CommitLog segment {path} is empty")
-                access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-                mm = mmap.mmap(f.fileno(), size, access=access)
-        except OSError as exc:
-            raise StorageError(f"cannot open CommitLog segment {path}: {exc}") from exc
-        return cls(path, int(path.name), mm, writable=writable)
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            size = os.fstat(fd).st_size
+            if size == 0:
+                raise StorageError(f"CommitLog segment {path} is empty")
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            mm = mmap.mmap(fd, size, access=access)
+        except BaseException as exc:
+            if fd >= 0:
+                os.close(fd)
+            if isinstance(exc, OSError):
+                raise StorageError(f"cannot open CommitLog segment {path}: {exc}") from exc
+            raise
+        return cls(path, int(path.name), mm, fd, writable=writable)
 
     @property
     def end(self) -> int:
         return self.base + self.size
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``offset`` inside the segment, into the file (module doc)."""
+        if offset < 0 or offset + len(data) > self.size:
+            raise ValueError(f"write of {len(data)} bytes at {offset} outside the segment")
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, offset)
+            view, offset = view[written:], offset + written
 
     def zero_from(self, offset: int) -> int:
         """Zero every non-zero byte from ``offset`` to the end; returns the bytes rewritten."""
@@ -147,7 +167,7 @@ class Segment:
         while pos < self.size:
             stop = min(self.size, (pos // len(_ZERO_CHUNK) + 1) * len(_ZERO_CHUNK))
             if mm[pos:stop] != _ZERO_CHUNK[: stop - pos]:
-                mm[pos:stop] = _ZERO_CHUNK[: stop - pos]
+                self.write(pos, _ZERO_CHUNK[: stop - pos])
                 rewritten += stop - pos
             pos = stop
         return rewritten
@@ -176,6 +196,7 @@ class Segment:
         with self._sync_lock:
             if not self.mm.closed:
                 self.mm.close()
+                os.close(self._fd)
 
 
 def _write_zeros(fd: int, size: int) -> None:
