@@ -254,9 +254,10 @@ def _minor_faults() -> int:
 
 @pytest.mark.parametrize("through", ["log", "mapping"])
 def test_appends_go_into_the_file_not_through_the_mapping(tmp_path: Path, through: str) -> None:
-    """Appends ``pwrite`` into the file: the mapping's page-table entries stay read-only and
-    clean, so writing the pages back needs no TLB shoot-down (storage/segment.py). Seen from
-    the process: 8 MiB appended takes no page fault, and reads through the mapping see it.
+    """Batches of appends ``pwrite`` into the file: the mapping's page-table entries stay
+    read-only and clean, so writing the pages back needs no TLB shoot-down
+    (storage/segment.py). Seen from the process: 8 MiB appended in batches of 100 KB takes
+    no page fault, and reads through the mapping see it.
     The same bytes written through the mapping (``through="mapping"``, what appends did
     before) fault about once a page: the kernel write-protects a shared file page until it
     is written, to track it as dirty in the page-table entry."""
