@@ -10,9 +10,9 @@ zero (segments are allocated zero-filled), so "zero header" means "end of log".
 
 Durability. Appends go into the page cache (large ones with ``pwrite``, small ones through
 the mapping, which serves the reads; storage/segment.py says why): they survive a kill -9
-(the page cache belongs to the kernel) but a power cut only once msync'ed. ``flush_policy="sync"`` msyncs each batch
-before ``append_batch`` returns; ``"async"`` msyncs every ``flush_interval_ms`` on a background
-thread.
+(the page cache belongs to the kernel) but a power cut only once msync'ed.
+``flush_policy="sync"`` msyncs each batch before ``append_batch`` returns; ``"async"`` msyncs
+every ``flush_interval_ms`` on a background thread.
 Either way the thread records the last msync'ed position in ``checkpoint`` (12 bytes).
 
 Recovery on open walks the records after the checkpoint (those before it were msync'ed): the
