@@ -47,8 +47,12 @@ def test_request_cost_measures_each_kind_against_a_real_server(tmp_path: Path) -
     for answer in (rows, paced):
         assert list(answer) == ["GET /healthz", "receive, nothing there", "send one, due in 1 h"]
         for row in answer.values():  # (the idle time is not in the wall time per request)
-            assert 0 < row["wall_us"] < 20_000 and row["user_us"] >= 0 and row["system_us"] >= 0
-        assert sum(row["user_us"] + row["system_us"] for row in answer.values()) > 0
+            assert 0 < row["wall_us"] < 200_000 and row["user_us"] >= 0 and row["system_us"] >= 0
+    # the server's CPU is read from its process, in clock ticks (10 ms): 150 requests take
+    # tens of ms of it, 30 alone may take less than a tick (a failure under load, once)
+    spent = [row["user_us"] + row["system_us"] for answer in (rows, paced)
+             for row in answer.values()]
+    assert sum(spent) > 0, spent
 
 
 def test_request_cost_refuses_bad_gaps(capsys: pytest.CaptureFixture[str]) -> None:
