@@ -60,6 +60,7 @@ from scheduler.codec import (
 )
 from scheduler.intake import PreparedMessage, expiry_group_key, expiry_key, topic_shard
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
+from storage.consume_queue import Run
 from storage.errors import HourglassError
 from storage.keys import encode_timer_key, index_key, pack_u64, unpack_u64
 from storage.records import (
@@ -100,11 +101,11 @@ class Queues(Protocol):
     def put(self, batch: Batch, topic: str, queue_offset: int, position: int,
             size: int) -> None: ...
     def put_many(self, batch: Batch, topic: str,
-                 entries: list[tuple[int, int, int]]) -> None: ...
+                 entries: list[tuple[int, int, int]]) -> list[Run]: ...
     def put_run(self, batch: Batch, topic: str, first: int, positions: list[int],
-                sizes: list[int]) -> None: ...
+                sizes: list[int]) -> list[Run]: ...
     def end_offset(self, topic: str) -> int: ...
-    def landed(self, ends: dict[str, int]) -> None: ...
+    def landed(self, ends: dict[str, int], runs: Sequence[Run] = ()) -> None: ...
     def forget(self) -> None: ...
 
 
@@ -353,10 +354,11 @@ class Committer:
                 self._offsets.clear()  # offsets handed out for nothing: reload them
                 raise
             self.needs_replay = True  # until the write below succeeds
+        runs: list[Run] = []
         try:
             if payloads:
-                self._add_delivered(batch, pending, offsets, positions, payloads, now,
-                                    outcome)
+                runs = self._add_delivered(batch, pending, offsets, positions, payloads, now,
+                                           outcome)
             self._write(batch)
         except BaseException:
             self._queues.forget()  # (the write may have landed)
@@ -367,24 +369,26 @@ class Committer:
         if payloads:  # readers' end offsets (ConsumeQueue.end_offset), before any wake-up
             single = pending.single
             self._queues.landed({single: offsets[-1] + 1} if single is not None else
-                                {t: self._offsets[t] for t in set(pending.topics)})
+                                {t: self._offsets[t] for t in set(pending.topics)}, runs)
         return outcome
 
     def _add_delivered(self, batch: Batch, pending: _Appends, offsets: list[int],
                        positions: list[int], payloads: list[bytes], now: int,
-                       outcome: CommitOutcome) -> None:
-        """The consume-queue, index (DELIVERED) and expiry entries of appended records."""
+                       outcome: CommitOutcome) -> list[Run]:
+        """The consume-queue, index (DELIVERED) and expiry entries of appended records;
+        returns the consume-queue runs stored."""
         topics = pending.topics
         if pending.single is not None:  # one topic: its offsets are one run (_take_offsets)
-            self._queues.put_run(batch, pending.single, offsets[0], positions,
-                                 list(map(len, payloads)))
+            runs = self._queues.put_run(batch, pending.single, offsets[0], positions,
+                                        list(map(len, payloads)))
         else:
             entries = list(zip(offsets, positions, map(len, payloads), strict=True))
             by_topic: dict[str, list[tuple[int, int, int]]] = {}
             for topic, entry in zip(topics, entries, strict=True):
                 by_topic.setdefault(topic, []).append(entry)
+            runs = []
             for topic, run in by_topic.items():
-                self._queues.put_many(batch, topic, run)
+                runs += self._queues.put_many(batch, topic, run)
         batch.put_many(CF_INDEX, zip(pending.ikeys, delivered_index_values(
             pending.deliver_ats, now, offsets, positions, pending.tx_ids), strict=True))
         outcome.topic_list = topics
@@ -392,6 +396,7 @@ class Committer:
         # a put per message now and a delete per message when it expires saved
         batch.put(CF_EXPIRY, expiry_group_key(now + self._retention_ms, positions[0]),
                   encode_keys(pending.ikeys))
+        return runs
 
     def _revoke(self, position: int) -> bool:
         """Take the records of a batch that never committed out of the log (from

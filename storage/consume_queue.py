@@ -18,6 +18,15 @@ one writer of entries, notes the ends each write landed (``landed``) before it w
 and has them read again after a replay, a revoke or a write that raised (``forget``). Code
 that writes entries around it must do the same.
 
+The tail in memory. With the ends, ``landed`` takes the runs the write stored, and the
+newest ``TAIL_ENTRIES`` entries of the ``TAIL_TOPICS`` topics written last stay in memory as
+they are stored (a run's bytes). A reader that keeps up (a stream, a long poll) asks for
+what the last commit wrote, and gets it from there without RocksDB: two iterators, ~13 µs
+back to back but ~100 µs on a thread just woken (in process, a read of the last 8 entries
+after 4 ms asleep), once per delivery commit of a steady trickle. The tail answers only
+while it ends at the topic's noted end offset (it then holds the newest entries: nothing
+lies past it), and ``forget`` drops it with the ends.
+
 A consumer group's committed offset in a topic's log lives beside the queue it indexes: one
 ``meta`` key per (topic, group) holding the next offset the group has not consumed.
 """
@@ -26,7 +35,8 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -41,7 +51,10 @@ VALUE = struct.Struct(">QI")
 _OFFSET = struct.Struct(">Q")
 _POSITION, _SIZE = itemgetter(1), itemgetter(2)  # of an (offset, position, size) entry
 REBUILD_BATCH = 4096
+TAIL_ENTRIES = 1024  # per topic: the newest entries kept in memory (12 KiB; module doc)
+TAIL_TOPICS = 256  # topics with a tail in memory, the ones written last
 _first = itemgetter(0)
+Run = tuple[str, int, bytes]  # (topic, first queue offset, value) of a stored run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,6 +79,9 @@ class ConsumeQueue:
         self._ends: dict[str, int] = {}
         self._ends_lock = threading.Lock()
         self._generation = 0  # of ``forget``: a read from before one is not kept
+        # topic -> (first offset, run bytes) of its newest entries (module doc); replaced,
+        # never changed in place, so a reader without the lock sees one tail or the next
+        self._tails: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
 
     def group_offset(self, topic: str, group: str) -> int:
         """``group``'s committed offset in ``topic``'s log (0 before its first commit)."""
@@ -86,29 +102,35 @@ class ConsumeQueue:
 
     @staticmethod
     def put_run(batch: Batch, topic: str, first: int, positions: list[int],
-                sizes: list[int]) -> None:
+                sizes: list[int]) -> list[Run]:
         """Add the entries of offsets ``first``, ``first + 1``, ... (one run: a delivery
         commit's of one topic) to ``batch``, from the columns of their positions and
-        sizes."""
-        if positions:
-            batch.put(CF_CQ, *_run_entry(topic_prefix(topic), first, positions, sizes))
+        sizes; returns the run stored (for ``landed``)."""
+        if not positions:
+            return []
+        key, value = _run_entry(topic_prefix(topic), first, positions, sizes)
+        batch.put(CF_CQ, key, value)
+        return [(topic, first, value)]
 
     @staticmethod
-    def put_many(batch: Batch, topic: str, entries: list[tuple[int, int, int]]) -> None:
+    def put_many(batch: Batch, topic: str, entries: list[tuple[int, int, int]]) -> list[Run]:
         """Add (queue_offset, position, size) entries of one topic to ``batch``: one run per
-        stretch of consecutive offsets (a delivery commit's are one stretch)."""
+        stretch of consecutive offsets (a delivery commit's are one stretch); returns the
+        runs stored (for ``landed``)."""
         if not entries:
-            return
+            return []
         prefix = topic_prefix(topic)
-        runs = []
+        pairs, runs = [], []
         start = 0
         for i in range(1, len(entries) + 1):
             if i == len(entries) or entries[i][0] != entries[i - 1][0] + 1:
                 run = entries[start:i]
-                runs.append(_run_entry(prefix, run[0][0], map(_POSITION, run),
-                                       map(_SIZE, run)))
+                pair = _run_entry(prefix, run[0][0], map(_POSITION, run), map(_SIZE, run))
+                pairs.append(pair)
+                runs.append((topic, run[0][0], pair[1]))
                 start = i
-        batch.put_many(CF_CQ, runs)
+        batch.put_many(CF_CQ, pairs)
+        return runs
 
     def read(self, topic: str, offset: int, n: int) -> list[CqEntry]:
         """Entries ``offset`` .. ``offset + n - 1`` of ``topic`` that exist, in order."""
@@ -124,10 +146,21 @@ class ConsumeQueue:
         CorruptionError for an entry of the wrong shape."""
         if offset < 0 or n < 0:
             raise InvalidArgument("offset and n must be >= 0")
-        prefix = topic_prefix(topic)
-        cut = len(prefix)
         if n == 0 or offset > MAX_U64:
             return []
+        tail = self._tails.get(topic)
+        if tail is not None and offset >= tail[0]:
+            first, raw = tail
+            count = len(raw) // VALUE.size
+            if first + count == self._ends.get(topic):  # the newest entries: nothing after
+                lo, hi = offset - first, min(offset + n - first, count)
+                if lo >= hi:
+                    return []
+                return list(zip(range(offset, first + hi),
+                                VALUE.iter_unpack(raw[lo * VALUE.size:hi * VALUE.size]),
+                                strict=True))
+        prefix = topic_prefix(topic)
+        cut = len(prefix)
         stop = offset + n
         end = prefix + _OFFSET.pack(stop) if stop <= MAX_U64 else _after(prefix)
         here = prefix + _OFFSET.pack(offset)
@@ -161,18 +194,32 @@ class ConsumeQueue:
                 self._ends[topic] = end
         return end
 
-    def landed(self, ends: dict[str, int]) -> None:
-        """A write just landed entries up to these end offsets (topic -> end): the committer,
-        its lock held, so each is the latest."""
+    def landed(self, ends: dict[str, int], runs: Sequence[Run] = ()) -> None:
+        """A write just landed entries up to these end offsets (topic -> end), ``runs`` among
+        them (what ``put_run`` and ``put_many`` returned): the committer, its lock held, so
+        each is the latest."""
         with self._ends_lock:
+            tails = self._tails
+            for topic, first, value in runs:
+                tail = tails.get(topic)
+                if tail is not None and tail[0] + len(tail[1]) // VALUE.size == first:
+                    first, value = tail[0], tail[1] + value  # it goes on from the tail
+                extra = len(value) // VALUE.size - TAIL_ENTRIES
+                if extra > 0:
+                    first, value = first + extra, value[extra * VALUE.size:]
+                tails[topic] = (first, value)
+                tails.move_to_end(topic)
+            while len(tails) > TAIL_TOPICS:
+                tails.popitem(last=False)
             self._ends.update(ends)
 
     def forget(self) -> None:
         """What landed may differ from what was noted (a replay, a revoke, a write that raised):
-        read each end offset from RocksDB again."""
+        read each end offset from RocksDB again (and no entry from the tail)."""
         with self._ends_lock:
             self._generation += 1
             self._ends.clear()
+            self._tails.clear()
 
     def _read_end(self, topic: str) -> int:
         prefix = topic_prefix(topic)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from storage.commitlog import CommitLog
 from storage.constants import CF_CQ
@@ -216,3 +218,95 @@ def test_group_offsets_are_per_topic_and_group_and_survive_a_reopen(tmp_path: Pa
         assert [queue.group_offset("orders", "billing"), queue.group_offset("orders", "audit"),
                 queue.group_offset("refunds", "billing"), queue.group_offset("refunds", "audit")
                 ] == [42, 7, 3, 0]
+
+
+def _land(store: RocksStore, cq: ConsumeQueue, topic: str, first: int, count: int,
+          *, gap_at: int | None = None) -> list[CqEntry]:
+    """Store entries ``first`` .. ``first + count - 1`` of ``topic`` as the committer does
+    (put_run, or put_many with offset ``gap_at`` left out), then note them landed."""
+    entries = [(o, 10_000 * o + len(topic), 50 + o % 13) for o in range(first, first + count)
+               if o != gap_at]
+    b = store.batch()
+    if gap_at is None:
+        runs = ConsumeQueue.put_run(b, topic, first, [e[1] for e in entries],
+                                    [e[2] for e in entries])
+    else:
+        runs = ConsumeQueue.put_many(b, topic, entries)
+    store.write(b)
+    cq.landed({topic: first + count}, runs)
+    return [CqEntry(queue_offset=o, position=p, size=s) for o, p, s in entries]
+
+
+class _NoRocks:
+    """Counts the RocksDB reads a ConsumeQueue makes (``read_range``), or refuses them."""
+
+    def __init__(self, store: RocksStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.refuse = False
+        real = store.read_range
+
+        def read_range(*args: object, **kwargs: object) -> object:
+            self.calls += 1
+            assert not self.refuse, "a read of the tail went to RocksDB"
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store, "read_range", read_range)
+
+
+def test_the_newest_entries_are_read_from_memory(
+        store: RocksStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the last commits landed is answered from the tail: a reader that keeps up (a
+    stream, a long poll) costs no RocksDB read; older entries, and everything after a
+    ``forget``, come from RocksDB, the same."""
+    monkeypatch.setattr("storage.consume_queue.TAIL_ENTRIES", 100)
+    cq = ConsumeQueue(store)
+    stored = _land(store, cq, "t", 0, 80) + _land(store, cq, "t", 80, 50)  # tail: 30..129
+    rocks = _NoRocks(store, monkeypatch)
+    rocks.refuse = True
+    for offset, n in ((30, 100), (129, 1), (100, 1000), (130, 5), (10**6, 3), (129, 0)):
+        assert cq.read("t", offset, n) == stored[offset:offset + n], (offset, n)
+        assert cq.positions("t", offset, n) == [e.position for e in stored[offset:offset + n]]
+    rocks.refuse = False
+    assert cq.read("t", 29, 2) == stored[29:31] and rocks.calls == 2  # before the tail
+    cq.forget()
+    assert cq.read("t", 120, 5) == stored[120:125] and rocks.calls == 4
+
+
+def test_the_tail_answers_only_while_it_ends_at_the_end(
+        store: RocksStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries landed without their runs (a writer that noted only the end) are newer than
+    the tail: it no longer answers, RocksDB does."""
+    cq = ConsumeQueue(store)
+    stored = _land(store, cq, "t", 0, 10)
+    b = store.batch()
+    ConsumeQueue.put(b, "t", 10, 777, 7)
+    store.write(b)
+    cq.landed({"t": 11})
+    rocks = _NoRocks(store, monkeypatch)
+    assert cq.read("t", 5, 10) == [*stored[5:], CqEntry(queue_offset=10, position=777, size=7)]
+    assert rocks.calls == 2
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(commits=st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 40),
+                                  st.integers(0, 45)), min_size=1, max_size=25),
+       reads=st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 400),
+                                st.integers(0, 60)), min_size=1, max_size=20))
+def test_reads_through_the_tail_equal_reads_from_rocksdb(
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+        commits: list[tuple[str, int, int]], reads: list[tuple[str, int, int]]) -> None:
+    """Commits of runs (some with a gap: several runs), small tails for few topics (so
+    they are cut and dropped): every read answers what a ConsumeQueue without a tail reads
+    from RocksDB."""
+    monkeypatch.setattr("storage.consume_queue.TAIL_ENTRIES", 32)
+    monkeypatch.setattr("storage.consume_queue.TAIL_TOPICS", 2)
+    with RocksStore(tmp_path_factory.mktemp("cq") / "db", timer_shards=1) as store:
+        cq = ConsumeQueue(store)
+        ends = {"a": 0, "b": 0, "c": 0}
+        for topic, count, gap in commits:
+            first = ends[topic]
+            _land(store, cq, topic, first, count, gap_at=first + gap if gap < count else None)
+            ends[topic] = first + count
+            for topic_, offset, n in reads:
+                assert cq.read(topic_, offset, n) == ConsumeQueue(store).read(topic_, offset, n)
