@@ -59,19 +59,16 @@ _madvise = _libc.madvise
 _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _madvise.restype = ctypes.c_int
 _MADV_POPULATE_READ = 22  # <sys/mman.h>, Linux 5.14
-_MADV_POPULATE_WRITE = 23  # <sys/mman.h>, Linux 5.14
 PWRITE_MIN_BYTES = 16 << 10  # writes this large go in with pwrite (module doc)
 
 
-def populate(mm: mmap.mmap, *, writable: bool = False) -> bool:
-    """Fault every page of ``mm`` in, without the GIL (``writable``: ready to be written
-    through the mapping, which appends no longer do: module doc); False if the kernel
-    refused."""
+def populate(mm: mmap.mmap) -> bool:
+    """Fault every page of ``mm`` in for reading, without the GIL; False if the kernel
+    refused. (Not ``MADV_POPULATE_WRITE``: writable entries would all be dirty from the
+    start, and each page's writeback a TLB shoot-down: module doc.)"""
     view = ctypes.c_char.from_buffer(mm)
     try:
-        address = ctypes.addressof(view)
-        advice = _MADV_POPULATE_WRITE if writable else _MADV_POPULATE_READ
-        return _madvise(address, len(mm), advice) == 0
+        return _madvise(ctypes.addressof(view), len(mm), _MADV_POPULATE_READ) == 0
     finally:
         del view
 
@@ -104,12 +101,13 @@ class Segment:
 
     @classmethod
     def create(cls, directory: Path, base: int, size: int) -> Segment:
-        """Create, fully allocate and map a new segment, its pages populated up front (one
-        kernel pass instead of a page fault per 4 KiB during appends, ~3x cheaper here;
+        """Create, fully allocate and map a new segment, its pages populated up front for
+        reading (one kernel pass instead of a page fault per 4 KiB, ~3x cheaper here;
         without the GIL where the kernel can: module doc). Any failure removes the partial
         file."""
         path = directory / segment_name(base)
         fd = -1
+        mm = None
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
@@ -126,12 +124,16 @@ class Segment:
                 mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE,
                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
             fsync_dir(directory)
-        except OSError as exc:
+        except BaseException as exc:
+            if mm is not None:
+                mm.close()
             if fd >= 0:
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     path.unlink()
-            raise StorageError(f"cannot create CommitLog segment {path}: {exc}") from exc
+            if isinstance(exc, OSError):
+                raise StorageError(f"cannot create CommitLog segment {path}: {exc}") from exc
+            raise
         return cls(path, base, mm, fd)
 
     @classmethod

@@ -237,7 +237,7 @@ def test_segment_create_populates_where_the_kernel_refuses_the_advice(
 
     refused: list[int] = []
     monkeypatch.setattr(segment, "populate",
-                        lambda mm, writable=True: refused.append(len(mm)) or False)
+                        lambda mm: refused.append(len(mm)) or False)
     seg = Segment.create(tmp_path, 0, 8 * _MIB)
     try:
         assert refused == [8 * _MIB]
