@@ -41,6 +41,7 @@ from scheduler.intake import (
     check_msg_id,
     check_topic,
 )
+from scheduler.ledger import DeliveryLedger
 from scheduler.listing import list_scheduled
 from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
@@ -139,6 +140,7 @@ class Broker:
         self._maintenance: Maintenance | None = None
         self._transactions: TransactionManager | None = None
         self._writes: WritePaths | None = None
+        self._ledger: DeliveryLedger  # set by start
         self._groups: GroupManager | None = None
         self._quarantine: Quarantine | None = None
         self._backlog: Backlog  # set by start
@@ -156,6 +158,7 @@ class Broker:
             self._store = store = self._store_factory(cfg.data_dir / ROCKSDB_DIR, cfg)
             self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
             self._queues = ConsumeQueue(store)
+            self._ledger = ledger = DeliveryLedger(store, self._log)
             self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
                                   max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
                                   max_record_bytes=cfg.max_record_bytes)
@@ -176,7 +179,7 @@ class Broker:
             self._writes = WritePaths(
                 store=store, committer=self._committer, shards=self._shards, clock=self.clock,
                 metrics=self.metrics, backlog=backlog, retention_ms=cfg.retention_ms,
-                check_running=self._check_running, notify=self._notify)
+                check_running=self._check_running, notify=self._notify, ledger=ledger)
             self.metrics.pending.set(backlog.rebuild())  # the one scan of pending keys
             self.metrics.pending_by_topic.set_label_function(
                 lambda: {t: n for t, (n, _) in backlog.labelled().items()})
@@ -201,7 +204,7 @@ class Broker:
                         max_backoff_ms=cfg.retry_max_backoff_ms)
                 for st in self._shards]
             self._maintenance = Maintenance(
-                store=store, clock=self.clock, metrics=self.metrics,
+                store=store, ledger=ledger, clock=self.clock, metrics=self.metrics,
                 retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes,
                 cleanup_interval_ms=cfg.cleanup_interval_ms)
             self.metrics.watermark_lag_ms.set_label_function(self._lags)
@@ -389,7 +392,8 @@ class Broker:
         raw = store.get(CF_INDEX, index_key(topic, msg_id))
         if raw is None:
             raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
-        entry = decode_index(raw)
+        entry = self._ledger.resolve(topic, msg_id, decode_index(raw), offset=True)
+        assert entry is not None
         return MessageInfo(msg_id=msg_id, topic=topic, status=entry.status,
                            deliver_at=entry.deliver_at, offset=entry.queue_offset)
 

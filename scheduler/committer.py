@@ -6,9 +6,11 @@ path, synchronously) or found due by a scanner (the delivery stage):
 1. under the commit lock, drop what must not be delivered (the *skip set*, below);
 2. assign each message its topic's next queue offset (in memory) and append the batch to the
    CommitLog: each record carries topic, msgId, queue offset and deliverAt;
-3. commit ONE RocksDB batch: the shards' new watermarks, consume-queue entries, index ->
-   DELIVERED with offset and position, one expiry entry naming them all for the retention
-   clean-up, and the applied log position. The delivered timer keys are NOT deleted here:
+3. commit ONE RocksDB batch: the shards' new watermarks, consume-queue entries, one ledger
+   entry per scan (where its records went; the index entries stay SCHEDULED: below the
+   watermark that means delivered, scheduler/ledger.py), one expiry entry naming them all
+   for the retention clean-up, and the applied log position; messages due on arrival write
+   their index entries DELIVERED instead. The delivered timer keys are NOT deleted here:
    every key of a shard below its persisted watermark is delivered (or cancelled) by
    definition, every reader of the timer CFs starts at the watermark, and
    scheduler/maintenance.py removes the dead prefix now and then with one ``delete_range`` +
@@ -59,6 +61,7 @@ from scheduler.codec import (
     split_due,
 )
 from scheduler.intake import PreparedMessage, expiry_group_key, expiry_key, topic_shard
+from scheduler.ledger import DeliveryLedger
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
 from storage.consume_queue import Run
 from storage.errors import HourglassError
@@ -280,12 +283,16 @@ class Committer:
             skipped = [key for key, _ in items if key in skip] if skip else []
             if skipped:
                 items = [kv for kv in items if kv[0] not in skip]
+                counts = [sum(1 for key, _ in scan.items if key not in skip) for scan in scans]
+            else:
+                counts = [len(scan.items) for scan in scans]
             # (key, value) -> the columns of the appends, each in one pass (no Python call
             # or append per message: a fifth of this commit's CPU was such appends)
             pending = _Appends()
             (pending.ikeys, pending.extra, pending.deliver_ats, pending.topics,
              pending.msg_ids) = split_due(items)
-            pending.tx_ids = [None] * len(items)
+            pending.scans = [(scan.shard, scan.end, n)
+                             for scan, n in zip(scans, counts, strict=True)]
             offsets = self._take_offsets(pending)
             try:
                 payloads = log_payloads(pending.extra, pending.topics, pending.msg_ids, offsets,
@@ -375,7 +382,7 @@ class Committer:
     def _add_delivered(self, batch: Batch, pending: _Appends, offsets: list[int],
                        positions: list[int], payloads: list[bytes], now: int,
                        outcome: CommitOutcome) -> list[Run]:
-        """The consume-queue, index (DELIVERED) and expiry entries of appended records;
+        """The consume-queue, index (DELIVERED) or ledger, and expiry entries of appended records;
         returns the consume-queue runs stored."""
         topics = pending.topics
         if pending.single is not None:  # one topic: its offsets are one run (_take_offsets)
@@ -389,8 +396,15 @@ class Committer:
             runs = []
             for topic, run in by_topic.items():
                 runs += self._queues.put_many(batch, topic, run)
-        batch.put_many(CF_INDEX, zip(pending.ikeys, delivered_index_values(
-            pending.deliver_ats, now, offsets, positions, pending.tx_ids), strict=True))
+        if pending.scans is None:  # due on arrival: index -> DELIVERED
+            batch.put_many(CF_INDEX, zip(pending.ikeys, delivered_index_values(
+                pending.deliver_ats, now, offsets, positions, pending.tx_ids), strict=True))
+        else:  # found by scans: the frontier says delivered, the ledger where (ledger.py)
+            first = 0
+            for shard, end, records in pending.scans:
+                if records:
+                    DeliveryLedger.put(batch, shard, end, positions[first], records, now)
+                    first += records
         outcome.topic_list = topics
         # ONE expiry entry for the whole commit (its messages share ``now``), not one each:
         # a put per message now and a delete per message when it expires saved
@@ -429,7 +443,8 @@ class Committer:
 class _Appends:
     """Columns of the messages one commit appends (plain lists: no object per message)."""
 
-    __slots__ = ("deliver_ats", "extra", "ikeys", "msg_ids", "single", "topics", "tx_ids")
+    __slots__ = ("deliver_ats", "extra", "ikeys", "msg_ids", "scans", "single", "topics",
+                 "tx_ids")
 
     def __init__(self) -> None:
         self.topics: list[str] = []
@@ -439,6 +454,7 @@ class _Appends:
         self.ikeys: list[bytes] = []
         self.tx_ids: list[str | None] = []
         self.extra: list[Any] = []
+        self.scans: list[tuple[int, bytes, int]] | None = None  # (shard, end, records) found due
 
     def add(self, topic: str, msg_id: str, deliver_at: int, ikey: bytes, tx_id: str | None,
             extra: Any) -> None:

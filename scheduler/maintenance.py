@@ -6,7 +6,9 @@
   log position, with their index keys in the value); this thread deletes the index entries
   whose expiry is due, oldest first, in bounded batches, sleeping until the next expiry
   (never a fixed poll). An index entry that is no longer final (the key was re-used after an
-  earlier clean-up) is left alone. An expiry value, when not empty, is a tx column-family
+  earlier clean-up) is left alone; "final" as the entry stands (a SCHEDULED entry a scan
+  delivered is DELIVERED, scheduler/ledger.py), and the delivery ledger's entries of commits
+  older than the retention go with them. An expiry value, when not empty, is a tx column-family
   key to delete as well (a finished transaction's entry; its expiry key has an index part
   starting with NUL, so no index key).
 - Delivered prefix: delivery only moves a shard's persisted frontier; the timer keys below
@@ -26,9 +28,10 @@ import threading
 from scheduler.clock import Clock
 from scheduler.codec import decode_keys
 from scheduler.intake import EXPIRY_GROUP_MARK
+from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
-from storage.keys import MAX_U64, time_bound, unpack_u64
+from storage.keys import MAX_U64, decode_index_key, time_bound, unpack_u64
 from storage.records import FINAL_STATUSES, decode_index
 from storage.rocks import RocksStore
 
@@ -39,11 +42,13 @@ EXPIRY_BATCH = 1000
 
 class Maintenance(threading.Thread):
     def __init__(
-        self, *, store: RocksStore, clock: Clock, metrics: EngineMetrics, retention_ms: int,
-        compact_after_deletes: int, cleanup_interval_ms: int,
+        self, *, store: RocksStore, ledger: DeliveryLedger, clock: Clock,
+        metrics: EngineMetrics, retention_ms: int, compact_after_deletes: int,
+        cleanup_interval_ms: int,
     ) -> None:
         super().__init__(name="maintenance", daemon=True)
         self._store = store
+        self._ledger = ledger
         self._clock = clock
         self._metrics = metrics
         self._retention_ms = retention_ms
@@ -98,6 +103,7 @@ class Maintenance(threading.Thread):
                 self._expire(due)
             if len(due) < EXPIRY_BATCH:
                 break
+        self._ledger.expire(now - self._retention_ms)
         first = list(store.scan(CF_EXPIRY, b"", None, 1))
         if first:
             return unpack_u64(first[0][0])
@@ -131,8 +137,13 @@ class Maintenance(threading.Thread):
         batch = store.batch()
         batch.delete_many(CF_EXPIRY, keys)
         batch.delete_many(CF_TX, tx_keys)
-        final = [ikey for ikey, raw in zip(ikeys, entries, strict=True)
-                 if raw is not None and decode_index(raw).status in FINAL_STATUSES]
+        found = [(ikey, decode_index(raw)) for ikey, raw in zip(ikeys, entries, strict=True)
+                 if raw is not None]
+        names = [decode_index_key(ikey) for ikey, _ in found]
+        current = self._ledger.resolve_many([t for t, _ in names], [m for _, m in names],
+                                            [entry for _, entry in found])
+        final = [ikey for (ikey, _), entry in zip(found, current, strict=True)
+                 if entry is not None and entry.status in FINAL_STATUSES]
         batch.delete_many(CF_INDEX, final)
         store.write(batch)
         self._metrics.expired.inc(len(final))

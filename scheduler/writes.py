@@ -28,6 +28,7 @@ from scheduler.codec import (
 )
 from scheduler.committer import CommitOutcome, Committer
 from scheduler.intake import PlainBatch, PreparedMessage, expiry_key, topic_shard
+from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
 from scheduler.model import CancelOutcome, CancelResult, SendResult
 from scheduler.scanner import ShardState
@@ -43,8 +44,10 @@ class WritePaths:
         self, *, store: RocksStore, committer: Committer, shards: list[ShardState],
         clock: Clock, metrics: EngineMetrics, backlog: Backlog, retention_ms: int,
         check_running: Callable[[], None], notify: Callable[[Collection[str]], None],
+        ledger: DeliveryLedger,
     ) -> None:
         self._store = store
+        self._ledger = ledger
         self._committer = committer
         self._shards = shards
         self._clock = clock
@@ -197,12 +200,12 @@ class WritePaths:
             lookup = [i for i in lookup if messages[i].cancels is None]
             for i in markers:
                 results[i] = _PENDING_MARKER
-        found = store.multi_get(CF_INDEX, [messages[i].index_key for i in lookup])
+        found = self._entries([messages[i] for i in lookup],
+                              [messages[i].msg_id for i in lookup])
         count = 0
-        for i, raw in zip(lookup, found, strict=True):
-            if raw is None:
+        for i, entry in zip(lookup, found, strict=True):
+            if entry is None:
                 continue
-            entry = decode_index(raw)
             if replace_prepared and entry.status is MessageStatus.PREPARED:
                 continue
             results[i] = _duplicate_result(messages[i], entry)
@@ -224,17 +227,16 @@ class WritePaths:
         message it names as ``cancel`` would, and its result says how; the marker itself is
         not stored (a committed transactional one: its index entry becomes CANCELLED). A
         marker sees the messages stored before its batch. Returns the cancels staged."""
-        store = self._store
-        targets = [index_key(messages[i].topic, messages[i].cancels or "") for i in markers]
-        entries = store.multi_get(CF_INDEX, targets)
+        marking = [messages[i] for i in markers]
+        targets = [index_key(m.topic, m.cancels or "") for m in marking]
+        entries = self._entries(marking, [m.cancels or "" for m in marking], targets)
         done: dict[bytes, str] = {}  # target -> outcome: twice in one batch, once
         cancelled: list[_Cancel] = []
         expires = now + self._retention_ms
-        for i, ikey, raw in zip(markers, targets, entries, strict=True):
+        for i, ikey, entry in zip(markers, targets, entries, strict=True):
             m = messages[i]
             outcome = done.get(ikey)
             if outcome is None:
-                entry = None if raw is None else decode_index(raw)
                 outcome = done[ikey] = _cancel_outcome(entry)
                 if outcome == _TO_CANCEL:
                     assert entry is not None and m.cancels is not None
@@ -250,6 +252,17 @@ class WritePaths:
                 status=MessageStatus.CANCELLED, cancel_handle=cancel_handle(m.timer_key),
                 cancel=CancelOutcome(msg_id=m.cancels or "", status=outcome))
         return cancelled
+
+    def _entries(self, messages: Sequence[PreparedMessage], msg_ids: Sequence[str],
+                 keys: Sequence[bytes] | None = None) -> list[IndexEntry | None]:
+        """The index entries of ``msg_ids`` in the messages' topics (at ``keys``, else the
+        messages' own index keys), as they stand (scheduler/ledger.py)."""
+        if keys is None:
+            keys = [m.index_key for m in messages]
+        raw = self._store.multi_get(CF_INDEX, keys)
+        return self._ledger.resolve_many(
+            [m.topic for m in messages], msg_ids,
+            [None if r is None else decode_index(r) for r in raw])
 
     def _stage_cancel(self, batch: Batch, shard: ShardState, topic: str, msg_id: str,
                       ikey: bytes, entry: IndexEntry, now: int) -> _Cancel:
@@ -356,7 +369,7 @@ class WritePaths:
             self._check_running()
             committer.replay_if_needed()  # a message in the log is delivered, whatever RocksDB says
             raw = store.get(CF_INDEX, ikey)
-            entry = None if raw is None else decode_index(raw)
+            entry = self._ledger.resolve(topic, msg_id, None if raw is None else decode_index(raw))
             if entry is not None and handle_at is not None and entry.deliver_at != handle_at:
                 entry = None
             outcome = _cancel_outcome(entry)
@@ -367,8 +380,7 @@ class WritePaths:
                 raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
             assert entry is not None
             if outcome == _ALREADY_DELIVERED:
-                raise AlreadyDelivered(f"message {msg_id!r} of topic {topic!r} was delivered "
-                                       f"at queue offset {entry.queue_offset}")
+                raise AlreadyDelivered(f"message {msg_id!r} of topic {topic!r} was delivered")
             if outcome == _CONFLICT:
                 raise Conflict(f"message {msg_id!r} of topic {topic!r} is a transactional "
                                f"message ({entry.status}); use its transaction instead")

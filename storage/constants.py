@@ -49,6 +49,8 @@ META_GROUP_ACK_PREFIX = b"gack/"  # + log topic NUL group NUL 8-byte BE offset -
 #                                   above the committed offset: the gaps not yet filled)
 META_GROUP_STATE_PREFIX = b"gstate/"  # + topic NUL group -> 8-byte BE retries outstanding
 META_PARKED_PREFIX = b"parked/"  # + timer key -> [reason, stored value] (scheduler/poison.py)
+META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log position,
+#                              records, commit time (scheduler/ledger.py)
 
 # --- transaction keys (CF_TX; see scheduler/tx_records.py) ------------------------------------
 TX_ENTRY_PREFIX = b"t/"  # + transaction id -> encoded TransactionEntry

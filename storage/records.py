@@ -172,6 +172,14 @@ class _LogHead(_Record, frozen=True, kw_only=True, array_like=True, gc=False):
 _head_decoder = msgspec.msgpack.Decoder(_LogHead)
 
 
+def log_record_head(payload: bytes) -> _LogHead:
+    """Topic, msgId and queue offset of a LogRecord, the rest unread."""
+    try:
+        return _head_decoder.decode(payload)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise CorruptionError(f"cannot decode LogRecord: {exc}") from None
+
+
 def log_record_offsets_py(payloads: list[bytes]) -> list[int]:
     """The queue offset of each LogRecord in ``payloads``, read from its head: about half
     the CPU of decoding them whole (the rest is checked when it is decoded or transcoded)."""
