@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.constants import CF_INDEX, CF_META, META_LEDGER_PREFIX, timer_cf
