@@ -15,6 +15,7 @@ cluster without one, export to Parquet first (spark_jobs/inputs.py).
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -47,6 +48,7 @@ from storage.records import (
     decode_message,
     fields_of,
 )
+from storage.snapshot_read import ReadOnlyCheckpoint
 from storage.snapshots import open_read_only, resolve_db_dir, sst_number
 
 LOGICAL_FORMAT = "hourglass_logical"
@@ -177,6 +179,44 @@ def _index_columns(values: list[bytes]) -> tuple[list[Any], list[Any], list[Any]
     return out_da, out_off, out_state
 
 
+class DeliveredRule:
+    """scheduler/ledger.py's rule, on a snapshot: a SCHEDULED index entry whose timer key
+    (8-byte deliverAt + the index key) lies below its shard's persisted frontier, and is not
+    parked, was delivered (the delivery commit does not rewrite it)."""
+
+    def __init__(self, frontiers: Mapping[int, bytes], shards: int, parked: set[bytes]) -> None:
+        self.frontiers = frontiers
+        self.shards = max(shards, 1)
+        self.parked = parked
+
+    @classmethod
+    def of(cls, snap: ReadOnlyCheckpoint) -> DeliveredRule:
+        meta = snap.meta()
+        shards = meta.get("timerShards") or sum(
+            1 for name in snap.cf_names if name.startswith(CF_TIMER_PREFIX))
+        return cls({int(s): bytes.fromhex(k) for s, k in meta["frontiers"].items()},
+                   shards, snap.parked_keys())
+
+    def apply(self, keys: Sequence[bytes], deliver_ats: Sequence[Any],
+              states: Sequence[str | None]) -> list[str | None]:
+        """``states`` of the index entries at ``keys``, SCHEDULED ones a scan delivered made
+        DELIVERED."""
+        out = list(states)
+        for i, state in enumerate(states):
+            at = deliver_ats[i]
+            if state != _SCHEDULED or not isinstance(at, int) or not 0 <= at < 1 << 64:
+                continue
+            key = keys[i]
+            frontier = self.frontiers.get(zlib.crc32(key[:key.find(b"\x00")]) % self.shards)
+            timer_key = at.to_bytes(8, "big") + key
+            if frontier is not None and timer_key < frontier and timer_key not in self.parked:
+                out[i] = _DELIVERED
+        return out
+
+
+_SCHEDULED, _DELIVERED = MessageStatus.SCHEDULED.value, MessageStatus.DELIVERED.value
+
+
 def _half_deliver_at(value: bytes) -> int | None:
     try:
         return decode_message(value).deliver_at
@@ -184,8 +224,10 @@ def _half_deliver_at(value: bytes) -> int | None:
         return None
 
 
-def decode_batch(cf: str, keys: list[bytes], values: list[bytes]) -> pa.RecordBatch:
-    """The logical rows of (key, value) pairs of ``cf``, built column by column."""
+def decode_batch(cf: str, keys: list[bytes], values: list[bytes],
+                 rule: DeliveredRule | None = None) -> pa.RecordBatch:
+    """The logical rows of (key, value) pairs of ``cf``, built column by column; ``rule``
+    gives index entries their status as it stands (else: as stored)."""
     kind, n = cf_kind(cf), len(keys)
     nothing: list[Any] = [None] * n
     kt, da, offsets, states = nothing, nothing, nothing, nothing
@@ -201,6 +243,8 @@ def decode_batch(cf: str, keys: list[bytes], values: list[bytes]) -> pa.RecordBa
     elif kind is CfKind.INDEX:
         topics, ids = _names(keys)
         da, offsets, states = _index_columns(values)
+        if rule is not None:
+            states = rule.apply(keys, da, states)
     elif kind is CfKind.CQ:
         seps = [k.find(b"\x00") for k in keys]
         ok = [0 < i == len(k) - 9 for i, k in zip(seps, keys, strict=True)]
@@ -226,6 +270,7 @@ def decode_batch(cf: str, keys: list[bytes], values: list[bytes]) -> pa.RecordBa
 def read_ranges(path: str, ranges: list[KeyRange]) -> Iterator[pa.RecordBatch]:
     """Every (decoded) key of ``ranges`` of the snapshot at ``path``, as record batches."""
     with open_read_only(path) as snap:
+        rule = DeliveredRule.of(snap)
         for rng in ranges:
             cf = snap.column_family(rng.cf)
             ro = rocksdict.ReadOptions()
@@ -235,7 +280,7 @@ def read_ranges(path: str, ranges: list[KeyRange]) -> Iterator[pa.RecordBatch]:
             it = cf.items(from_key=rng.start or b"", read_opt=ro)
             while chunk := list(itertools.islice(it, BATCH_ROWS)):
                 yield decode_batch(rng.cf, [k for k, _ in chunk],  # type: ignore[misc]
-                                   [v for _, v in chunk])
+                                   [v for _, v in chunk], rule)
             del it, cf
 
 
@@ -288,25 +333,37 @@ def decode_timers(shard: int, keys: Sequence[bytes], values: Sequence[bytes],
         schema=TIMERS_SCHEMA)
 
 
-def index_states(values: Sequence[bytes]) -> Counter[str | None]:
+def index_states(values: Sequence[bytes], keys: Sequence[bytes] = (),
+                 rule: DeliveredRule | None = None) -> Counter[str | None]:
     """Index entries per status. An encoded IndexEntry starts with a msgpack array header,
     the format version and the status as a short string (storage/records.py): count those
-    prefixes (a handful of distinct ones), and decode_index any value that does not start so."""
-    prefixes: Counter[bytes] = Counter(v[:3 + (v[2] & 31)] if len(v) > 2 else v for v in values)
+    prefixes (a handful of distinct ones), and decode_index any value that does not start so.
+    With ``rule`` (and the ``keys``), the SCHEDULED ones are decoded and counted as they
+    stand (DeliveredRule)."""
+    prefixes = [v[:3 + (v[2] & 31)] if len(v) > 2 else v for v in values]
     out: Counter[str | None] = Counter()
     odd: set[bytes] = set()
-    for prefix, n in prefixes.items():
+    scheduled: set[bytes] = set()
+    for prefix, n in Counter(prefixes).items():
         status = None
         if len(prefix) > 3 and prefix[0] & 0xF0 == 0x90 and prefix[1] == FORMAT_VERSION \
                 and prefix[2] & 0xE0 == 0xA0:
             status = prefix[3:].decode("utf-8", "replace")
-        if status in _STATUSES:
+        if status == _SCHEDULED and rule is not None:
+            scheduled.add(prefix)
+        elif status in _STATUSES:
             out[status] += n
         else:
             odd.add(prefix)
+    if scheduled:
+        assert rule is not None
+        rows = [i for i, prefix in enumerate(prefixes) if prefix in scheduled]
+        row_keys = [keys[i] for i in rows]
+        da, _, states = _index_columns([values[i] for i in rows])
+        out.update(rule.apply(row_keys, da, states))
     if odd:  # another format or corrupt: the codec decides, row by row
-        for v in values:
-            if (v[:3 + (v[2] & 31)] if len(v) > 2 else v) in odd:
+        for v, prefix in zip(values, prefixes, strict=True):
+            if prefix in odd:
                 try:
                     out[decode_index(v).status.value] += 1
                 except CorruptionError:
@@ -344,13 +401,14 @@ def count_ranges(path: str, ranges: list[KeyRange]) -> Iterator[pa.RecordBatch]:
     """One row per (column family, state) of ``ranges``: rows, key and value bytes."""
     acc: dict[tuple[str, str | None], list[int]] = {}
     with open_read_only(path) as snap:
+        rule = DeliveredRule.of(snap)
         for rng in ranges:
             kind = cf_kind(rng.cf)
             fixed = {CfKind.TIMER: "SCHEDULED", CfKind.HALF: "PREPARED"}.get(kind)
             for keys, values in _chunks(snap, rng):
                 key_bytes, value_bytes = sum(map(len, keys)), sum(map(len, values))
                 if kind is CfKind.INDEX:
-                    for state, n in index_states(values).items():
+                    for state, n in index_states(values, keys, rule).items():
                         row = acc.setdefault((rng.cf, state), [0, 0, 0])
                         row[0] += n
                     # sizes per state would need a row pass: credit them to the CF's first row

@@ -21,6 +21,7 @@ from storage.constants import (
     CF_META,
     META_APPLIED_POSITION,
     META_FORMAT_VERSION,
+    META_PARKED_PREFIX,
     META_SHARDS,
     META_WATERMARK_PREFIX,
 )
@@ -64,6 +65,20 @@ class ReadOnlyCheckpoint:
                           ("formatVersion", META_FORMAT_VERSION)):
             raw = meta.get(key)
             out[name] = None if raw is None else unpack_u64(raw)
+        del meta
+        return out
+
+    def parked_keys(self) -> set[bytes]:
+        """Timer keys of the parked (poison) messages (scheduler/poison.py)."""
+        if CF_META not in self.cf_names:
+            return set()
+        meta = self.db.get_column_family(CF_META)
+        out = set()
+        for key in meta.keys(from_key=META_PARKED_PREFIX):
+            assert isinstance(key, bytes)  # raw mode
+            if not key.startswith(META_PARKED_PREFIX):
+                break
+            out.add(key[len(META_PARKED_PREFIX):])
         del meta
         return out
 

@@ -3,6 +3,7 @@ what the data sources and figures are checked against."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +23,28 @@ def open_checkpoint(db_dir: Path) -> tuple[rocksdict.Rdict, list[str]]:
 
 def logical_rows(db_dir: Path) -> list[tuple[Any, ...]]:
     """(cf, shard, key_time, deliver_at, topic, msg_id, queue_offset, key_size, value_size,
-    state) for every key, decoded with the storage codecs."""
+    state) for every key, decoded with the storage codecs; an index entry's state as it
+    stands (a SCHEDULED one below its shard's frontier, not parked, was delivered)."""
     db, names = open_checkpoint(db_dir)
     rows = []
     try:
+        meta = db.get_column_family("meta")
+        pairs: list[tuple[bytes, bytes]] = list(meta.items())  # type: ignore[arg-type]
+        del meta  # (raw mode: bytes)
+        frontiers = {int(k[3:]): v for k, v in pairs if k.startswith(b"wm/")}
+        parked = {k[7:] for k, _ in pairs if k.startswith(b"parked/")}
+        shards = sum(1 for n in names if n.startswith("timer."))
         for cf in names:
             handle = db.get_column_family(cf)
             for key, value in handle.items():
                 assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
-                rows.append(_decode(cf, key, value))
+                row = _decode(cf, key, value)
+                if cf == "index" and row[-1] == "SCHEDULED":  # delivered by a scan?
+                    timer_key = row[3].to_bytes(8, "big") + key
+                    frontier = frontiers.get(zlib.crc32(row[4].encode()) % shards)
+                    if frontier is not None and timer_key < frontier and timer_key not in parked:
+                        row = (*row[:-1], "DELIVERED")
+                rows.append(row)
             del handle
     finally:
         db.close()
