@@ -117,10 +117,6 @@ class DeliveryLedger:
                     out[i] = msgspec.structs.replace(entry, status=MessageStatus.DELIVERED)
         return out
 
-    def delivered(self, shard: int, timer_keys: Sequence[bytes]) -> list[bool]:
-        """For SCHEDULED entries with these timer keys (all of ``shard``): delivered?"""
-        return self._delivered(shard, timer_keys)
-
     def _delivered(self, shard: int, timer_keys: Sequence[bytes]) -> list[bool]:
         frontier = self._store.frontier(shard)  # (after the index entries were read)
         below = [key < frontier for key in timer_keys]
