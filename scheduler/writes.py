@@ -85,8 +85,7 @@ class WritePaths:
             if committer.needs_replay:
                 with committer.lock:
                     committer.replay_if_needed()
-            duplicates, markers = self._find_duplicates(store, messages, results,
-                                                        replace_prepared)
+            duplicates, markers = self._find_duplicates(messages, results, replace_prepared)
             now = self._clock.now_ms()
             due: list[PreparedMessage] = []
             later: list[PreparedMessage] = []
@@ -186,8 +185,8 @@ class WritePaths:
         return True
 
     def _find_duplicates(
-        self, store: RocksStore, messages: Sequence[PreparedMessage],
-        results: list[SendResult | None], replace_prepared: bool,
+        self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
+        replace_prepared: bool,
     ) -> tuple[int, list[int]]:
         """Fill ``results`` for re-sends (stored before, or earlier in this batch); returns
         their number and the positions of the cancel markers (their results: placeholders
