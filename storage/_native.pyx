@@ -626,6 +626,97 @@ cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
     return PyBytes_GET_SIZE(key)
 
 
+cdef bytes _K_NEXT = b"\xaanextOffset"
+cdef bytes _PULL_HEAD = b"\x82\xa8messages"  # {"messages": [...], "nextOffset": n}
+cdef int64_t _INT64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+cdef Py_ssize_t _delivered(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint once, bint leased,
+                           const char* receipt, Py_ssize_t receipt_size,
+                           int64_t delivery_count, int64_t* queue_offset) noexcept:
+    """Write the ``Delivered`` document of the LogRecord payload ``p[:n]`` (with ``leased``,
+    the ``Received`` one) at ``o``, which has room for 2n + 160 bytes (+ receipt_size + 64
+    when leased); returns its length and sets ``queue_offset``, or -1 for a payload the
+    Python path must do."""
+    cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
+    cdef Py_ssize_t i, w, keys_end, props_end
+    cdef bint text
+    # [version, topic, msg_id, queue_offset, body, tags, keys, properties, born_at,
+    #  deliver_at, stored_at, flags], as written
+    if n < 1 or p[0] != 0x9C:
+        return -1
+    i = _int(p, n, 1, &it)
+    if i < 0:
+        return -1
+    i = _str(p, n, i, &topic)
+    if i < 0:
+        return -1
+    i = _str(p, n, i, &msg_id)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &qo)
+    if i < 0:
+        return -1
+    i = _body_tags_keys(p, n, i, &body, &tags, &keys)
+    if i < 0:
+        return -1
+    keys_end = i
+    i = _str_map(p, n, i, &props, 16)
+    if i < 0:
+        return -1
+    props_end = i
+    i = _int(p, n, i, &born)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &deliver)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &stored)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &it)  # flags
+    if i != n:
+        return -1
+    text = _utf8(p + body.data, body.size)
+    # 10 fields and ``body`` if text (once: one of the two bodies); a leased message's 3 more
+    o[0] = 0x80 | ((11 if text and not once else 10) + (3 if leased else 0))
+    w = 1
+    w += _w_key(o + w, _K_OFFSET)
+    w += _w_int(o + w, qo.value)
+    w += _w_key(o + w, _K_MSGID)
+    w += _w_raw(o + w, p, msg_id.start, msg_id.data + msg_id.size)
+    w += _w_key(o + w, _K_TOPIC)
+    w += _w_raw(o + w, p, topic.start, topic.data + topic.size)
+    w += _w_key(o + w, _K_TAGS)
+    w += _w_raw(o + w, p, tags.start, keys.start)
+    w += _w_key(o + w, _K_KEYS)
+    w += _w_raw(o + w, p, keys.start, keys_end)
+    w += _w_key(o + w, _K_PROPS)
+    w += _w_raw(o + w, p, props.start, props_end)
+    if not (once and text):
+        w += _w_key(o + w, _K_B64)
+        w += _w_raw(o + w, p, body.start, body.data + body.size)
+    if text:
+        w += _w_key(o + w, _K_BODY)
+        w += _w_str(o + w, <const char*>p + body.data, body.size)
+    w += _w_key(o + w, _K_BORN)
+    w += _w_int(o + w, born.value)
+    w += _w_key(o + w, _K_DELIVER)
+    w += _w_int(o + w, deliver.value)
+    w += _w_key(o + w, _K_STORED)
+    w += _w_int(o + w, stored.value)
+    if leased:
+        w += _w_key(o + w, _K_RECEIPT)
+        w += _w_str(o + w, receipt, receipt_size)
+        w += _w_key(o + w, _K_COUNT)
+        w += _w_int(o + w, delivery_count)
+        w += _w_key(o + w, _K_RECONSUMED)
+        o[w] = 0
+        w += 1
+    queue_offset[0] = qo.value
+    return w
+
+
 def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint once=False):
     """For each LogRecord payload: the msgpack of its ``Delivered`` document (what
     ``msgspec.msgpack.encode(api.routes.consume.delivered(decode_log_record(p), once))``
@@ -635,16 +726,12 @@ def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint 
     fields of ``Delivered`` (scheduler/groups.py, a message shown as stored). ``once``: the
     body only once, as ``body`` when it is UTF-8 text, else as ``bodyBase64``
     (``Prefer: body=once``, api/schemas.py ``body_fields``)."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, i, receipt_size = 0
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, receipt_size = 0
     cdef list out = [None] * count
     cdef list queue_offsets = [None] * count
-    cdef const uint8_t* p
     cdef const char* receipt = NULL
-    cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
-    cdef Py_ssize_t w, keys_end, props_end
-    cdef int64_t delivery_count = 0
-    cdef uint8_t* o
-    cdef bint text, leased = receipts is not None
+    cdef int64_t delivery_count = 0, qo = 0
+    cdef bint leased = receipts is not None
     if leased and (counts is None or PyList_GET_SIZE(receipts) != count
                    or PyList_GET_SIZE(counts) != count):
         raise ValueError("receipts and counts: one of each per payload")
@@ -659,85 +746,60 @@ def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint 
                 continue
             receipt = PyUnicode_AsUTF8AndSize(r, &receipt_size)
             delivery_count = c
-        p = <const uint8_t*>PyBytes_AS_STRING(payload)
         n = PyBytes_GET_SIZE(payload)
-        # [version, topic, msg_id, queue_offset, body, tags, keys, properties, born_at,
-        #  deliver_at, stored_at, flags], as written
-        if n < 1 or p[0] != 0x9C:
-            continue
-        i = _int(p, n, 1, &it)
-        if i < 0:
-            continue
-        i = _str(p, n, i, &topic)
-        if i < 0:
-            continue
-        i = _str(p, n, i, &msg_id)
-        if i < 0:
-            continue
-        i = _int(p, n, i, &qo)
-        if i < 0:
-            continue
-        i = _body_tags_keys(p, n, i, &body, &tags, &keys)
-        if i < 0:
-            continue
-        keys_end = i
-        i = _str_map(p, n, i, &props, 16)
-        if i < 0:
-            continue
-        props_end = i
-        i = _int(p, n, i, &born)
-        if i < 0:
-            continue
-        i = _int(p, n, i, &deliver)
-        if i < 0:
-            continue
-        i = _int(p, n, i, &stored)
-        if i < 0:
-            continue
-        i = _int(p, n, i, &it)  # flags
-        if i != n:
-            continue
-        text = _utf8(p + body.data, body.size)
         buf = PyBytes_FromStringAndSize(NULL, 2 * n + 160 + (receipt_size + 64 if leased else 0))
-        o = <uint8_t*>PyBytes_AS_STRING(buf)
-        # 10 fields and ``body`` if text (once: one of the two bodies); a leased message's 3 more
-        o[0] = 0x80 | ((11 if text and not once else 10) + (3 if leased else 0))
-        w = 1
-        w += _w_key(o + w, _K_OFFSET)
-        w += _w_int(o + w, qo.value)
-        w += _w_key(o + w, _K_MSGID)
-        w += _w_raw(o + w, p, msg_id.start, msg_id.data + msg_id.size)
-        w += _w_key(o + w, _K_TOPIC)
-        w += _w_raw(o + w, p, topic.start, topic.data + topic.size)
-        w += _w_key(o + w, _K_TAGS)
-        w += _w_raw(o + w, p, tags.start, keys.start)
-        w += _w_key(o + w, _K_KEYS)
-        w += _w_raw(o + w, p, keys.start, keys_end)
-        w += _w_key(o + w, _K_PROPS)
-        w += _w_raw(o + w, p, props.start, props_end)
-        if not (once and text):
-            w += _w_key(o + w, _K_B64)
-            w += _w_raw(o + w, p, body.start, body.data + body.size)
-        if text:
-            w += _w_key(o + w, _K_BODY)
-            w += _w_str(o + w, <const char*>p + body.data, body.size)
-        w += _w_key(o + w, _K_BORN)
-        w += _w_int(o + w, born.value)
-        w += _w_key(o + w, _K_DELIVER)
-        w += _w_int(o + w, deliver.value)
-        w += _w_key(o + w, _K_STORED)
-        w += _w_int(o + w, stored.value)
-        if leased:
-            w += _w_key(o + w, _K_RECEIPT)
-            w += _w_str(o + w, receipt, receipt_size)
-            w += _w_key(o + w, _K_COUNT)
-            w += _w_int(o + w, delivery_count)
-            w += _w_key(o + w, _K_RECONSUMED)
-            o[w] = 0
-            w += 1
+        w = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), n,
+                       <uint8_t*>PyBytes_AS_STRING(buf), once, leased, receipt, receipt_size,
+                       delivery_count, &qo)
+        if w < 0:
+            continue
         out[k] = buf[:w]
-        queue_offsets[k] = qo.value
+        queue_offsets[k] = qo
     return out, queue_offsets
+
+
+def pull_frame(list payloads, bint once=False):
+    """The msgpack of a pull answer of ``payloads`` (``{"messages": [...], "nextOffset":
+    n}``, the bytes api/routes/consume.py ``pull_msgpack_py`` gives) written into one
+    buffer: no bytes object per message, no join. None when there are none, or when any
+    payload is one ``delivered_msgpack`` leaves to Python (the caller then goes that way)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size = 32
+    cdef int64_t qo = 0
+    cdef uint8_t* o
+    if count == 0:
+        return None
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            return None
+        size += 2 * PyBytes_GET_SIZE(payload) + 160
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(buf)
+    w = _w_key(o, _PULL_HEAD)
+    if count < 16:  # the array header as msgspec writes it
+        o[w] = 0x90 | count
+        w += 1
+    elif count < 0x10000:
+        o[w] = 0xDC
+        o[w + 1] = (count >> 8) & 0xFF
+        o[w + 2] = count & 0xFF
+        w += 3
+    else:
+        o[w] = 0xDD
+        _put_u32be(o + w + 1, <uint32_t>count)
+        w += 5
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        n = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                       o + w, once, False, NULL, 0, 0, &qo)
+        if n < 0:
+            return None
+        w += n
+    if qo == _INT64_MAX:  # the next offset would not be an int64 (msgspec: a uint64)
+        return None
+    w += _w_key(o + w, _K_NEXT)
+    w += _w_int(o + w, qo + 1)
+    return buf[:w]
 
 
 # --- delivery: the columns of a commit, and its index entries ------------------------------

@@ -52,6 +52,9 @@ def _pull_msgpack_native(payloads: list[bytes], offset: int, once: bool = False)
     without building it in Python; the messages it leaves (None) are done as in
     ``pull_result`` (which raises CorruptionError for a payload that cannot be decoded)."""
     assert native is not None
+    frame: bytes | None = native.pull_frame(payloads, once)
+    if frame is not None:  # every message done in C, in one buffer
+        return frame
     parts, offsets = native.delivered_msgpack(payloads, once=once)
     for i, part in enumerate(parts):
         if part is None:

@@ -314,6 +314,31 @@ def test_pull_answer(records: list[LogRecord], offset: int, once: bool) -> None:
         pull_msgpack_py, payloads, offset, once)
 
 
+@needs_native
+@settings(max_examples=100)
+@given(records=st.lists(log_records, min_size=1, max_size=20), data=st.data(),
+       once=st.booleans())
+def test_pull_frame_in_one_buffer(records: list[LogRecord], data: st.DataObject,
+                                  once: bool) -> None:
+    """The whole answer written by C in one buffer is Python's answer, byte for byte; a
+    payload C leaves to Python anywhere (here: one damaged) leaves the whole frame to it."""
+    assert native is not None
+    payloads = [encode_log_record(r) for r in records]
+    frame = native.pull_frame(payloads, once)
+    if all(len(r.properties) <= 16 and fits_int64(r.queue_offset, r.born_at, r.deliver_at,
+                                                   r.stored_at, r.flags) for r in records) \
+            and records[-1].queue_offset < (1 << 63) - 1:
+        assert frame == pull_msgpack_py(payloads, 0, once)
+    else:
+        assert frame is None
+    k = data.draw(st.integers(0, len(payloads) - 1))
+    damaged = [*payloads[:k], data.draw(mutations(payloads[k])), *payloads[k + 1:]]
+    frame = native.pull_frame(damaged, once)
+    if frame is not None:
+        assert frame == pull_msgpack_py(damaged, 0, once)
+    assert native.pull_frame([], once) is None
+
+
 def outcome(fn: Callable[..., bytes], *args: object) -> bytes | type[BaseException]:
     """What ``fn`` returns, or the type of what it raises (a next offset past uint64)."""
     try:
