@@ -1,5 +1,6 @@
 """A scan's delivery commit leaves the index entries SCHEDULED; below the persisted frontier
-they read as DELIVERED, and the delivery ledger gives their offsets (scheduler/ledger.py)."""
+they read as DELIVERED, and the delivery ledger gives their offsets (scheduler/ledger.py).
+A parked message, the one exception to the rule: tests/scheduler/test_poison.py."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
-from storage.constants import CF_INDEX, CF_META, META_LEDGER_PREFIX, timer_cf
+from storage.constants import CF_INDEX, CF_META, META_LEDGER_PREFIX
 from storage.errors import AlreadyDelivered
-from storage.keys import encode_timer_key, index_key, topic_shard
+from storage.keys import index_key
 from storage.records import MessageStatus, decode_index
 from storage.rocks import RocksStore
 from tests.support.engine import START_MS, Harness, advance_until, read_topic
@@ -89,26 +90,6 @@ def test_a_cancel_of_a_queued_message_keeps_the_offsets_of_the_others(
             assert (info.status, info.offset) == (MessageStatus.CANCELLED, None)
         else:
             assert (info.status, info.offset) == (MessageStatus.DELIVERED, offsets[f"m{i}"])
-
-
-def test_a_parked_message_below_the_frontier_is_still_scheduled(harness: Harness,
-                                                                clock: FakeClock) -> None:
-    broker = harness.open(flaky=True)
-    due = START_MS + 1_000
-    broker.send_batch([SendRequest(topic="t", body=f"m{i}".encode(), msg_id=f"m{i}",
-                                   deliver_at=due) for i in range(3)])
-    store = harness.store
-    assert store is not None
-    batch = store.batch()
-    batch.put(timer_cf(topic_shard("t", broker.config.timer_shards)),
-              encode_timer_key(due, "t", "m1"), b"\xc1 not a message record")
-    store.write(batch)
-    clock.advance(1_000)
-    broker.drain()
-    assert [p.msg_id for p in broker.parked()] == ["m1"]
-    assert broker.status("t", "m0").status is MessageStatus.DELIVERED
-    assert broker.status("t", "m1").status is MessageStatus.SCHEDULED  # parked, not delivered
-    assert broker.cancel("t", "m1").status is MessageStatus.CANCELLED
 
 
 def test_the_ledger_goes_with_the_retention(harness: Harness, clock: FakeClock) -> None:

@@ -9,6 +9,7 @@ from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from storage.constants import timer_cf
 from storage.keys import encode_timer_key, topic_shard
+from storage.records import MessageStatus
 from tests.support.engine import START_MS, Harness, read_topic
 
 
@@ -35,5 +36,9 @@ def test_an_undecodable_message_is_parked_and_its_batch_delivered(harness: Harne
     assert (parked.topic, parked.msg_id, parked.deliver_at) == ("t", "m2", due)
     assert "cannot be decoded" in parked.reason
     assert broker.stats().parked == 1 and broker.stats().pending == 0
+    # below the frontier its index entry says SCHEDULED, as the delivered ones' do; parked,
+    # it was not delivered (scheduler/ledger.py asks the parked set)
+    assert broker.status("t", "m3").status is MessageStatus.DELIVERED
+    assert broker.status("t", "m2").status is MessageStatus.SCHEDULED
     broker.send(SendRequest(topic="t", body=b"after", msg_id="after"))  # delivery goes on
     assert [m.msg_id for m in read_topic(broker, "t")][-1] == "after"
