@@ -31,6 +31,7 @@ from scheduler.intake import EXPIRY_GROUP_MARK
 from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
+from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, decode_index_key, time_bound, unpack_u64
 from storage.records import FINAL_STATUSES, decode_index
 from storage.rocks import RocksStore
@@ -137,13 +138,23 @@ class Maintenance(threading.Thread):
         batch = store.batch()
         batch.delete_many(CF_EXPIRY, keys)
         batch.delete_many(CF_TX, tx_keys)
-        found = [(ikey, decode_index(raw)) for ikey, raw in zip(ikeys, entries, strict=True)
-                 if raw is not None]
-        names = [decode_index_key(ikey) for ikey, _ in found]
-        current = self._ledger.resolve_many([t for t, _ in names], [m for _, m in names],
-                                            [entry for _, entry in found])
-        final = [ikey for (ikey, _), entry in zip(found, current, strict=True)
-                 if entry is not None and entry.status in FINAL_STATUSES]
+        final: list[bytes] = []  # what stays are entries no longer final (re-used keys)
+        keys_, stored, topics, msg_ids = [], [], [], []
+        for ikey, raw in zip(ikeys, entries, strict=True):
+            if raw is None:
+                continue
+            entry, names = decode_index(raw), _names(ikey)
+            if names is None:  # (a key the engine never writes): judged as stored
+                if entry.status in FINAL_STATUSES:
+                    final.append(ikey)
+                continue
+            keys_.append(ikey)
+            stored.append(entry)
+            topics.append(names[0])
+            msg_ids.append(names[1])
+        current = self._ledger.resolve_many(topics, msg_ids, stored)  # as they stand
+        final += [ikey for ikey, entry in zip(keys_, current, strict=True)
+                  if entry is not None and entry.status in FINAL_STATUSES]
         batch.delete_many(CF_INDEX, final)
         store.write(batch)
         self._metrics.expired.inc(len(final))
@@ -163,3 +174,12 @@ class Maintenance(threading.Thread):
             self._store.cleanup_prefix(timer_cf(shard), watermark)
             log.debug("cleaned the delivered prefix of shard %d below %d", shard, watermark)
         return next_at
+
+
+def _names(ikey: bytes) -> tuple[str, str] | None:
+    """(topic, msgId) of an index key; None for one that is not (the engine never writes
+    one: its entry is left alone)."""
+    try:
+        return decode_index_key(ikey)
+    except InvalidArgument:
+        return None
