@@ -309,4 +309,6 @@ def test_reads_through_the_tail_equal_reads_from_rocksdb(
             _land(store, cq, topic, first, count, gap_at=first + gap if gap < count else None)
             ends[topic] = first + count
             for topic_, offset, n in reads:
-                assert cq.read(topic_, offset, n) == ConsumeQueue(store).read(topic_, offset, n)
+                want = ConsumeQueue(store).read(topic_, offset, n)
+                assert cq.read(topic_, offset, n) == want
+                assert cq.positions(topic_, offset, n) == [e.position for e in want]
