@@ -152,19 +152,20 @@ class DeliveryLedger:
         dropped = 0
         for shard in range(self._shards):
             lower, upper = _shard_bounds(shard)
+            limit = 1  # most calls find nothing old yet: the first entry tells
             while True:
-                rows = list(self._store.scan(CF_META, lower, upper, limit=EXPIRE_SCAN))
+                rows = list(self._store.scan(CF_META, lower, upper, limit=limit))
                 old = [key for key, value in rows if _VALUE.unpack(value)[2] < before_ms]
                 if not old:
                     break
                 # committed in key order: the old ones are a prefix of the shard's entries
-                cut = old[-1] + b"\x00"
                 batch = self._store.batch()
-                batch.delete_range(CF_META, lower, cut)
+                batch.delete_range(CF_META, lower, old[-1] + b"\x00")
                 self._store.write(batch)
                 dropped += len(old)
-                if len(old) < len(rows) or len(rows) < EXPIRE_SCAN:
+                if len(old) < len(rows) or len(rows) < limit:
                     break
+                limit = EXPIRE_SCAN
         return dropped
 
 

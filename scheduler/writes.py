@@ -259,9 +259,15 @@ class WritePaths:
         if keys is None:
             keys = [m.index_key for m in messages]
         raw = self._store.multi_get(CF_INDEX, keys)
-        return self._ledger.resolve_many(
-            [m.topic for m in messages], msg_ids,
-            [None if r is None else decode_index(r) for r in raw])
+        out: list[IndexEntry | None] = [None] * len(raw)
+        found = [(i, decode_index(r)) for i, r in enumerate(raw) if r is not None]
+        if found:  # (new msgIds: none)
+            resolved = self._ledger.resolve_many([messages[i].topic for i, _ in found],
+                                                 [msg_ids[i] for i, _ in found],
+                                                 [entry for _, entry in found])
+            for (i, _), entry in zip(found, resolved, strict=True):
+                out[i] = entry
+        return out
 
     def _stage_cancel(self, batch: Batch, shard: ShardState, topic: str, msg_id: str,
                       ikey: bytes, entry: IndexEntry, now: int) -> _Cancel:
