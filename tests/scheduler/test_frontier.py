@@ -103,8 +103,9 @@ def test_the_dead_prefix_is_cleaned_on_a_timer(harness: Harness, clock: FakeCloc
 
 def test_scans_are_paced_in_real_time(harness: Harness, clock: FakeClock,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a scan that found everything due, the next scan of that shard waits for
-    ``scan_interval_ms`` of real time: messages due on 6 distinct instants, each made due
+    """After a scan that found everything due, the next scan of that shard waits until the
+    real millisecond boundary ``scan_interval_ms`` after the one the scan began in (so at
+    least ``scan_interval_ms`` - 1 ms): messages due on 6 distinct instants, each made due
     by the fake clock right away, still take >= 5 intervals, and none is lost."""
     starts: list[float] = []
     step = Scanner.step
@@ -121,4 +122,20 @@ def test_scans_are_paced_in_real_time(harness: Harness, clock: FakeClock,
         broker.drain()
     assert len(read_topic(broker, "t")) == 6
     gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert len(gaps) >= 5 and min(gaps) >= 0.1 * 0.99, gaps
+    assert len(gaps) >= 5 and min(gaps) >= 0.099, gaps
+
+
+@pytest.mark.parametrize(("started_ns", "interval_ms", "pause_ms"), [
+    (1_000_300_000, 4, 3.7),  # began 0.3 ms into ms 1000: ends at 1004.000
+    (1_000_000_000, 4, 4.0),  # began on the boundary itself
+    (1_000_999_000, 1, 0.001),  # the next boundary
+    (1_000_300_000, 0, 0.0),  # no pacing
+])
+def test_the_pause_ends_on_a_millisecond_boundary(harness: Harness, started_ns: int,
+                                                   interval_ms: int, pause_ms: float) -> None:
+    """deliverAt counts whole ms: a scan just after a boundary catches everything due in
+    that ms at once (scheduler/scanner.py, pacing)."""
+    broker = harness.open(timer_shards=1, scan_interval_ms=interval_ms)
+    scanner = broker._scanners[0]
+    assert scanner._pause_end(50.0, started_ns) == pytest.approx(50.0 + pause_ms / 1000,
+                                                                  abs=1e-9)
