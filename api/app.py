@@ -18,9 +18,15 @@ from api.auth import Authenticator
 from api.context import ApiContext, ApiLimits
 from api.hot import HOT_OPERATIONS, HourglassApp
 from api.longpoll import DeliveryNotifier
-from api.metrics import EngineCollector, HttpMetrics, HttpMetricsMiddleware
+from api.metrics import (
+    EngineCollector,
+    HttpMetrics,
+    HttpMetricsMiddleware,
+    StreamPushCollector,
+)
 from api.openapi import install_openapi
 from api.problems import UnexpectedErrors, install_problem_handlers
+from api.push import StreamPusher
 from api.routes import (
     check_callbacks,
     consume,
@@ -57,21 +63,26 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
     """The HTTP app over ``engine``, authenticating with ``auth``, enforcing ``limits``.
     Starting the app starts the engine; stopping it closes the engine."""
     notifier = DeliveryNotifier(max_polls=limits.max_long_polls)
-    ctx = ApiContext(limits=limits, broker=engine, auth=auth, notifier=notifier)
+    pusher = StreamPusher()  # streams' frames written by the committing thread
+    ctx = ApiContext(limits=limits, broker=engine, auth=auth, notifier=notifier,
+                     pusher=pusher)
     registry = CollectorRegistry(auto_describe=True)
     http_metrics = HttpMetrics(registry)
     registry.register(EngineCollector(engine.metrics, ready=lambda: engine.ready))
+    registry.register(StreamPushCollector(pusher.totals))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         notifier.bind(asyncio.get_running_loop())
+        pusher.open()
+        engine.add_delivery_listener(pusher.on_delivery)
         engine.add_delivery_listener(notifier.on_delivery)
         await run_in_threadpool(engine.start)  # recovery may replay the log: keep the loop free
         log.info("hourglass ready, data in %s", engine.config.data_dir)
         try:
             yield
         finally:
-            notifier.close()  # release long polls first, so shutdown does not wait on them
+            ctx.release_waiters()  # first, so shutdown does not wait on them
             await run_in_threadpool(engine.close)
 
     app = HourglassApp(

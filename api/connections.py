@@ -88,6 +88,11 @@ class ConnectionLimits:
         loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
 
 
+#: the ASGI scope's ``extensions`` key of a request's HeadHeldTransport, when its connection
+#: is a plain socket (api/push.py writes a stream's frames on it from another thread)
+SOCKET_EXTENSION = "hourglass.socket"
+
+
 class HeadHeldTransport:
     """A request's view of the connection's transport: the response's header bytes wait for
     its first body chunk and leave with it in one ``writev``.
@@ -138,6 +143,14 @@ class HeadHeldTransport:
         if sent == sum(map(len, chunks)):
             return
         transport.write(b"".join(chunks)[sent:])  # queued; flow control as usual
+
+    @property
+    def fd(self) -> int | None:
+        return self._fd
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        return self._transport
 
     def flush(self) -> None:
         held = self._held
@@ -215,7 +228,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
-            HeadHeldTransport(self.transport, self._fd, cycle)  # the cycle writes through it
+            held = HeadHeldTransport(self.transport, self._fd, cycle)  # the cycle writes here
+            if self._fd is not None:
+                extensions = {SOCKET_EXTENSION: held}
+                self.scope["extensions"] = extensions  # type: ignore[typeddict-item]
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

@@ -15,6 +15,7 @@ from api.auth import Authenticator, Permission, Principal
 from api.bodies import JSON, MSGPACK, is_msgpack
 from api.errors import Forbidden
 from api.longpoll import DeliveryNotifier
+from api.push import StreamPusher
 from scheduler.broker import Broker
 from scheduler.intake import check_topic
 from storage.errors import InvalidArgument
@@ -38,6 +39,13 @@ class ApiContext:
     broker: Broker
     auth: Authenticator
     notifier: DeliveryNotifier
+    pusher: StreamPusher
+
+    def release_waiters(self) -> None:
+        """Server shutdown: end every long poll and stream now (uvicorn waits for requests
+        in flight before the lifespan's end, and they may wait minutes)."""
+        self.pusher.close()  # parked streams first: handed back, they see the notifier closed
+        self.notifier.close()
 
     def caller(self, request: Request) -> Principal:
         """The caller's principal, or 401: the hot routes (send, batch, pull) call this first

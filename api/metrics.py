@@ -58,6 +58,22 @@ class HttpMetrics:
         histogram.observe(seconds)
 
 
+class StreamPushCollector(Collector):
+    """Frames the committing threads wrote to standing streams themselves (api/push.py), and
+    how often they handed a stream back to the event loop (a slow reader, a closing socket)."""
+
+    def __init__(self, totals: Callable[[], tuple[int, int]]) -> None:
+        self._totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        pushed, handed_back = self._totals()
+        yield CounterMetricFamily("hourglass_stream_frames_pushed",
+                                  "Stream frames written by the committing thread", pushed)
+        yield CounterMetricFamily("hourglass_stream_handbacks",
+                                  "Streams the committing thread handed back to the event loop",
+                                  handed_back)
+
+
 class HttpMetricsMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware: that costs a task per request)."""
 

@@ -125,7 +125,7 @@ def main(argv: Sequence[str]) -> int:
     except InvalidArgument as exc:
         print(f"hourglass serve: error: {exc.detail}", file=sys.stderr)
         return 2
-    server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.notifier.close,
+    server = Server(uvicorn_config(app, settings), on_shutdown=app.state.ctx.release_waiters,
                     freeze_gc=True)
     server.run()
     return 0 if server.started else 1

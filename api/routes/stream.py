@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -36,9 +37,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from api.auth import Permission
 from api.bodies import MSGPACK, is_msgpack, prefers_body_once
+from api.connections import SOCKET_EXTENSION, HeadHeldTransport
 from api.context import ApiContext, query_int
 from api.longpoll import DeliveryNotifier
 from api.openapi import REF, operation, query_parameter
+from api.push import ParkedStream, StreamPusher
 from api.routes.consume import (
     MAX_OFFSET,
     PREFER_BODY,
@@ -87,31 +90,41 @@ class StreamResponse(Response):
     """Frames of ``topic`` from ``offset`` until ``duration_s`` pass, the client leaves or
     the server closes; holds one long-poll slot (taken by the caller) and gives it back."""
 
-    def __init__(self, broker: Broker, notifier: DeliveryNotifier, topic: str, offset: int,
-                 max_messages: int, duration_s: float, encode: Callable[[list[bytes], int],
-                                                                         bytes],
-                 media_type: str, release: Callable[[], None]) -> None:
+    def __init__(self, broker: Broker, notifier: DeliveryNotifier, pusher: StreamPusher,
+                 topic: str, offset: int, max_messages: int, duration_s: float,
+                 encode: Callable[[list[bytes], int], bytes], media_type: str,
+                 release: Callable[[], None]) -> None:
         super().__init__(status_code=200, media_type=media_type,
                          headers={"cache-control": "no-store"})
         del self.headers["content-length"]  # (chunked: the length is not known)
-        self._broker, self._notifier, self._topic = broker, notifier, topic
-        self._offset, self._max, self._duration_s = offset, max_messages, duration_s
-        self._encode, self._release = encode, release
+        self._broker, self._notifier, self._pusher = broker, notifier, pusher
+        self._topic, self._offset, self._max = topic, offset, max_messages
+        self._duration_s, self._encode, self._release = duration_s, encode, release
         self._gone = False  # the client left
         self._waiting: asyncio.Future[str | None] | None = None  # the wait in progress
+        self._parked: ParkedStream | None = None  # when the pusher may write it (api/push.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
         watcher = asyncio.ensure_future(self._watch(receive))
+        socket = scope.get("extensions", {}).get(SOCKET_EXTENSION)
+
         try:
+            if socket is not None and self._pusher.enabled:  # a plain socket: lend it
+                self._parked = ParkedStream(
+                    self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
+                    encode=self._encode, read=self._broker.read, transport=socket.transport,
+                    fd=socket.fd, loop=loop)
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
-            await self._frames(loop, send)
+            await self._frames(loop, send, socket)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the connection broke under a write: nobody to answer
             pass
         finally:
             watcher.cancel()
+            if self._parked is not None:
+                self._parked.close()
             self._release()
 
     async def _watch(self, receive: Receive) -> None:
@@ -124,12 +137,15 @@ class StreamResponse(Response):
         if waiting is not None and not waiting.done():
             waiting.set_result(None)
 
-    async def _frames(self, loop: asyncio.AbstractEventLoop, send: Send) -> None:
-        notifier, topic = self._notifier, self._topic
+    async def _frames(self, loop: asyncio.AbstractEventLoop, send: Send,
+                      socket: HeadHeldTransport | None) -> None:
+        notifier, topic, parked = self._notifier, self._topic, self._parked
         deadline = loop.time() + self._duration_s
         beat = loop.time()  # the first frame goes at once, with messages or not
         while not self._gone and not notifier.closed:
-            future = notifier.register(topic)  # before reading: no lost wake-up
+            # before reading: no lost wake-up (a parked stream is woken by no delivery)
+            future: asyncio.Future[str | None] = (
+                notifier.register(topic) if parked is None else loop.create_future())
             try:
                 try:
                     payloads = self._broker.read(topic, self._offset, self._max)
@@ -148,13 +164,29 @@ class StreamResponse(Response):
                     return
                 if payloads:
                     continue  # more may be there already
-                # woken by a delivery, the client leaving, a heartbeat due or the end
+                # woken by a delivery (not parked), the pusher handing the stream back, the
+                # client leaving, a heartbeat due or the end
                 self._waiting = future
-                await notifier.wait(future, min(deadline, beat) - now)
+                if parked is None:
+                    await notifier.wait(future, min(deadline, beat) - now)
+                    continue
+                parked.park(self._offset, future)
+                try:
+                    await notifier.wait(future, min(deadline, beat) - now)
+                finally:
+                    self._offset, pending = parked.unpark()
+                if parked.wrote_at:  # frames the pusher wrote count as the heartbeat
+                    beat = max(beat, parked.wrote_at - time.monotonic() + loop.time()
+                               + HEARTBEAT_S)
+                if pending:  # (already a chunk: straight to the socket, then drain)
+                    assert socket is not None
+                    socket.write(pending)
+                    await send({"type": "http.response.body", "body": b"",
+                                "more_body": True})  # (writes nothing; waits while paused)
             finally:
                 self._waiting = None
-                notifier.unregister(topic, future)
-
+                if parked is None:
+                    notifier.unregister(topic, future)
 
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
@@ -193,5 +225,5 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         slot = contextlib.ExitStack()
         slot.enter_context(notifier.slot())  # Overloaded (503) here; back when it ends
         return body_once_applied(StreamResponse(
-            broker, notifier, topic, offset, max_messages, duration_ms / 1000.0, encode, media,
-            slot.close), once)
+            broker, notifier, ctx.pusher, topic, offset, max_messages, duration_ms / 1000.0,
+            encode, media, slot.close), once)

@@ -66,8 +66,9 @@ class Frames:
                 return out
 
 
-def pulled(c: httpx.Client, offset: int, headers: dict[str, str]) -> dict[str, Any]:
-    r = c.get(PULL, params={"offset": offset, "max": 1000}, headers=headers)
+def pulled(c: httpx.Client, offset: int, headers: dict[str, str],
+           max_messages: int = 1000) -> dict[str, Any]:
+    r = c.get(PULL, params={"offset": offset, "max": max_messages}, headers=headers)
     assert r.status_code == 200, r.text
     doc: dict[str, Any] = (msgpack.unpackb(r.content) if r.headers["content-type"]
                            == "application/x-msgpack" else r.json())

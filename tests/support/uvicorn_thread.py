@@ -33,7 +33,7 @@ def serve_in_thread(app: FastAPI, settings: Settings, *,
     port = sock.getsockname()[1]
     config = uvicorn_config(app, replace(settings, host="127.0.0.1", port=port,
                                          log_level="warning"))
-    server = Server(config, on_shutdown=app.state.ctx.notifier.close, freeze_gc=freeze_gc)
+    server = Server(config, on_shutdown=app.state.ctx.release_waiters, freeze_gc=freeze_gc)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="uvicorn", daemon=True)
     thread.start()

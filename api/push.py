@@ -1,0 +1,241 @@
+"""Stream frames written by the thread that committed the delivery, not by the event loop.
+
+A standing stream (api/routes/stream.py) that has caught up waits for the next delivery to
+its topic. Woken through the event loop, every delivery commit costs two thread wake-ups and
+a GIL hand-over: the committing thread signals the loop (``call_soon_threadsafe``), the loop
+wakes, waits for the GIL the committing thread still holds, and then reads, frames and
+writes. At a steady 2 k msg/s that hand-over was half of the server's CPU (W3 of
+bench/peers: the event loop ~0.07 core of ~0.16 at a 2 ms scan interval, two context
+switches per delivery, the scanner preempted by the thread it woke).
+
+So a caught-up stream *lends* itself to the :class:`StreamPusher` while it waits
+(:meth:`ParkedStream.park`): after each commit the committing thread, already awake and
+holding the GIL, reads what landed from the stream's offset, frames it exactly as the loop
+would (the same encoder, the same HTTP/1.1 chunk) and writes it to the socket itself with one
+``writev`` (made without the GIL). The event loop is not woken at all. It takes the stream
+back (:meth:`ParkedStream.unpark`) when its own wait ends: a heartbeat or the stream's end
+is due, the client left, the server is closing, or the pusher handed it back.
+
+The pusher hands a stream back instead of writing when writing would not keep the bytes in
+order or bounded: the transport has bytes queued (uvloop is still writing earlier ones: the
+client reads slowly), the socket takes only part of a frame (the rest goes back to the loop,
+which writes it first and then waits for the socket to drain, as uvicorn's flow control
+does), the engine refuses the read, or the socket fails. A stream is written either by the
+loop or by the pusher, never both: the stream's lock orders them, and the loop writes only
+while the stream is not parked.
+
+The socket. The pusher writes on a duplicate of the connection's descriptor, taken once per
+stream and closed when the stream ends: if the loop closed the connection meanwhile, the
+descriptor's number could belong to a new connection by then, and a frame must never reach
+the wrong client. Streams over TLS (no plain socket) are written by the loop, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from storage.records import log_record_offsets
+
+Encode = Callable[[list[bytes], int], bytes]
+Read = Callable[[str, int, int], list[bytes]]
+
+
+def _resolve(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class ParkedStream:
+    """One stream's state shared between the event loop and the committing threads."""
+
+    __slots__ = ("_encode", "_fd", "_lock", "_loop", "_max", "_pusher", "_read", "_transport",
+                 "_wake", "handed_back", "offset", "parked", "pending", "pushed", "topic",
+                 "wrote_at")
+
+    def __init__(self, pusher: StreamPusher, *, topic: str, offset: int, max_messages: int,
+                 encode: Encode, read: Read, transport: Any, fd: int,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        """``transport``: the connection's transport (to see whether it has bytes queued);
+        ``fd``: its socket's descriptor, duplicated here (module doc)."""
+        self._pusher, self.topic, self._max = pusher, topic, max_messages
+        self._encode, self._read, self._transport, self._loop = encode, read, transport, loop
+        self._fd: int | None = os.dup(fd)
+        self._lock = threading.Lock()
+        self._wake: asyncio.Future[Any] | None = None
+        self.offset = offset
+        self.parked = False
+        self.pending = b""  # bytes of a frame the socket did not take (the loop writes them)
+        self.wrote_at = 0.0  # time.monotonic() of the last frame the pusher wrote
+        self.pushed = 0  # frames the pusher wrote
+        self.handed_back = 0  # times the pusher gave the stream back to the loop
+        pusher.adopt(self)
+
+    # --- event loop ----------------------------------------------------------------------------
+    def park(self, offset: int, wake: asyncio.Future[Any]) -> None:
+        """Lend the stream, caught up to ``offset``, to the pusher until ``wake`` resolves
+        (the pusher resolves it when it hands the stream back). What landed since the
+        caller's last read is written at once: no delivery falls between that read and the
+        registration unseen."""
+        with self._lock:
+            self.offset, self._wake, self.parked = offset, wake, True
+        if not self._pusher.add(self):  # closing: nothing is lent any more
+            with self._lock:
+                self.parked = False
+            _resolve(wake)
+            return
+        self.push()
+
+    def unpark(self) -> tuple[int, bytes]:
+        """Take the stream back: its offset and the bytes the loop must write first."""
+        self._pusher.remove(self)
+        with self._lock:
+            self.parked, self._wake = False, None
+            pending, self.pending = self.pending, b""
+            return self.offset, pending
+
+    def close(self) -> None:
+        """The stream ended: give the descriptor back (after any write in progress)."""
+        self._pusher.remove(self)
+        with self._lock:
+            self.parked = False
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+        self._pusher.retire(self)
+
+    def give_back(self) -> None:
+        """Hand the stream back to the loop if it is parked (server shutdown)."""
+        with self._lock:
+            if self.parked:
+                self._hand_back()
+
+    # --- committing threads ------------------------------------------------------------------
+    def push(self) -> None:
+        """Write the frames of what landed since ``offset`` (any thread)."""
+        with self._lock:
+            if not self.parked or self._fd is None:
+                return
+            try:
+                while True:
+                    payloads = self._read(self.topic, self.offset, self._max)
+                    if not payloads:
+                        return
+                    frame = self._encode(payloads, self.offset)
+                    chunks = (b"%x\r\n" % len(frame), frame, b"\r\n")
+                    transport = self._transport
+                    if transport.is_closing() or transport.get_write_buffer_size():
+                        sent = 0  # uvloop is still writing: these bytes go after its own
+                    else:
+                        try:
+                            sent = os.writev(self._fd, chunks)  # (releases the GIL)
+                        except BlockingIOError:
+                            sent = 0
+                    self.offset = log_record_offsets(payloads[-1:])[0] + 1
+                    self.wrote_at = time.monotonic()
+                    total = len(chunks[0]) + len(frame) + 2
+                    if sent < total:
+                        self.pending = b"".join(chunks)[sent:]
+                        self._hand_back()
+                        return
+                    self.pushed += 1
+                    if len(payloads) < self._max:
+                        return  # the next commit pushes again
+            except Exception:  # the engine refused the read, the socket failed: the loop
+                self._hand_back()  # meets the same and ends the stream as it would
+
+    def _hand_back(self) -> None:
+        """Lock held: stop pushing and wake the loop."""
+        self.parked = False
+        self.handed_back += 1
+        wake = self._wake
+        if wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to wake
+                self._loop.call_soon_threadsafe(_resolve, wake)
+
+
+class StreamPusher:
+    """The parked streams by topic; ``on_delivery`` is a Broker delivery listener."""
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[str, dict[ParkedStream, None]] = {}  # parked, by topic
+        self._live: set[ParkedStream] = set()  # every stream that may park
+        self._retired = (0, 0)  # frames pushed and hand-backs of the streams that ended
+        self._closed = False
+        self.enabled = enabled  # False: every stream is written by the loop (tests compare)
+
+    def adopt(self, stream: ParkedStream) -> None:
+        with self._lock:
+            self._live.add(stream)
+
+    def retire(self, stream: ParkedStream) -> None:
+        with self._lock:
+            if stream in self._live:
+                self._live.discard(stream)
+                pushed, handed_back = self._retired
+                self._retired = (pushed + stream.pushed, handed_back + stream.handed_back)
+
+    def totals(self) -> tuple[int, int]:
+        """Frames the pusher wrote, and times it handed a stream back, since the start."""
+        with self._lock:
+            pushed, handed_back = self._retired
+            for stream in self._live:
+                pushed += stream.pushed
+                handed_back += stream.handed_back
+            return pushed, handed_back
+
+    def add(self, stream: ParkedStream) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._streams.setdefault(stream.topic, {})[stream] = None
+            return True
+
+    def remove(self, stream: ParkedStream) -> None:
+        with self._lock:
+            streams = self._streams.get(stream.topic)
+            if streams is not None:
+                streams.pop(stream, None)
+                if not streams:
+                    del self._streams[stream.topic]
+
+    def on_delivery(self, topics: Collection[str]) -> None:
+        """After a commit, in the committing thread: write the parked streams' frames."""
+        if not self._streams:
+            return
+        for topic in topics:
+            with self._lock:
+                streams = list(self._streams.get(topic, ()))
+            for stream in streams:
+                stream.push()
+
+    def close(self) -> None:
+        """Server shutdown (on the loop): hand every parked stream back; lend none again."""
+        with self._lock:
+            self._closed = True
+            streams = [s for by_topic in self._streams.values() for s in by_topic]
+            self._streams.clear()
+        for stream in streams:
+            stream.give_back()
+
+    def open(self) -> None:
+        """(Re)start lending (the app's start)."""
+        with self._lock:
+            self._closed = False
+
+    @property
+    def streams(self) -> int:
+        """Streams that may park (not ended)."""
+        with self._lock:
+            return len(self._live)
+
+    @property
+    def parked(self) -> int:
+        with self._lock:
+            return sum(len(s) for s in self._streams.values())

@@ -1,0 +1,158 @@
+"""Stream frames written by the committing thread (api/push.py), over real HTTP: the same
+frames the event loop writes; a reader too slow for the socket gets every message once and
+in order after the pusher hands its stream back; a stream whose client left is no longer
+lent; the socket the pusher writes on is its own descriptor."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import time
+from typing import Any
+
+import httpx
+import msgpack
+import pytest
+
+from api.push import ParkedStream, StreamPusher
+from scheduler.codec import log_payload
+from tests.api.test_stream import STREAM, TOPIC, Frames, pulled, send, wait_until_no_polls
+from tests.support.live import ADMIN, CONSUMER, Live
+
+MSGPACK = {"Accept": "application/x-msgpack", "Prefer": "body=once"}
+
+
+def wait_parked(live: Live, n: int) -> None:
+    """The server parks a stream right after its last read found nothing (asynchronously)."""
+    pusher = live.app.state.ctx.pusher
+    deadline = time.monotonic() + 10
+    while pusher.parked != n:
+        assert time.monotonic() < deadline, f"{pusher.parked} streams parked, not {n}"
+        time.sleep(0.005)
+
+
+def send_big(c: httpx.Client, ids: range, size: int, delay_ms: int) -> None:
+    body = base64.b64encode(os.urandom(size))[:size].decode()  # (incompressible text)
+    r = c.post(f"/v1/topics/{TOPIC}/messages:batch", headers={
+        "Content-Type": "application/x-msgpack"}, content=msgpack.packb({"messages": [
+            {"msgId": f"m{i:03d}", "body": body, "delayMs": delay_ms} for i in ids]}))
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize("pushing", [True, False])
+def test_frames_are_what_the_loop_writes_whoever_writes_them(live: Live,
+                                                             pushing: bool) -> None:
+    pusher = live.app.state.ctx.pusher
+    pusher.enabled = pushing
+    with live.client(CONSUMER) as consumer, live.client(ADMIN) as c, consumer.stream(
+            "GET", STREAM, params={"durationMs": 30_000, "max": 2}, headers=MSGPACK) as r:
+        frames = Frames(r)
+        assert frames.next() == {"messages": [], "nextOffset": 0}
+        got = []
+        for step in range(3):
+            wait_parked(live, 1 if pushing else 0)
+            send(c, range(step * 3, step * 3 + 3), delay_ms=1000)
+            live.advance(1000)  # committed by the engine's thread; 3 messages, max 2 a frame
+            for at in (step * 3, step * 3 + 2):
+                frame = frames.next()
+                assert frame == pulled(c, at, MSGPACK, 2)  # what a pull of max 2 answers
+                got.append(frame)
+        assert [f["nextOffset"] for f in got] == [2, 3, 5, 6, 8, 9]
+        assert [m["msgId"] for f in got for m in f["messages"]] == [f"m{i}" for i in range(9)]
+    pushed, handed_back = pusher.totals()
+    assert (pushed >= 6) if pushing else (pushed == 0)  # (the pusher wrote them, or none)
+    assert handed_back == 0
+
+
+def test_a_reader_slower_than_the_socket_gets_everything_once_in_order(live: Live) -> None:
+    pusher = live.app.state.ctx.pusher
+    size, per_send = 256 << 10, 16  # 4 MiB a send: more than a loopback socket holds
+    with live.client(CONSUMER) as consumer, live.client(ADMIN) as c, consumer.stream(
+            "GET", STREAM, params={"durationMs": 60_000}, headers=MSGPACK) as r:
+        frames = Frames(r)
+        assert frames.next()["nextOffset"] == 0
+        wait_parked(live, 1)
+        for k in range(3):  # the client reads nothing meanwhile
+            send_big(c, range(k * per_send, (k + 1) * per_send), size, 1000)
+            live.advance(1000)
+        received: list[dict[str, Any]] = []
+        while len(received) < 3 * per_send:
+            frame = frames.next()
+            assert frame["nextOffset"] == len(received) + len(frame["messages"])
+            received.extend(frame["messages"])
+        assert [m["offset"] for m in received] == list(range(3 * per_send))
+        assert [m["msgId"] for m in received] == [f"m{i:03d}" for i in range(3 * per_send)]
+        assert all(len(m["body"]) == size for m in received)
+        _, handed_back = pusher.totals()
+        assert handed_back >= 1  # the socket took part of a frame: the loop wrote the rest
+        wait_parked(live, 1)  # caught up: lent to the pusher again
+        pushed_before, _ = pusher.totals()
+        send(c, range(100, 102), delay_ms=1000)
+        live.advance(1000)
+        assert [m["msgId"] for m in frames.next()["messages"]] == ["m100", "m101"]
+        assert pusher.totals()[0] == pushed_before + 1
+
+
+def test_a_stream_whose_client_left_is_no_longer_lent(live: Live) -> None:
+    notifier, pusher = live.app.state.ctx.notifier, live.app.state.ctx.pusher
+    consumer = live.client(CONSUMER)
+    response = consumer.send(consumer.build_request("GET", STREAM, headers=MSGPACK),
+                             stream=True)
+    frames = Frames(response)  # (kept: dropping its reader would close the stream)
+    frames.next()
+    wait_parked(live, 1)
+    response.close()
+    consumer.close()
+    wait_until_no_polls(notifier)
+    assert pusher.parked == 0 and pusher.streams == 0  # (its descriptor closed with it)
+    with live.client(ADMIN) as c:  # deliveries to the topic go on, written to nobody
+        send(c, range(3), delay_ms=1000)
+        live.advance(1000)
+        assert c.get("/v1/topics/orders.stream/messages", params={"offset": 0}).json()[
+            "nextOffset"] == 3
+    assert pusher.totals() == (0, 0)
+
+
+class _Drained:
+    """A transport with nothing queued (the pusher then writes on the socket itself)."""
+
+    @staticmethod
+    def is_closing() -> bool:
+        return False
+
+    @staticmethod
+    def get_write_buffer_size() -> int:
+        return 0
+
+
+def test_what_landed_between_the_last_read_and_the_park_is_written_at_the_park() -> None:
+    """The race no HTTP test can time: a commit lands after the loop's read found nothing
+    and before the stream is parked; its listener call finds no stream to write. The park
+    itself must write it, or it waits for the next delivery or heartbeat."""
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.settimeout(10)
+    landed: list[bytes] = []
+    pusher = StreamPusher()
+    stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
+                          encode=lambda payloads, at: b"frame %d+%d" % (at, len(payloads)),
+                          read=lambda _t, offset, n: landed[offset:offset + n],
+                          transport=_Drained(), fd=ours.fileno(), loop=loop)
+    try:
+        landed.append(log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])  # the commit's listener: nothing parked yet
+        stream.park(0, loop.create_future())
+        assert theirs.recv(100) == b"9\r\nframe 0+1\r\n"  # one HTTP/1.1 chunk
+        assert stream.offset == 1 and pusher.totals() == (1, 0)
+        landed.append(log_payload(TOPIC, "m1", 1, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])  # parked: the commit's own thread writes it
+        assert theirs.recv(100) == b"9\r\nframe 1+1\r\n"
+        assert stream.unpark() == (2, b"")
+    finally:
+        stream.close()
+        ours.close()
+        theirs.close()
+        loop.close()
