@@ -9,7 +9,9 @@ slow machine cannot break."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from scheduler.broker import Broker
-from scheduler.clock import FakeClock, SystemClock
+from scheduler.clock import FakeClock, SystemClock, precise_timers
 from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
 from scheduler.scanner import Scanner
@@ -135,3 +137,22 @@ def test_a_paced_scanner_sleeps_once_per_scan(tmp_path: Path,
     # and the pacing still holds: the scans that delivered began >= 60 ms apart
     starts = [sleeps.events[i][1] for i in delivering]
     assert all(b - a >= 0.06 * 0.99 for a, b in itertools.pairwise(starts))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="timer slack is Linux's")
+def test_precise_timers_sets_the_calling_threads_timer_slack_only() -> None:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    get_slack = 30  # PR_GET_TIMERSLACK: the calling thread's, in ns
+    slack: dict[str, int] = {}
+
+    def read(name: str, precise: bool) -> None:
+        if precise:
+            precise_timers()
+        slack[name] = prctl(get_slack, 0, 0, 0, 0)
+
+    for name, precise in (("scanner", True), ("other", False)):
+        thread = threading.Thread(target=read, args=(name, precise))
+        thread.start()
+        thread.join()
+    inherited = prctl(get_slack, 0, 0, 0, 0)  # this thread's (50 µs by default)
+    assert slack == {"scanner": 1_000, "other": inherited} and inherited != 1_000
