@@ -24,6 +24,10 @@ does), the engine refuses the read, or the socket fails. A stream is written eit
 loop or by the pusher, never both: the stream's lock orders them, and the loop writes only
 while the stream is not parked.
 
+What a commit costs its thread: per parked stream of the topic, the frames of what landed,
+as long as the socket takes them (a reader far behind gets the rest from the loop, after a
+hand-back); a steady trickle's frame is one read and one ``writev``.
+
 The socket. The pusher writes on a duplicate of the connection's descriptor, taken once per
 stream and closed when the stream ends: if the loop closed the connection meanwhile, the
 descriptor's number could belong to a new connection by then, and a frame must never reach
