@@ -20,6 +20,11 @@ for ``HEARTBEAT_S`` the server writes a frame without messages, so a client (or 
 can tell a quiet stream from a dead one; the first frame is written at once, with or
 without messages (it is what a pull would answer now). A slow reader is not buffered for:
 the next read waits until the socket has taken the previous frame (uvicorn's flow control).
+
+Who writes. A stream that has caught up is lent, while it waits, to the thread that commits
+the next delivery, which writes that frame itself (api/push.py): no event-loop wake-up per
+delivery. The loop writes the rest: the first frame, heartbeats, and whatever follows a
+hand-back (a slow reader, a closing connection, a refused read).
 """
 
 from __future__ import annotations
@@ -107,17 +112,16 @@ class StreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
         watcher = asyncio.ensure_future(self._watch(receive))
-        socket = scope.get("extensions", {}).get(SOCKET_EXTENSION)
-
+        held = scope.get("extensions", {}).get(SOCKET_EXTENSION)  # (plain sockets only)
         try:
-            if socket is not None and self._pusher.enabled:  # a plain socket: lend it
+            if held is not None and self._pusher.enabled:  # lend the stream while it waits
                 self._parked = ParkedStream(
                     self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
-                    encode=self._encode, read=self._broker.read, transport=socket.transport,
-                    fd=socket.fd, loop=loop)
+                    encode=self._encode, read=self._broker.read, transport=held.transport,
+                    fd=held.fd, loop=loop)
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
-            await self._frames(loop, send, socket)
+            await self._frames(loop, send, held)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the connection broke under a write: nobody to answer
             pass
@@ -138,7 +142,7 @@ class StreamResponse(Response):
             waiting.set_result(None)
 
     async def _frames(self, loop: asyncio.AbstractEventLoop, send: Send,
-                      socket: HeadHeldTransport | None) -> None:
+                      held: HeadHeldTransport | None) -> None:
         notifier, topic, parked = self._notifier, self._topic, self._parked
         deadline = loop.time() + self._duration_s
         beat = loop.time()  # the first frame goes at once, with messages or not
@@ -179,14 +183,15 @@ class StreamResponse(Response):
                     beat = max(beat, parked.wrote_at - time.monotonic() + loop.time()
                                + HEARTBEAT_S)
                 if pending:  # (already a chunk: straight to the socket, then drain)
-                    assert socket is not None
-                    socket.write(pending)
+                    assert held is not None
+                    held.write(pending)
                     await send({"type": "http.response.body", "body": b"",
                                 "more_body": True})  # (writes nothing; waits while paused)
             finally:
                 self._waiting = None
                 if parked is None:
                     notifier.unregister(topic, future)
+
 
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     broker = ctx.broker
