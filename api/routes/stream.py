@@ -115,10 +115,7 @@ class StreamResponse(Response):
         held = scope.get("extensions", {}).get(SOCKET_EXTENSION)  # (plain sockets only)
         try:
             if held is not None and self._pusher.enabled:  # lend the stream while it waits
-                self._parked = ParkedStream(
-                    self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
-                    encode=self._encode, read=self._broker.read, transport=held.transport,
-                    fd=held.fd, loop=loop)
+                self._parked = self._lendable(held, loop)
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})
             await self._frames(loop, send, held)
@@ -130,6 +127,20 @@ class StreamResponse(Response):
             if self._parked is not None:
                 self._parked.close()
             self._release()
+
+    def _lendable(self, held: HeadHeldTransport,
+                  loop: asyncio.AbstractEventLoop) -> ParkedStream | None:
+        """The stream's state for the pusher; None (the loop writes every frame) when its
+        socket cannot be duplicated (e.g. no descriptor left: EMFILE)."""
+        assert held.fd is not None
+        try:
+            return ParkedStream(
+                self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
+                encode=self._encode, read=self._broker.read, transport=held.transport,
+                fd=held.fd, loop=loop)
+        except OSError as exc:
+            log.warning("stream of %s written by the event loop only: %s", self._topic, exc)
+            return None
 
     async def _watch(self, receive: Receive) -> None:
         """Wait for the client to leave; then end the wait in progress."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import os
 import socket
 import time
@@ -156,3 +157,24 @@ def test_what_landed_between_the_last_read_and_the_park_is_written_at_the_park()
         ours.close()
         theirs.close()
         loop.close()
+
+
+def test_a_stream_whose_socket_cannot_be_duplicated_is_written_by_the_loop(
+        live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No descriptor left (EMFILE) for the pusher's own: the stream goes on, as before."""
+    pusher = live.app.state.ctx.pusher
+
+    def no_descriptor_left(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "dup", no_descriptor_left)
+    with live.client(CONSUMER) as consumer, live.client(ADMIN) as c, consumer.stream(
+            "GET", STREAM, params={"durationMs": 30_000}, headers=MSGPACK) as r:
+        frames = Frames(r)
+        assert frames.next() == {"messages": [], "nextOffset": 0}
+        monkeypatch.undo()  # (the stream has tried and given up)
+        assert pusher.streams == 0
+        send(c, range(2), delay_ms=1000)
+        live.advance(1000)
+        assert [m["msgId"] for m in frames.next()["messages"]] == ["m0", "m1"]
+    assert pusher.totals() == (0, 0)
