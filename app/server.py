@@ -10,6 +10,7 @@ import argparse
 import gc
 import logging
 import os
+import resource
 import secrets
 import socket
 import sys
@@ -98,6 +99,31 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+#: the most open files asked for when the hard limit is unlimited (Linux's fs.nr_open default)
+MAX_OPEN_FILES = 1 << 20
+
+
+def raise_open_files_limit(needed: int) -> int:
+    """Raise this process's soft limit of open files to its hard limit, as servers do (Go's
+    runtime does it for every program): at its limits hourglass holds ``max_connections``
+    sockets, a duplicate of each standing stream's socket (api/push.py), every RocksDB table
+    file (``max_open_files = -1``) and the log's segments, and Debian's default soft limit
+    is 1024. Warns when even the hard limit is below ``needed``; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as exc:  # (e.g. above fs.nr_open)
+            logging.getLogger(__name__).warning("cannot raise the open files limit: %s", exc)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        logging.getLogger(__name__).warning(
+            "%d open files allowed (ulimit -n), fewer than the %d that max_connections and "
+            "max_long_polls may need with RocksDB's files: raise the hard limit", soft, needed)
+    return soft
+
+
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     os.umask(UMASK)  # RocksDB's files, the CommitLog, snapshots: the owner's only
@@ -118,6 +144,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"hourglass serve: error: cannot set up the admin token: {exc}", file=sys.stderr)
         return 2
 
+    raise_open_files_limit(settings.max_connections + settings.max_long_polls + 1024)
     from app.wiring import build_app, uvicorn_config  # imports the whole server: only here
 
     try:
