@@ -43,18 +43,24 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu() -> dict[str, float]:
-    """CPU seconds of this process's threads so far: RocksDB's (``rocksdb:*``) and the rest."""
+    """CPU seconds of this process's threads so far: RocksDB's (``rocksdb:*``) and the rest.
+    From each thread's ``schedstat`` (nanoseconds on a CPU), where the kernel has it: the
+    ticks of ``stat`` (10 ms) read 0 for a slice that takes 10 ms."""
     out = {"rocksdb": 0.0, "python": 0.0}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 stat = f.read()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            kind = "rocksdb" if name.startswith("rocksdb") else "python"
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    out[kind] += int(f.read().split()[0]) / 1e9
+            except (FileNotFoundError, IndexError, ValueError):  # (no schedstats)
+                fields = stat[stat.rindex(")") + 2:].split()
+                out[kind] += (int(fields[11]) + int(fields[12])) / _TICK
         except FileNotFoundError:  # the thread ended meanwhile
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        kind = "rocksdb" if name.startswith("rocksdb") else "python"
-        out[kind] += (int(fields[11]) + int(fields[12])) / _TICK
     return out
 
 
