@@ -136,7 +136,7 @@ class StreamResponse(Response):
         try:
             return ParkedStream(
                 self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
-                encode=self._encode, read=self._broker.read, transport=held.transport,
+                encode=self._encode, read=self._broker.read_checked, transport=held.transport,
                 fd=held.fd, loop=loop)
         except OSError as exc:
             log.warning("stream of %s written by the event loop only: %s", self._topic, exc)

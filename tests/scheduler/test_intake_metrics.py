@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler.intake import Intake, MessageIdGenerator, topic_shard
 from scheduler.levels import DelayLevels
@@ -93,6 +95,16 @@ def test_histogram_buckets_are_cumulative_with_quantiles() -> None:
     assert snap.quantile(0.99) == float("inf")
     with pytest.raises(ValueError):
         Histogram("h", "help", (5, 1))
+
+
+@given(st.lists(st.integers(min_value=-5, max_value=50), max_size=80))
+def test_observe_many_counts_as_observing_each(values: list[int]) -> None:
+    """Few values are located one by one, more are counted first: the same histogram."""
+    one_by_one, together = (Histogram("h", "help", (0, 1, 5, 10, 25)) for _ in range(2))
+    for value in values:
+        one_by_one.observe(value)
+    together.observe_many(values)
+    assert together.snapshot() == one_by_one.snapshot()
 
 
 def test_counters_are_thread_safe_and_labelled() -> None:
