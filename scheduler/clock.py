@@ -54,6 +54,9 @@ class SystemClock:
                 return True
 
 
+_PR_SET_TIMERSLACK = 29
+
+
 def precise_timers() -> None:
     """Let the calling thread's timed waits end within 1 µs of their deadline instead of
     Linux's default 50 µs of timer slack (``prctl(PR_SET_TIMERSLACK)``; nothing elsewhere).
@@ -65,9 +68,6 @@ def precise_timers() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1_000, 0, 0, 0)
     except (OSError, AttributeError):  # no such libc call: the default slack
         pass
-
-
-_PR_SET_TIMERSLACK = 29
 
 
 class FakeClock:
