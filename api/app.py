@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
@@ -70,6 +70,7 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
     http_metrics = HttpMetrics(registry)
     registry.register(EngineCollector(engine.metrics, ready=lambda: engine.ready))
     registry.register(StreamPushCollector(pusher.totals))
+    GCCollector(registry=registry)  # python_gc_*: the process's cyclic collections
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from app.server import GC_GEN0_THRESHOLD
 from scheduler.clock import FakeClock
 from tests.support.live import T0, make_settings, serve
 
@@ -68,14 +69,19 @@ def test_serve_generates_a_token_and_stops_cleanly(tmp_path: Path) -> None:
 
 def test_the_served_process_freezes_what_start_up_made(tmp_path: Path) -> None:
     """``hourglass serve`` moves everything alive after start-up out of the cyclic GC's
-    reach (app.server.Server(freeze_gc=True)); the test servers do not."""
+    reach and collects the young generation less often (app.server.tune_gc); the test
+    servers do neither."""
     gc.unfreeze()
+    thresholds = gc.get_threshold()
     try:
         with serve(make_settings(tmp_path / "a"), clock=FakeClock(T0)) as live:
             assert httpx.get(f"{live.base_url}/healthz").status_code == 200
             assert gc.get_freeze_count() == 0
-        with serve(make_settings(tmp_path / "b"), clock=FakeClock(T0), freeze_gc=True) as live:
+            assert gc.get_threshold() == thresholds
+        with serve(make_settings(tmp_path / "b"), clock=FakeClock(T0), tune_gc=True) as live:
             assert gc.get_freeze_count() > 10_000  # modules, the app, the engine
+            assert gc.get_threshold() == (GC_GEN0_THRESHOLD, *thresholds[1:])
             assert httpx.get(f"{live.base_url}/healthz").status_code == 200
     finally:
         gc.unfreeze()  # give this test process its collector back
+        gc.set_threshold(*thresholds)

@@ -71,10 +71,11 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
 
 
 @contextmanager
-def serve(settings: Settings, clock: Clock, *, freeze_gc: bool = False) -> Iterator[Live]:
+def serve(settings: Settings, clock: Clock, *,
+          tune_gc: bool = False) -> Iterator[Live]:
     """The app over a new Broker driven by ``clock``, served in a thread."""
     app = build_app(settings, clock=clock)
-    with serve_in_thread(app, settings, freeze_gc=freeze_gc) as base_url:
+    with serve_in_thread(app, settings, tune_gc=tune_gc) as base_url:
         yield Live(base_url=base_url, app=app, broker=app.state.ctx.broker, clock=clock,
                    settings=settings)
 

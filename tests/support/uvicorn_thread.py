@@ -24,7 +24,7 @@ START_TIMEOUT_S = 60
 
 @contextmanager
 def serve_in_thread(app: FastAPI, settings: Settings, *,
-                    freeze_gc: bool = False) -> Iterator[str]:
+                    tune_gc: bool = False) -> Iterator[str]:
     """Serve ``app`` (built by app/wiring.py) on a pre-bound 127.0.0.1 socket; yields the
     base URL; stops the server and joins its thread on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -33,7 +33,7 @@ def serve_in_thread(app: FastAPI, settings: Settings, *,
     port = sock.getsockname()[1]
     config = uvicorn_config(app, replace(settings, host="127.0.0.1", port=port,
                                          log_level="warning"))
-    server = Server(config, on_shutdown=app.state.ctx.release_waiters, freeze_gc=freeze_gc)
+    server = Server(config, on_shutdown=app.state.ctx.release_waiters, tune_gc=tune_gc)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="uvicorn", daemon=True)
     thread.start()
