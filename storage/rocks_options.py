@@ -7,7 +7,7 @@ Reasons and measurements: docs/storage.md ("RocksDB options"). In short:
 - whole-key bloom filters only where reads are point look-ups (index, tx, meta);
 - one shared LRU block cache and a DB-wide memtable budget, so memory does not grow with
   the number of timer shards;
-- no compression on L0 (flushes), LZ4 on the levels below, ZSTD on the bottommost level (cold, large, rarely rewritten),
+- LZ4 on the upper levels, ZSTD on the bottommost level (cold, large, rarely rewritten),
   except in the time-ordered CFs: their keys arrive in deliverAt order, not in key order, so
   every L0 file overlaps the whole bottommost level and each compaction rewrites it; their
   data is transient (gone once delivered); LZ4 there halves RocksDB's compaction CPU;
@@ -142,12 +142,7 @@ def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksd
     opts.set_target_file_size_base(tuning.target_file_size_bytes)
     opts.set_max_bytes_for_level_base(tuning.max_bytes_for_level_base)
     opts.set_level_compaction_dynamic_level_bytes(True)
-    # L0 (what a flush writes) uncompressed, LZ4 below: a flush is on the way of every
-    # write burst, and its files live until the next compaction rewrites them (compressed);
-    # 200 k sends of random bodies over HTTP (W1): flush thread 108-114 -> 81-88 ms
-    lz4 = rocksdict.DBCompressionType.lz4()
-    opts.set_compression_type(lz4)
-    opts.set_compression_per_level([rocksdict.DBCompressionType.none()] + [lz4] * 6)
+    opts.set_compression_type(rocksdict.DBCompressionType.lz4())
     # time-ordered CFs: LZ4 at the bottom as well, unless asked (module doc; 1 M sends due
     # at random over an hour: compaction 1.8 instead of 3.1 CPU-s, docs/performance.md)
     zstd = not is_time_ordered(name) or tuning.timer_bottommost_zstd

@@ -80,26 +80,3 @@ def test_time_ordered_cfs_are_lz4_at_the_bottom_unless_asked(tmp_path: Path,
     time_ordered = (timer_cf(0), timer_cf(1), CF_EXPIRY, CF_HALF)
     assert {cf: bottom[cf] for cf in time_ordered} == dict.fromkeys(time_ordered, timers)
     assert {bottom[cf] for cf in (CF_INDEX, CF_CQ, CF_TX, CF_META)} == {"kZSTD"}
-
-
-def test_a_flush_writes_level_0_uncompressed_and_the_levels_below_are_lz4(
-        tmp_path: Path) -> None:
-    """2 MiB of zeros flushed from a timer CF and from the index: each L0 file is as large
-    as what it holds (no compression on the flush, which every write burst waits behind);
-    the levels below compress with LZ4 (RocksDB's own OPTIONS file)."""
-    store = RocksStore(tmp_path / "db", timer_shards=1)
-    try:
-        for cf in (timer_cf(0), CF_INDEX):
-            batch = store.batch()
-            batch.put_many(cf, [(i.to_bytes(8, "big"), bytes(1024)) for i in range(2048)])
-            store.write(batch)
-        store.flush(wait=True)
-        l0 = [f for f in store.live_files() if f["level"] == 0 and f["num_entries"] == 2048]
-        assert len(l0) == 2  # (the meta CF's own small file besides)
-        assert all(f["size"] > 2 * MIB for f in l0)  # 2048 x (8 + 1024) B and the index
-    finally:
-        store.close()
-    latest = max((tmp_path / "db").glob("OPTIONS-*"), key=lambda p: int(p.name[8:]))
-    per_level = {line.split("=", 1)[1] for line in latest.read_text().splitlines()
-                 if line.strip().startswith("compression_per_level=")}
-    assert per_level == {"kNoCompression" + ":kLZ4Compression" * 6}
