@@ -14,6 +14,10 @@ ingest   decode the JSON (or msgpack) batch, turn it into engine requests, ``Int
 drain    the scanner's read of 1000 due keys, the delivery commit (log payloads, CommitLog
          append, one RocksDB write), a pull of 1000 (consume queue + log reads + decoding),
          encode it as JSON (or msgpack).
+wal      the send path's RocksDB write of 1000 timer + 1000 index entries (the store's own
+         options), with its WAL and without: what the WAL adds per message. RocksDB computes
+         each WAL record's CRC32C; whether its build does that with the CPU's instruction
+         ("Fast CRC32 supported" in its LOG) decides most of it (docs/performance.md, 15).
 requests CPU µs per REQUEST through the whole ASGI application (middleware, routing, auth,
          the route), called in process without a socket: the fixed cost every request pays
          on top of its messages, which decides the CPU of a steady trickle (W3).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -238,6 +243,75 @@ def request_costs(data_dir: Path, rounds: int) -> dict[str, float]:
         broker.close()
 
 
+def wal_cost(data_dir: Path, rounds: int) -> dict[str, Any]:
+    """CPU µs per message of RocksDB's write of a send batch (1000 timer + 1000 index
+    entries, as the send path stores them) with the WAL and without, alternating; the WAL
+    bytes each arm wrote; and whether RocksDB says its CRC32C uses the CPU's instruction."""
+    import rocksdict
+
+    from storage.constants import CF_INDEX, timer_cf
+    from storage.keys import encode_timer_key, index_key
+    from storage.records import (
+        IndexEntry,
+        MessageRecord,
+        MessageStatus,
+        encode_index,
+        encode_message,
+    )
+    from storage.rocks import RocksStore
+
+    store = RocksStore(data_dir, timer_shards=1)
+    try:
+        db = store._live_db()  # the benchmark looks inside: RocksDB's own write, two ways
+        timer, index = store._handles[timer_cf(0)], store._handles[CF_INDEX]
+        value = encode_message(MessageRecord(body=BODY.encode(), born_at=START_MS,
+                                             deliver_at=START_MS))
+        entry = encode_index(IndexEntry(status=MessageStatus.SCHEDULED, deliver_at=START_MS,
+                                        updated_at=START_MS))
+        plain, unlogged = rocksdict.WriteOptions(), rocksdict.WriteOptions()
+        unlogged.disable_wal = True
+
+        rng = random.Random(11)
+
+        def batch(r: int, arm: str, timer: Any, index: Any) -> rocksdict.WriteBatch:
+            """Due at random over an hour, each family's entries in key order (as the send
+            path puts them); every batch its own instants, so no arm warms the other's."""
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            ids = [f"{arm}{r}m{i}" for i in range(BATCH)]
+            for key in sorted(encode_timer_key(START_MS + rng.randrange(3_600_000), "t", m)
+                              for m in ids):
+                wb.put(key, value, timer)
+            for msg_id in sorted(ids):
+                wb.put(index_key("t", msg_id), entry, index)
+            return wb
+
+        def wal_bytes() -> int:
+            return sum(f.stat().st_size for f in data_dir.glob("*.log"))
+
+        samples: dict[str, list[float]] = {"with WAL": [], "without WAL": []}
+        written = dict.fromkeys(samples, 0)
+        for r in range(rounds):
+            arms = (("with WAL", plain), ("without WAL", unlogged))
+            for arm, opts in arms if r % 2 else arms[::-1]:  # either first, in turn
+                wb = batch(r, arm[:2], timer, index)
+                before = wal_bytes()
+                started = time.thread_time()
+                db.write(wb, opts)
+                samples[arm].append((time.thread_time() - started) * 1e6 / BATCH)
+                written[arm] += wal_bytes() - before
+        del db, timer, index
+    finally:
+        store.close()
+    log = (data_dir / "LOG").read_text(errors="replace") if (data_dir / "LOG").exists() else ""
+    crc = next((line.split("Fast CRC32 supported:", 1)[1].strip()
+                for line in log.splitlines() if "Fast CRC32 supported:" in line), "unknown")
+    us = {arm: round(statistics.median(v), 3) for arm, v in samples.items()}
+    return {"us_per_message": {**us, "the WAL": round(us["with WAL"] - us["without WAL"], 3)},
+            "wal_bytes_per_message": {arm: round(b / (rounds * BATCH), 1)
+                                      for arm, b in written.items()},
+            "fast_crc32": crc}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hourglass bench breakdown", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,6 +323,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="hourglass-breakdown-") as tmp:
         figures = breakdown(Path(tmp) / "engine", args.rounds)
         requests = request_costs(Path(tmp) / "app", args.rounds * 10)
+        wal = wal_cost(Path(tmp) / "wal", args.rounds)
     for path, stages in figures.items():
         print(f"{path}: CPU µs per message (median of {args.rounds} batches of {BATCH})")
         for stage, us in stages.items():
@@ -256,9 +331,14 @@ def main(argv: list[str]) -> int:
     print(f"requests: CPU µs per request through the ASGI app (median of {args.rounds * 10})")
     for what, us in requests.items():
         print(f"  {what:<55} {us:8.1f}")
+    print(f"wal: CPU µs per message of RocksDB's write of a send batch (median of "
+          f"{args.rounds}; RocksDB's 'Fast CRC32 supported': {wal['fast_crc32']})")
+    for arm, us in wal["us_per_message"].items():
+        print(f"  {arm:<55} {us:8.3f}")
     if args.json is not None:
         args.json.write_text(json.dumps({"rounds": args.rounds, "us_per_message": figures,
-                                         "us_per_request": requests}, indent=1) + "\n")
+                                         "us_per_request": requests, "wal": wal},
+                                        indent=1) + "\n")
     return 0
 
 
