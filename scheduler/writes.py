@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from operator import itemgetter
 from typing import NamedTuple
 
 from msgspec.structs import replace
@@ -142,43 +141,44 @@ class WritePaths:
         if len(set(plain.given)) != len(plain.given):  # a msgId twice: a duplicate
             return False
         store = self._store
-        timers = zip(plain.timer_keys, plain.values, strict=True)
-        by_shard: dict[int, list[tuple[bytes, bytes]]]
+        by_shard: dict[int, tuple[list[bytes], list[bytes]]]
         if plain.shards is None:
-            by_shard = {plain.shard: list(timers)}
+            by_shard = {plain.shard: (plain.timer_keys, plain.values)}
         else:
             by_shard = {}
-            for shard_, item in zip(plain.shards, timers, strict=True):
-                items = by_shard.get(shard_)
-                if items is None:
-                    by_shard[shard_] = [item]
+            for shard_, key, value in zip(plain.shards, plain.timer_keys, plain.values,
+                                          strict=True):
+                columns = by_shard.get(shard_)
+                if columns is None:
+                    by_shard[shard_] = ([key], [value])
                 else:
-                    items.append(item)
-        for items in by_shard.values():
-            items.sort(key=_KEY)  # key order: see _add_scheduled
-        entries = list(zip(plain.index_keys, plain.entries, strict=True))
-        entries.sort(key=_KEY)
+                    columns[0].append(key)
+                    columns[1].append(value)
+        # the WriteBatch is built before the locks (it is only this call's until written;
+        # dropped if a check below says no), each CF's entries in key order (Batch.put_sorted)
+        shards = []  # (shard, its first key)
+        batch = store.batch()
+        for s, (keys, values) in sorted(by_shard.items()):
+            shard = self._shards[s]
+            shards.append((shard, min(keys)))
+            batch.put_sorted(shard.cf, keys, values)
+        batch.put_sorted(CF_INDEX, plain.index_keys, plain.entries)
         first_at = min(plain.deliver_ats)
-        shards = [(self._shards[s], items) for s, items in sorted(by_shard.items())]
         with self.locks(by_shard):
             self._check_running()
             if self._committer.needs_replay:
                 return False
-            if plain.given and any(raw is not None
-                                   for raw in store.multi_get(CF_INDEX, plain.given)):
+            if plain.given and store.multi_get(CF_INDEX, plain.given).count(None) != len(
+                    plain.given):
                 return False
-            if first_at <= self._clock.now_ms() or any(items[0][0] < shard.frontier_key
-                                                       for shard, items in shards):
+            if first_at <= self._clock.now_ms() or any(first < shard.frontier_key
+                                                       for shard, first in shards):
                 return False  # one is due (by now, or below its shard's scan frontier)
-            batch = store.batch()
-            for shard, items in shards:
-                batch.put_many(shard.cf, items)
-            batch.put_many(CF_INDEX, entries)
             try:
                 store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
-                for shard, items in shards:  # (a timer key begins with its deliverAt)
-                    shard.note_scheduled(unpack_u64(items[0][0]))
+                for shard, first in shards:  # (a timer key begins with its deliverAt)
+                    shard.note_scheduled(unpack_u64(first))
             self._backlog.scheduled_at(plain.deliver_ats_by_topic())
         self._metrics.scheduled.inc(len(plain.timer_keys))
         self._metrics.pending.inc(len(plain.timer_keys))
@@ -295,30 +295,23 @@ class WritePaths:
 
     def _add_scheduled(self, batch: Batch, later: list[PreparedMessage],
                        stored: list[tuple[bytes, bytes]], one_shard: bool) -> None:
-        """Timer keys and index entries (SCHEDULED) of ``later``, pre-encoded in ``stored``."""
-        # Each CF's entries go into the WriteBatch in key order: RocksDB inserts them into
-        # its memtable (a skip list) in batch order, and an insert next to the previous one
-        # finds its path in the CPU caches (1000 keys due at random times over an hour:
-        # ~2.9 instead of ~3.7 ms per write; docs/performance.md). Keys are distinct here,
-        # so sorting by key alone (cheaper than comparing the pairs) gives the same order.
+        """Timer keys and index entries (SCHEDULED) of ``later``, pre-encoded in ``stored``;
+        each CF's in key order (Batch.put_sorted)."""
         if one_shard:  # the common case: a batch for one topic
-            values = [(m.timer_key, value) for m, (value, _) in zip(later, stored, strict=True)]
-            values.sort(key=_KEY)
-            batch.put_many(self._shards[later[0].shard].cf, values)
+            batch.put_sorted(self._shards[later[0].shard].cf, [m.timer_key for m in later],
+                             [value for value, _ in stored])
         else:
-            by_shard: dict[str, list[tuple[bytes, bytes]]] = {}
+            by_shard: dict[str, tuple[list[bytes], list[bytes]]] = {}
             for m, (value, _) in zip(later, stored, strict=True):
                 cf = self._shards[m.shard].cf
-                items = by_shard.get(cf)
-                if items is None:
-                    items = by_shard[cf] = []
-                items.append((m.timer_key, value))
-            for cf, items in by_shard.items():
-                items.sort(key=_KEY)
-                batch.put_many(cf, items)
-        entries = [(m.index_key, entry) for m, (_, entry) in zip(later, stored, strict=True)]
-        entries.sort(key=_KEY)
-        batch.put_many(CF_INDEX, entries)
+                columns = by_shard.get(cf)
+                if columns is None:
+                    columns = by_shard[cf] = ([], [])
+                columns[0].append(m.timer_key)
+                columns[1].append(value)
+            for cf, (keys, values) in by_shard.items():
+                batch.put_sorted(cf, keys, values)
+        batch.put_sorted(CF_INDEX, [m.index_key for m in later], [entry for _, entry in stored])
 
     def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
                  delivered: set[bytes], duplicates: int) -> list[SendResult]:
@@ -410,7 +403,6 @@ class _Cancel(NamedTuple):
 _PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
                                 status=MessageStatus.SCHEDULED, cancel_handle="")
 _PENDING_MARKER = replace(_PENDING_DUPLICATE, status=MessageStatus.CANCELLED)
-_KEY = itemgetter(0)  # of a (key, value) pair
 _NO_MARKERS: list[int] = []  # never mutated
 
 # a cancel's outcome, by the target's index entry (the API's codes; "SCHEDULED": cancel it)

@@ -1547,3 +1547,58 @@ def per_second(list deliver_ats, int64_t resolution):
     if run:
         out[run_second] = out.get(run_second, 0) + run
     return out
+
+
+# --- a WriteBatch's entries in key order -----------------------------------------------------
+from cpython.bytes cimport PyBytes_CheckExact
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdlib cimport qsort
+
+
+cdef struct _KeyRef:
+    const char* p
+    Py_ssize_t n
+    Py_ssize_t i
+
+
+cdef int _key_order(const void* a, const void* b) noexcept nogil:
+    """bytes order (a prefix first), then list order: what sorted() gives, stably."""
+    cdef const _KeyRef* x = <const _KeyRef*>a
+    cdef const _KeyRef* y = <const _KeyRef*>b
+    cdef Py_ssize_t m = x.n if x.n < y.n else y.n
+    cdef int c = memcmp(x.p, y.p, <size_t>m)
+    if c != 0:
+        return c
+    if x.n != y.n:
+        return -1 if x.n < y.n else 1
+    return -1 if x.i < y.i else (1 if x.i > y.i else 0)
+
+
+def put_sorted(put, list keys, list values, handle):
+    """``put(key, value, handle)`` for each (keys[i], values[i]) in the keys' bytes order,
+    equal keys in list order (storage/batch.py: put_sorted_py). The sort compares the bytes
+    in C, and no (key, value) tuple is built."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(keys), i, j
+    if PyList_GET_SIZE(values) != n:
+        raise ValueError(f"{n} keys but {PyList_GET_SIZE(values)} values")
+    if n == 0:
+        return
+    cdef _KeyRef* refs = <_KeyRef*>PyMem_Malloc(n * sizeof(_KeyRef))
+    if refs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            key = <object>PyList_GET_ITEM(keys, i)
+            if not PyBytes_CheckExact(key):
+                raise TypeError(f"a key must be bytes, not {type(key).__name__}")
+            refs[i].p = PyBytes_AS_STRING(key)
+            refs[i].n = PyBytes_GET_SIZE(key)
+            refs[i].i = i
+        qsort(refs, <size_t>n, sizeof(_KeyRef), _key_order)  # (no Python runs meanwhile)
+        for i in range(n):
+            j = refs[i].i
+            if PyList_GET_SIZE(keys) != n or PyList_GET_SIZE(values) != n:
+                raise RuntimeError("the keys or values changed size while being put")
+            put(<object>PyList_GET_ITEM(keys, j), <object>PyList_GET_ITEM(values, j), handle)
+    finally:
+        PyMem_Free(refs)

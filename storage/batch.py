@@ -10,13 +10,27 @@ store: the gate does not nest), so hot paths pay one gate entry per call, not pe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import rocksdict
 
 from storage.errors import InvalidArgument, StorageError
 from storage.gate import Gate
+from storage.native import native
+
+
+def put_sorted_py(put: Callable[[bytes, bytes, Any], object], keys: list[bytes],
+                  values: list[bytes], handle: Any) -> None:
+    """``put(key, value, handle)`` for each (keys[i], values[i]) in the keys' bytes order,
+    equal keys in list order (the twin of storage/_native.pyx's ``put_sorted``)."""
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys but {len(values)} values")
+    for i in sorted(range(len(keys)), key=keys.__getitem__):
+        put(keys[i], values[i], handle)
+
+
+_put_sorted = put_sorted_py if native is None else native.put_sorted
 
 
 class Batch:
@@ -63,6 +77,17 @@ class Batch:
             put = wb.put
             for key, value in items:
                 put(key, value, handle)
+
+    def put_sorted(self, cf: str, keys: list[bytes], values: list[bytes]) -> None:
+        """Put (keys[i], values[i]) in key order. RocksDB inserts a WriteBatch into its
+        memtable (a skip list) in batch order, and an insert next to the previous one finds
+        its path in the CPU caches (1000 keys due at random over an hour: ~2.9 instead of
+        ~3.7 ms a write; docs/performance.md). Sorted in C where storage/_native is built,
+        and no (key, value) tuple is made: a send batch's 1000 timer and 1000 index entries
+        0.40 -> 0.32 µs a message against pairs zipped, sorted and put from Python."""
+        with self._gate:
+            wb, handle = self._target(cf)
+            _put_sorted(wb.put, keys, values, handle)
 
     def delete_many(self, cf: str, keys: Iterable[bytes]) -> None:
         with self._gate:
