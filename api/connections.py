@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -229,9 +229,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
             held = HeadHeldTransport(self.transport, self._fd, cycle)  # the cycle writes here
-            if self._fd is not None:
-                extensions = {SOCKET_EXTENSION: held}
-                self.scope["extensions"] = extensions  # type: ignore[typeddict-item]
+            if self._fd is not None:  # (a new dict: beside, not into, any the server set)
+                extensions: dict[str, Any] = {**(self.scope.get("extensions") or {}),
+                                              SOCKET_EXTENSION: held}
+                self.scope["extensions"] = cast("dict[str, dict[object, object]]", extensions)
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

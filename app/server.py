@@ -134,9 +134,9 @@ def raise_open_files_limit(needed: int) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
         except (OSError, ValueError) as exc:  # (e.g. above fs.nr_open)
-            logging.getLogger(__name__).warning("cannot raise the open files limit: %s", exc)
+            log.warning("cannot raise the open files limit: %s", exc)
     if soft != resource.RLIM_INFINITY and soft < needed:
-        logging.getLogger(__name__).warning(
+        log.warning(
             "%d open files allowed (ulimit -n), fewer than the %d that max_connections and "
             "max_long_polls may need with RocksDB's files: raise the hard limit", soft, needed)
     return soft

@@ -160,8 +160,9 @@ class WritePaths:
         batch = store.batch()
         for s, (keys, values) in sorted(by_shard.items()):
             shard = self._shards[s]
-            shards.append((shard, min(keys)))
-            batch.put_sorted(shard.cf, keys, values)
+            first = batch.put_sorted(shard.cf, keys, values)
+            assert first is not None  # (a shard is here for a key of its own)
+            shards.append((shard, first))
         batch.put_sorted(CF_INDEX, plain.index_keys, plain.entries)
         first_at = min(plain.deliver_ats)
         with self.locks(by_shard):

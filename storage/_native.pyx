@@ -1576,13 +1576,13 @@ cdef int _key_order(const void* a, const void* b) noexcept nogil:
 
 def put_sorted(put, list keys, list values, handle):
     """``put(key, value, handle)`` for each (keys[i], values[i]) in the keys' bytes order,
-    equal keys in list order (storage/batch.py: put_sorted_py). The sort compares the bytes
-    in C, and no (key, value) tuple is built."""
+    equal keys in list order; returns the first key put (None: none). The sort compares the
+    bytes in C, and no (key, value) tuple is built (storage/batch.py: put_sorted_py)."""
     cdef Py_ssize_t n = PyList_GET_SIZE(keys), i, j
     if PyList_GET_SIZE(values) != n:
         raise ValueError(f"{n} keys but {PyList_GET_SIZE(values)} values")
     if n == 0:
-        return
+        return None
     cdef _KeyRef* refs = <_KeyRef*>PyMem_Malloc(n * sizeof(_KeyRef))
     if refs == NULL:
         raise MemoryError()
@@ -1600,5 +1600,6 @@ def put_sorted(put, list keys, list values, handle):
             if PyList_GET_SIZE(keys) != n or PyList_GET_SIZE(values) != n:
                 raise RuntimeError("the keys or values changed size while being put")
             put(<object>PyList_GET_ITEM(keys, j), <object>PyList_GET_ITEM(values, j), handle)
+        return <object>PyList_GET_ITEM(keys, refs[0].i)
     finally:
         PyMem_Free(refs)

@@ -202,8 +202,9 @@ def test_put_sorted(keys: list[bytes], handle: int) -> None:
         return calls, lambda k, v, h: calls.append((k, v, h))
 
     (py, put_py), (c, put_c) = recorder(), recorder()
-    put_sorted_py(put_py, keys, values, handle)
-    native.put_sorted(put_c, keys, values, handle)
+    first_py = put_sorted_py(put_py, keys, values, handle)
+    first_c = native.put_sorted(put_c, keys, values, handle)
+    assert first_c == first_py == (min(keys) if keys else None)
     assert c == py == sorted(zip(keys, values, [handle] * len(keys), strict=True),
                              key=lambda t: t[0])
     for put_sorted in (put_sorted_py, native.put_sorted):
