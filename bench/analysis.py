@@ -1,7 +1,7 @@
 """``hourglass bench analysis --keys N``: the compaction-impact analysis of an N-key snapshot,
 as ``hourglass analyze`` runs it, with a breakdown of where the time goes.
 
-Builds a store as the engine writes it (tests/support/analysis_workload.py: 30 % of the messages
+Builds a store as the engine writes it (support/analysis_workload.py: 30 % of the messages
 delivered with consume-queue entries, 10 % cancelled, 1 % overdue, a known delay mixture with a
 burst second; 80 % 100 B, 15 % 512 B, 5 % 4 KiB bodies) of about N keys in all column families
 (N / 1.9 messages: each leaves an index entry, 60 % a timer key, 30 % a consume-queue entry),
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.analysis_workload import WorkloadSpec, build_store
+from support.analysis_workload import WorkloadSpec, build_store
 
 BENCH_BODY_SIZES = ((100, 0.8), (512, 0.15), (4_096, 0.05))
 KEYS_PER_MESSAGE = 1.9  # index entry + 0.6 timer key + 0.3 consume-queue entry

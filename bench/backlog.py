@@ -10,7 +10,7 @@ threads sleep) and of RocksDB's threads (flushes and compactions, ``rocksdb:*``)
 /proc per thread: the share of an ingest that its compactions cost,
 and how it grows with what is already pending. Sends due at random make every L0 file span
 the whole key range, so each compaction out of L0 rewrites what it overlaps at the level
-below (docs/performance.md, section 10). Ends by waiting (up to ``--settle`` s) for the
+below (docs/performance.md at f86b3f2, section 10). Ends by waiting (up to ``--settle`` s) for the
 background work the ingest left behind, counted apart::
 
     hourglass bench backlog --messages 6000000 --slice 500000 --json bench/results/backlog.json

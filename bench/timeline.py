@@ -2,7 +2,7 @@
 
 1. Writes ``--messages`` timer keys straight into the RocksStore (as a send stores them; no
    index entries, which neither the start-up scan nor the timeline reads), over 8 topics,
-   deliverAt from the analysis workload's mixture (tests/support/analysis_workload.py: 10 %
+   deliverAt from the analysis workload's mixture (support/analysis_workload.py: 10 %
    in one burst second 30 min ahead, 40 % within the hour, 30 % within the day, 20 % within
    7 days).
 2. Starts ``hourglass serve`` on that store (its start-up scan rebuilds the counts) and times
@@ -36,7 +36,7 @@ from scheduler.timeline import DAY, HOUR, Timeline
 from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key, topic_shard
 from storage.rocks import RocksStore
-from tests.support.analysis_workload import WorkloadSpec, _future_delay
+from support.analysis_workload import WorkloadSpec, _future_delay
 
 TOPICS = tuple(f"topic-{i}" for i in range(8))
 WRITE_BATCH = 10_000

@@ -61,7 +61,7 @@ def precise_timers() -> None:
     """Let the calling thread's timed waits end within 1 µs of their deadline instead of
     Linux's default 50 µs of timer slack (``prctl(PR_SET_TIMERSLACK)``; nothing elsewhere).
     For the threads that wake at a due instant: W3 of bench/peers, lateness p50 1.40 ->
-    1.31 ms at the same CPU (docs/performance.md section 14)."""
+    1.31 ms at the same CPU (docs/performance.md at f86b3f2, section 14)."""
     if sys.platform != "linux":
         return
     try:

@@ -4,7 +4,7 @@ A scanner hands on every key of its shard in ``[start, end)``; the delivery comm
 them to the CommitLog and moves the shard's persisted frontier to ``end`` in the same
 RocksDB write (scheduler/committer.py). It does NOT rewrite each message's index entry to
 DELIVERED: that was one random memtable insert per message, ~1.1 µs of a drain's ~2.5 µs
-(docs/performance.md, section 13). So an index entry that says ``SCHEDULED`` means:
+(docs/performance.md at f86b3f2, section 13). So an index entry that says ``SCHEDULED`` means:
 
 - delivered, when its timer key (deliverAt + topic + msgId) lies below its shard's
   persisted frontier and it is not parked;

@@ -7,7 +7,8 @@ commit then fails with InvalidArgument or CorruptionError before anything is app
 ``Quarantine.commit_due`` (what the stage calls instead of ``Committer.commit_due``) checks
 each message of the failed batches the way the commit encodes it, parks the ones that fail
 (``meta`` column family, ``parked/`` + timer key -> [reason, stored value]; one RocksDB
-write, before their timer keys go with the batch's range delete) and commits the others. A
+write) and commits the others, whose commit moves the shard's frontier past the parked keys
+too (maintenance deletes them with the rest of the dead prefix). A
 storage fault (StorageError, OSError) is not a message's: it still blocks delivery and is
 retried with back-off, and so is a failure no single message explains.
 
@@ -112,7 +113,7 @@ class Quarantine:
         clean = [dataclasses.replace(scan, items=[i for i in scan.items if i[0] not in poison])
                  for scan in scans]
         outcome = self._committer.commit_due(clean)
-        for scan in scans:  # the parked keys went with the range deletes too
+        for scan in scans:  # the parked keys are below the new frontier too: count them
             parked = len(scan.items) - sum(1 for i in scan.items if i[0] not in poison)
             removed = outcome.removed_by_shard
             removed[scan.shard] = removed.get(scan.shard, 0) + parked

@@ -15,13 +15,15 @@ MAX_PULL_MESSAGES = 1000  # messages in one pull or one group receive
 
 # --- column families --------------------------------------------------------------------
 #: Delayed messages, sharded: ``timer.0`` .. ``timer.{n-1}``. Key = timer key (see keys.py),
-#: value = encoded MessageRecord. Shard = stable hash of (topic, msgId) modulo n.
+#: value = encoded MessageRecord. Shard = CRC-32 of the topic modulo n (keys.topic_shard): a
+#: topic lives in one shard.
 CF_TIMER_PREFIX = "timer."
 #: Half (transactional) messages, keyed by next-check time + topic + msgId (same codec as timers).
 CF_HALF = "half"
 #: Message index: index key (topic NUL msgId) -> encoded IndexEntry.
 CF_INDEX = "index"
-#: Consume queues: topic NUL 8-byte big-endian queue offset -> 8-byte log position + 4-byte size.
+#: Consume queues: topic NUL 8-byte big-endian first queue offset -> a run of (8-byte log
+#: position + 4-byte size), one per offset from the first (consume_queue.py).
 CF_CQ = "cq"
 #: Final-state expiry: 8-byte expiresAt + topic NUL msgId -> b"" (retention clean-up order).
 CF_EXPIRY = "expiry"

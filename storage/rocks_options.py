@@ -70,7 +70,7 @@ class StoreTuning:
         caches at every level. Sends of 1000 messages due at random over an hour, through
         ``Broker.send_batch``: 0.88-0.92 ms per RocksDB write with 6 MiB, 0.98 with 8,
         1.09 with 12, 1.46-1.51 with 24 (the 256 MiB default's 1/8), 1.84 with 2 (flushes
-        then stall it); docs/performance.md section 8.
+        then stall it); docs/performance.md at f86b3f2, section 8.
 
         So is the index CF's, ``INDEX_WRITE_BUFFER_CAP``: its keys are (topic, msgId), and a
         delivery commit rewrites them in deliverAt order, i.e. at random. 200 k sends, then
@@ -78,7 +78,7 @@ class StoreTuning:
         8 MiB instead of 24, random msgIds sent at 0.87-0.94 instead of 1.21-1.26 µs, and the
         process's CPU with the flushes and compactions after them no higher (2.43-2.49
         against 2.49-2.57 µs a message with sequential msgIds, 3.42-3.47 against
-        3.89-3.97 with random ones); docs/performance.md section 11."""
+        3.89-3.97 with random ones); docs/performance.md at f86b3f2, section 11."""
         cache = memory_bytes // 4
         memtables = memory_bytes - cache
         return cls(block_cache_bytes=cache, db_write_buffer_bytes=memtables,
@@ -127,7 +127,7 @@ def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksd
         # a send looks up every client msgId it carries, and a new one is in no memtable:
         # a bloom of each memtable's keys answers that without a skip-list search (1000
         # new keys against a 32 MiB memtable: 0.34 instead of 0.79-0.86 ms; the write of
-        # them 0.07-0.1 ms dearer; docs/performance.md section 6)
+        # them 0.07-0.1 ms dearer; docs/performance.md at f86b3f2, section 6)
         opts.set_memtable_whole_key_filtering(True)
         opts.set_memtable_prefix_bloom_ratio(tuning.memtable_bloom_ratio)
     elif is_time_ordered(name):

@@ -1,5 +1,6 @@
 """Fixtures shared by every test folder: a RocksStore, the engine harness on a FakeClock, and
-live servers over real HTTP. Their support code is in tests/support/."""
+live servers over real HTTP. Their support code is in tests/support/ (and, shared with the
+benchmarks, in support/)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The crash run: the real server under load, killed with SIGKILL N times at random moments
 (during ingest, during a large due burst, during a cancel storm), its CommitLog tail torn now
 and then while it is down, restarted each time; then everything is let due, drained and
-checked against what the clients were told (tests/support/crash/verify.py).
+checked against what the clients were told (support/crash/verify.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 
 from bench.crash.torn import TornWrite, tear_tail
-from tests.support.crash.ledger import Ledger
-from tests.support.crash.verify import check, check_statuses, read_logs
-from tests.support.crash.workload import (
+from support.crash.ledger import Ledger
+from support.crash.verify import check, check_statuses, read_logs
+from support.crash.workload import (
     TOPICS,
     Shared,
     cancel,
@@ -30,7 +30,7 @@ from tests.support.crash.workload import (
     send_new,
     start_clients,
 )
-from tests.support.server_process import ServerError, ServerProcess
+from support.server_process import ServerError, ServerProcess
 
 PHASES = ("ingest", "burst", "cancel-storm")
 DRAIN_TIMEOUT_S = 120.0

@@ -11,7 +11,7 @@ system apart (the system part is the loopback TCP work and the wake-ups of the o
 ``--gaps-ms``: the client sleeps this long before each request (0: back to back), as a paced
 producer and a consumer woken once per scan do. On this machine's VMs the same request costs
 the server ~3x the CPU after 20 ms idle as back to back: the CPU comes back from idle with
-cold caches (docs/performance.md, section 10).
+cold caches (docs/performance.md at f86b3f2, section 10).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.server_process import ServerProcess
+from support.server_process import ServerProcess
 
 TOPICS = ("soak.a", "soak.b")
 GROUP = "soak"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.crash.ledger import (
+from support.crash.ledger import (
     ALREADY_DELIVERED,
     CANCELLED,
     UNKNOWN,
@@ -17,7 +17,7 @@ from tests.support.crash.ledger import (
     SendRecord,
     TxRecord,
 )
-from tests.support.crash.verify import check
+from support.crash.verify import check
 
 T = "crash.a"
 Logs = dict[str, list[dict[str, Any]]]

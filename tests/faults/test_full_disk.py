@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from support.crash.verify import read_logs
+from support.server_process import ServerProcess
 from tests.disk import fill_disk
 from tests.faults.conftest import TOKEN
-from tests.support.crash.verify import read_logs
-from tests.support.server_process import ServerProcess
 
 TOPIC = "disk.a"
 SETTINGS = {"segment_size": "2MiB", "max_body_bytes": "1MiB", "flush_interval_ms": "50ms",

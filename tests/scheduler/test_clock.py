@@ -1,7 +1,8 @@
 """``Clock.wait``'s ``not_before``: a real clock sleeps once for a deadline and a real-time
 pause together, a fake clock leaves the pause to its caller; and the scanner, under a
 steady flow of keys due within its pacing pause, sleeps once per scan, not twice (on these
-machines every wake-up of a thread costs it cold caches: docs/performance.md, section 10).
+machines every wake-up of a thread costs it cold caches: docs/performance.md at f86b3f2,
+section 10).
 
 Real time on purpose: the pacing this serves is in real time (tests/scheduler/
 test_frontier.py, ``test_scans_are_paced_in_real_time``); each assertion is a bound that a

@@ -1,5 +1,5 @@
 """Shared fixtures of the Spark suite: ONE SparkSession for the whole run, and known-answer
-stores written as the engine writes them (tests/support/analysis_workload.py), snapshotted."""
+stores written as the engine writes them (support/analysis_workload.py), snapshotted."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from storage.snapshots import SnapshotInfo, create_snapshot
-from tests.support.analysis_workload import Workload, WorkloadSpec, build_store, generate
+from support.analysis_workload import Workload, WorkloadSpec, build_store, generate
 
 SPEC = WorkloadSpec(messages=10_000, delivered=3_000, cancelled=1_000, overdue=50)
 PARTITIONS = 4

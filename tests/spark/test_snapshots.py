@@ -22,8 +22,8 @@ from storage.snapshots import (
     read_manifest,
     remove_snapshot,
 )
+from support.analysis_workload import WorkloadSpec, build_store
 from tests.spark import direct
-from tests.support.analysis_workload import WorkloadSpec, build_store
 
 SMALL = WorkloadSpec(messages=2_000, delivered=600, cancelled=200)
 

@@ -1,2 +1,2 @@
-"""Code the tests share and the benchmarks reuse: in-process servers, server processes, the
-crash workload with its ledger and verifier, the analysis workload."""
+"""Code only the tests use: in-process servers and engines. What the benchmarks reuse too (a
+server subprocess, the crash and analysis workloads) is in the top-level ``support`` package."""
