@@ -38,7 +38,7 @@ test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -m "not slow and not spark"
 
 lint: $(TEST_STAMP)
-	$(VENV)/bin/ruff check app storage scheduler api spark_jobs bench support tests
+	$(VENV)/bin/ruff check app storage scheduler api spark_jobs bench tests
 	$(VENV)/bin/mypy
 
 bench: $(TEST_STAMP)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from support.analysis_workload import WorkloadSpec, build_store
+from bench.support.analysis_workload import WorkloadSpec, build_store
 
 BENCH_BODY_SIZES = ((100, 0.8), (512, 0.15), (4_096, 0.05))
 KEYS_PER_MESSAGE = 1.9  # index entry + 0.6 timer key + 0.3 consume-queue entry

@@ -36,7 +36,7 @@ from scheduler.timeline import DAY, HOUR, Timeline
 from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key, topic_shard
 from storage.rocks import RocksStore
-from support.analysis_workload import WorkloadSpec, _future_delay
+from bench.support.analysis_workload import WorkloadSpec, _future_delay
 
 TOPICS = tuple(f"topic-{i}" for i in range(8))
 WRITE_BATCH = 10_000

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 
 from bench.crash.torn import TornWrite, tear_tail
-from support.crash.ledger import Ledger
-from support.crash.verify import check, check_statuses, read_logs
-from support.crash.workload import (
+from bench.support.crash.ledger import Ledger
+from bench.support.crash.verify import check, check_statuses, read_logs
+from bench.support.crash.workload import (
     TOPICS,
     Shared,
     cancel,
@@ -30,7 +30,7 @@ from support.crash.workload import (
     send_new,
     start_clients,
 )
-from support.server_process import ServerError, ServerProcess
+from bench.support.server_process import ServerError, ServerProcess
 
 PHASES = ("ingest", "burst", "cancel-storm")
 DRAIN_TIMEOUT_S = 120.0

@@ -16,7 +16,7 @@ import psutil
 
 from bench.soak.load import TOPICS, Load, Totals, now_ms
 from bench.soak.memory import MEMORY_LOG_ENV, MIB, ROCKSDB_MEMORY, MemoryLog, anon_mib
-from support.server_process import ServerProcess
+from bench.support.server_process import ServerProcess
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from support.server_process import ServerProcess
+from bench.support.server_process import ServerProcess
 
 TOPICS = ("soak.a", "soak.b")
 GROUP = "soak"

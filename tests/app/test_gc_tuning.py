@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from support.server_process import ServerProcess
+from bench.support.server_process import ServerProcess
 
 TOKEN = "gc-tuning-test-token-0123456789"
 TOPIC = "burst"

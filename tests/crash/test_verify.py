@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from support.crash.ledger import (
+from bench.support.crash.ledger import (
     ALREADY_DELIVERED,
     CANCELLED,
     UNKNOWN,
@@ -17,7 +17,7 @@ from support.crash.ledger import (
     SendRecord,
     TxRecord,
 )
-from support.crash.verify import check
+from bench.support.crash.verify import check
 
 T = "crash.a"
 Logs = dict[str, list[dict[str, Any]]]

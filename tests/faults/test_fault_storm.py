@@ -19,9 +19,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from support.crash.ledger import Ledger
-from support.crash.verify import check, check_statuses, read_logs
-from support.crash.workload import TOPICS, Shared, now_ms, start_clients
+from bench.support.crash.ledger import Ledger
+from bench.support.crash.verify import check, check_statuses, read_logs
+from bench.support.crash.workload import TOPICS, Shared, now_ms, start_clients
 from tests.faults.conftest import FaultyServer
 
 STORM_MIN_S, STORM_MAX_S = 5.0, 45.0  # storm until enough happened (a loaded machine is slow)

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.crash.verify import read_logs
-from support.server_process import ServerProcess
+from bench.support.crash.verify import read_logs
+from bench.support.server_process import ServerProcess
 from tests.disk import fill_disk
 from tests.faults.conftest import TOKEN
 

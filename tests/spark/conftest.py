@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from storage.snapshots import SnapshotInfo, create_snapshot
-from support.analysis_workload import Workload, WorkloadSpec, build_store, generate
+from bench.support.analysis_workload import Workload, WorkloadSpec, build_store, generate
 
 SPEC = WorkloadSpec(messages=10_000, delivered=3_000, cancelled=1_000, overdue=50)
 PARTITIONS = 4

@@ -15,7 +15,7 @@ import pytest
 
 from storage.records import MessageStatus
 from storage.snapshots import SnapshotInfo, create_snapshot
-from support.analysis_workload import Workload, WorkloadSpec, build_store
+from bench.support.analysis_workload import Workload, WorkloadSpec, build_store
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,7 @@ import pytest
 from app import snapshot_cli
 from app.cli import main as hourglass
 from storage.snapshots import list_snapshots, read_manifest
-from support.analysis_workload import WorkloadSpec, build_store
+from bench.support.analysis_workload import WorkloadSpec, build_store
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from storage.snapshots import (
     read_manifest,
     remove_snapshot,
 )
-from support.analysis_workload import WorkloadSpec, build_store
+from bench.support.analysis_workload import WorkloadSpec, build_store
 from tests.spark import direct
 
 SMALL = WorkloadSpec(messages=2_000, delivered=600, cancelled=200)

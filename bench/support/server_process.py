@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0  # imports + RocksDB open + CommitLog recovery, on a loaded machine
 
 

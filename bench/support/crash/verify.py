@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from storage.constants import MAX_PULL_MESSAGES
-from support.crash.ledger import ALREADY_DELIVERED, CANCELLED, UNKNOWN, Ledger
+from bench.support.crash.ledger import ALREADY_DELIVERED, CANCELLED, UNKNOWN, Ledger
 
 MAX_REPORTED = 20  # violations listed per kind; the count says how many there were
 

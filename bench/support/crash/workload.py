@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from support.crash.ledger import (
+from bench.support.crash.ledger import (
     ALREADY_DELIVERED,
     CANCELLED,
     UNKNOWN,
