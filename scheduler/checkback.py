@@ -77,8 +77,9 @@ def _split_entry(entry: str) -> tuple[str, str | None]:
     ``*.example.com``, ``10.0.0.7:8080``, ``localhost:*``, ``[::1]:8443``."""
     entry = entry.lower().rstrip(".")
     head, sep, tail = entry.rpartition(":")
-    if sep and (tail == "*" or tail.isdigit()) and (":" not in head or head.endswith("]")):
-        return head.strip("[]"), tail
+    if sep and (tail == "*" or (tail.isascii() and tail.isdigit())) and (
+            ":" not in head or head.endswith("]")):
+        return head.strip("[]"), tail if tail == "*" else str(int(tail))
     return entry.strip("[]"), None
 
 
@@ -96,12 +97,14 @@ def host_allowed(host: str, allowed_hosts: tuple[str, ...]) -> bool:
 
 
 def port_allowed(host: str, port: int, allowed_hosts: tuple[str, ...]) -> bool:
-    """80, 443, a port an entry names, or any port of a host whose entry says ``:*``."""
+    """80, 443, a port that an entry matching ``host`` names (``10.0.0.7:8080`` opens 8080
+    on 10.0.0.7 only, not on the list's other hosts), or any port of a host whose entry says
+    ``:*``."""
     if port in DEFAULT_PORTS:
         return True
     host = host.lower().rstrip(".")
     for pattern, entry_port in map(_split_entry, allowed_hosts):
-        if entry_port == str(port) or (entry_port == "*" and _host_matches(host, pattern)):
+        if entry_port in (str(port), "*") and _host_matches(host, pattern):
             return True
     return False
 

@@ -88,15 +88,23 @@ def test_a_dripping_or_endless_answer_is_unknown_within_the_deadline() -> None:
 def test_callback_urls_on_other_ports_cannot_be_registered(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "data")
     settings = replace(settings, engine=replace(
-        settings.engine, transaction_callback_allowed_hosts=("orders.internal", "10.0.0.7:8080")))
+        settings.engine, transaction_callback_allowed_hosts=(
+            "orders.internal", "10.0.0.7:8080", "*.example.com", "a.example.com:9000",
+            "[::1]:08443")))
     path = "/v1/producer-groups/pg/check-callback"
     with serve(settings, FakeClock(T0)) as live, live.client(ADMIN) as admin:
         for url, status in (("http://orders.internal/check", 200),
                             ("https://orders.internal/check", 200),
-                            ("http://orders.internal:8080/check", 200),  # a named port
+                            # 10.0.0.7's port, not orders.internal's (issue 32, finding 7)
+                            ("http://orders.internal:8080/check", 400),
                             ("http://orders.internal:6379/check", 400),  # e.g. Redis
                             ("http://10.0.0.7:22/check", 400),
-                            ("http://10.0.0.7:8080/check", 200)):
+                            ("http://10.0.0.7:8080/check", 200),
+                            ("http://a.example.com:9000/check", 200),
+                            ("http://b.example.com:9000/check", 400),  # a's port only
+                            ("https://b.example.com/check", 200),
+                            ("http://[::1]:8443/check", 200),
+                            ("http://[::1]:8080/check", 400)):
             r = admin.put(path, json={"url": url})
             assert r.status_code == status, (url, r.text)
             if status == 400:
