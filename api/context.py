@@ -31,6 +31,7 @@ class ApiLimits:
     max_request_bytes: int  # bytes of one request body -> 413
     max_batch_messages: int  # messages in one batch send -> 400
     max_long_polls: int  # pulls waiting at once -> 503
+    metrics_require_token: bool = False  # /metrics needs an admin token (401 / 403)
 
 
 @dataclass(frozen=True, kw_only=True)

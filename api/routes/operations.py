@@ -8,13 +8,14 @@ import msgspec
 from fastapi import APIRouter
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 from starlette.responses import Response
 
 from api import schemas
 from api.auth import Permission
 from api.context import ApiContext, Authenticated, respond
 from api.metrics import CONTENT_TYPE, render
-from api.openapi import operation
+from api.openapi import SECURITY_SCHEME, operation
 from storage.errors import Unavailable
 
 
@@ -57,14 +58,22 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
                               "for a full disk, or delivery blocked by storage failures)")
         return respond(schemas.Health(status="ready"))
 
-    @router.get("/metrics", **operation(
+    metrics_operation = operation(
         "getMetrics", tag="operations", summary="Prometheus metrics (text format)",
-        auth=False, extra_responses={200: {
-            "description": "Prometheus text exposition format 0.0.4.",
+        auth=False, errors=(401, 403), extra_responses={200: {
+            "description": "Prometheus text exposition format 0.0.4. Open to anyone (it "
+                           "names topics and groups) unless the server's "
+                           "metrics_require_token is on: then an admin token only.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         }},
-    ))
-    async def metrics() -> Response:
+    )
+    # no token, or (with metrics_require_token) a bearer token
+    metrics_operation["openapi_extra"]["security"] = [{}, {SECURITY_SCHEME: []}]
+
+    @router.get("/metrics", **metrics_operation)
+    async def metrics(request: Request) -> Response:
+        if ctx.limits.metrics_require_token:  # topic and group names are in the labels
+            ctx.allow(ctx.caller(request), Permission.ADMIN)
         body = await run_in_threadpool(render, registry)  # engine stats may touch RocksDB
         return Response(body, media_type=CONTENT_TYPE)
 

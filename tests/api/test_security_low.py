@@ -4,12 +4,15 @@ Each test here failed on the code before its fix."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.live import ADMIN, CONSUMER, Live
+from app.settings import load_settings
+from tests.support.live import ADMIN, CONSUMER, PRODUCER, Live
 
 
 def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -51,3 +54,36 @@ def test_hot_route_integers_in_ascii_digits_still_work(shared_live: Live) -> Non
         r = admin.get("/v1/topics/orders.b/messages?offset=000&max=0010&waitMs=0")
         assert r.status_code == 200, r.text
         assert [m["msgId"] for m in r.json()["messages"]] == ["m1"]
+
+
+def test_metrics_are_open_by_default_and_name_topics(shared_live: Live) -> None:
+    with shared_live.client(ADMIN) as admin, shared_live.client(None) as anonymous:
+        assert admin.post("/v1/topics/orders.metered/messages",
+                          json={"body": "x", "msgId": "m1", "delayMs": 60_000}).status_code == 201
+        r = anonymous.get("/metrics")
+        assert r.status_code == 200 and 'topic="orders.metered"' in r.text
+
+
+def test_metrics_may_require_an_admin_token(live_factory: Callable[..., Live],
+                                            tmp_path: Path) -> None:
+    env = {"HOURGLASS_DATA_DIR": str(tmp_path / "d"), "HOURGLASS_METRICS_REQUIRE_TOKEN": "true"}
+    assert load_settings(env=env).metrics_require_token is True
+    assert load_settings(env={}).metrics_require_token is False
+    live = live_factory(metrics_require_token=True)
+    with live.client(None) as anonymous, live.client("not-a-token-0123456789") as stranger, \
+            live.client(CONSUMER) as consumer, live.client(PRODUCER) as producer, \
+            live.client(ADMIN) as admin:
+        assert admin.post("/v1/topics/orders.metered/messages",
+                          json={"body": "x", "msgId": "m1", "delayMs": 60_000}).status_code == 201
+        for client in (anonymous, stranger):
+            r = client.get("/metrics")
+            problem(r, 401, "UNAUTHORIZED")
+            assert "orders.metered" not in r.text
+        for client in (consumer, producer):  # the labels name every tenant's topics
+            problem(client.get("/metrics"), 403, "FORBIDDEN")
+        r = admin.get("/metrics")
+        assert r.status_code == 200 and 'topic="orders.metered"' in r.text, r.text
+        for path in ("/healthz", "/readyz"):  # the probes stay open
+            assert anonymous.get(path).status_code == 200
+        spec = admin.get("/openapi.json").json()["paths"]["/metrics"]["get"]
+        assert {"401", "403"} <= set(spec["responses"]) and {} in spec["security"]
