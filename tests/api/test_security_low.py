@@ -4,7 +4,11 @@ Each test here failed on the code before its fix."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from collections.abc import Callable
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +91,73 @@ def test_metrics_may_require_an_admin_token(live_factory: Callable[..., Live],
             assert anonymous.get(path).status_code == 200
         spec = admin.get("/openapi.json").json()["paths"]["/metrics"]["get"]
         assert {"401", "403"} <= set(spec["responses"]) and {} in spec["security"]
+
+
+class _Page(HTMLParser):
+    """The <script> and <link> elements of a page, and every URL it names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scripts: list[tuple[dict[str, str | None], str]] = []
+        self.links: list[dict[str, str | None]] = []
+        self.urls: list[str] = []
+        self._script: dict[str, str | None] | None = None
+        self._text = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        self.urls += [v for k, v in attrs if k in ("src", "href", "action") and v is not None]
+        if tag == "script":
+            self._script, self._text = found, ""
+        elif tag == "link":
+            self.links.append(found)
+
+    def handle_data(self, data: str) -> None:
+        if self._script is not None:
+            self._text += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script" and self._script is not None:
+            self.scripts.append((self._script, self._text))
+            self._script = None
+
+
+def _digest(algorithm: str, data: bytes) -> str:
+    return f"{algorithm}-" + base64.b64encode(hashlib.new(algorithm, data).digest()).decode()
+
+
+def test_docs_run_only_pinned_scripts_under_a_strict_policy(shared_live: Live) -> None:
+    """The dashboard's token is in this origin's sessionStorage: /docs may run nothing but
+    a pinned Swagger UI release (integrity-checked) and its own hashed lines, and may call
+    only its own origin."""
+    with shared_live.client(None) as anonymous:
+        r = anonymous.get("/docs")
+        assert anonymous.get("/openapi.json").status_code == 200  # what the page reads
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    policy = {d.split()[0]: d.split()[1:]
+              for d in r.headers["content-security-policy"].split(";") if d.strip()}
+    assert policy["default-src"] == ["'none'"]
+    assert policy["connect-src"] == ["'self'"] and policy["frame-ancestors"] == ["'none'"]
+    assert policy["base-uri"] == ["'none'"] and policy["form-action"] == ["'none'"]
+    assert set(policy["img-src"]) <= {"'self'", "data:"}
+    assert r.headers["x-content-type-options"] == "nosniff"
+    script_src = policy["script-src"]
+    for source in script_src:  # whole files or digests: no host, scheme or keyword
+        assert source.startswith("'sha256-") or re.fullmatch(
+            r"https://cdn\.jsdelivr\.net/npm/swagger-ui-dist@\d+\.\d+\.\d+/[\w.-]+\.js", source
+        ), source
+    page = _Page()
+    page.feed(r.text)
+    assert len(page.scripts) == 2
+    for attrs, text in page.scripts:
+        if attrs.get("src"):
+            assert attrs["src"] in script_src and attrs.get("crossorigin") == "anonymous"
+            integrity = attrs.get("integrity") or ""
+            assert re.fullmatch(r"sha384-[A-Za-z0-9+/]{64}", integrity), attrs
+        else:
+            assert f"'{_digest('sha256', text.encode())}'" in script_src
+    sheets = [link for link in page.links if link.get("rel") == "stylesheet"]
+    assert sheets and all(re.fullmatch(r"sha384-[A-Za-z0-9+/]{64}", s.get("integrity") or "")
+                          and s["href"] in policy["style-src"] for s in sheets)
+    for url in page.urls:  # nothing else from elsewhere (the favicon was fastapi's site)
+        assert url.startswith(("data:", "/")) or url in script_src or url in policy["style-src"]
