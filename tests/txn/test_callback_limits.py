@@ -1,6 +1,7 @@
 """Check-back callbacks against hostile producer endpoints, over real HTTP: an
-answer that drips in or never ends is cut at a total deadline and a size cap (UNKNOWN), and
-URLs on ports outside the allow-list cannot be registered."""
+answer that drips in or never ends is cut at a total deadline and a size cap (UNKNOWN), the
+cap counts compressed and decoded bytes, and URLs on ports outside the allow-list (a port
+named for another host included) cannot be registered."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from scheduler.checkback import CallbackRegistration, CheckAnswer, CheckbackClie
 from scheduler.clock import FakeClock
 from scheduler.model import TransactionCheck
 from tests.support.live import ADMIN, T0, make_settings, serve
-
 
 COMMIT = b'{"status": "COMMIT"}'
 
