@@ -271,9 +271,9 @@ def signature(secret: str, timestamp_ms: int, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
-class AnswerTooLarge(Exception):
-    """The answer, on the wire or decoded, is over MAX_ANSWER_BYTES (or in a coding not
-    offered)."""
+class AnswerRefused(Exception):
+    """The answer is over MAX_ANSWER_BYTES on the wire or decoded, or in a coding not
+    offered: it is not read further (UNKNOWN)."""
 
 
 class _Inflater:
@@ -285,7 +285,7 @@ class _Inflater:
         codings = [c.strip().lower() for c in content_encoding.split(",")]
         codings = [c for c in codings if c and c != "identity"]
         if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
-            raise AnswerTooLarge(f"content-encoding {content_encoding!r} was not offered")
+            raise AnswerRefused(f"content-encoding {content_encoding!r} was not offered")
         self._coding = codings[0] if codings else None
         self._limit = limit
         self._size = 0
@@ -300,7 +300,7 @@ class _Inflater:
     def _count(self, out: bytes) -> bytes:
         self._size += len(out)
         if self._size > self._limit:
-            raise AnswerTooLarge(f"more than {self._limit} bytes decoded")
+            raise AnswerRefused(f"more than {self._limit} bytes decoded")
         return out
 
     def feed(self, data: bytes) -> bytes:
@@ -363,15 +363,15 @@ class CheckbackClient:
                 for chunk in response.iter_raw():
                     wire += len(chunk)
                     if wire > MAX_ANSWER_BYTES:
-                        raise AnswerTooLarge(f"more than {MAX_ANSWER_BYTES} bytes sent")
+                        raise AnswerRefused(f"more than {MAX_ANSWER_BYTES} bytes sent")
                     answer += inflater.feed(chunk)
                     if time.monotonic() > deadline:
                         log.info("check-back of %s to %s: the answer is too slow; UNKNOWN",
                                  check.transaction_id, reg.url)
                         return CheckAnswer.UNKNOWN
                 answer += inflater.finish()
-        except AnswerTooLarge as exc:
-            log.info("check-back of %s to %s: the answer is too long (%s); UNKNOWN",
+        except AnswerRefused as exc:
+            log.info("check-back of %s to %s: the answer is refused (%s); UNKNOWN",
                      check.transaction_id, reg.url, exc)
             return CheckAnswer.UNKNOWN
         except zlib.error as exc:
