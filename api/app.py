@@ -31,6 +31,7 @@ from api.routes import (
     check_callbacks,
     consume,
     dashboard,
+    docs,
     groups,
     messages,
     operations,
@@ -88,7 +89,8 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
 
     app = HourglassApp(
         title="hourglass", version=_version(), description=DESCRIPTION, lifespan=lifespan,
-        openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
+        # /docs is api/routes/docs.py: Swagger UI pinned, under a strict CSP
+        openapi_url="/openapi.json", docs_url=None, redoc_url=None,
         # /metrics is the telemetry; FastAPI's OpenTelemetry hooks cost a check per request
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
@@ -103,6 +105,7 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
     operations.add_routes(app.router, ctx, registry)
     dashboard.add_routes(app.router, ctx)  # the dashboard: its API and its page
     ui.add_routes(app.router)
+    docs.add_routes(app.router, app.title)
     app.include_router(check_callbacks.build_router(ctx))
     install_openapi(app)
     app.serve_hot(http_metrics, HOT_OPERATIONS | groups.HOT)  # api/hot.py: ahead of the rest

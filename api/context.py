@@ -31,6 +31,7 @@ class ApiLimits:
     max_request_bytes: int  # bytes of one request body -> 413
     max_batch_messages: int  # messages in one batch send -> 400
     max_long_polls: int  # pulls waiting at once -> 503
+    metrics_require_token: bool = False  # /metrics needs an admin token (401 / 403)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,16 +78,25 @@ async def authenticate(request: Request) -> Principal:
 Authenticated = Annotated[Principal, Depends(authenticate)]
 
 
+_MAX_INT_DIGITS = 20  # more digits than any bound of a query integer: out of range unparsed
+
+
 def query_int(request: Request, name: str, default: int | None, low: int,
               high: int) -> int | None:
-    """Integer query parameter ``name`` within [low, high], or InvalidArgument."""
+    """Integer query parameter ``name`` within [low, high], or InvalidArgument. Only ASCII
+    digits, with a leading '-' (then refused by the bounds as out of range): not the
+    ``+1_0``, `` 7 `` or non-ASCII digits (``٣``) that ``int()`` would take."""
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"query parameter {name} must be an integer, got {raw!r}") from None
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not (digits.isascii() and digits.isdigit()):
+        raise InvalidArgument(f"query parameter {name} must be an integer (ASCII digits), "
+                              f"got {raw!r}")
+    if len(digits) > _MAX_INT_DIGITS:
+        raise InvalidArgument(f"query parameter {name} must be between {low} and {high}, "
+                              f"got {raw[:_MAX_INT_DIGITS]}...")
+    value = int(raw)
     if not low <= value <= high:
         raise InvalidArgument(f"query parameter {name} must be between {low} and {high}, "
                               f"got {value}")

@@ -50,6 +50,7 @@ class Settings:
     max_header_bytes: int = 64 << 10  #              bytes of a request's line and headers -> 431
     header_timeout_ms: int = 5_000  #                ms for a request's headers to arrive; then
     #                                                the connection is closed
+    metrics_require_token: bool = False  #           /metrics needs an admin token (401/403)
     tokens: tuple[TokenSpec, ...] = ()  #            [[tokens]] + HOURGLASS_ADMIN_TOKEN
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(data_dir=Path("data")))
     config_file: Path | None = None  #               where the TOML layer came from
@@ -207,6 +208,7 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(name="max_long_polls", parse=parse_int, check=_positive),
     Option(name="max_header_bytes", parse=parse_size, check=_positive),
     Option(name="header_timeout_ms", parse=parse_duration_ms, check=_positive),
+    Option(name="metrics_require_token", parse=parse_bool),
 )
 
 _ENGINE_CHECKS: dict[str, Check] = {"flush_policy": _flush_policy,

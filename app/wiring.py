@@ -31,7 +31,8 @@ def build_app(settings: Settings, *, clock: Clock | None = None,
     engine = broker if broker is not None else Broker(settings.engine, clock or SystemClock())
     limits = ApiLimits(max_request_bytes=settings.max_request_bytes,
                        max_batch_messages=settings.max_batch_messages,
-                       max_long_polls=settings.max_long_polls)
+                       max_long_polls=settings.max_long_polls,
+                       metrics_require_token=settings.metrics_require_token)
     return create_app(engine, auth=Authenticator(settings.tokens), limits=limits)
 
 

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,7 +70,9 @@ class CallbackRegistration:
 
 # --- URL policy -----------------------------------------------------------------------------
 DEFAULT_PORTS = frozenset({80, 443})
-MAX_ANSWER_BYTES = 64 << 10  # a producer's answer is a few bytes; more is not read
+MAX_ANSWER_BYTES = 64 << 10  # a producer's answer is a few bytes; more is not read, neither
+#                              on the wire (compressed) nor decoded
+ACCEPT_ENCODING = "gzip, deflate"  # what _Inflater decodes, within MAX_ANSWER_BYTES
 
 
 def _split_entry(entry: str) -> tuple[str, str | None]:
@@ -77,8 +80,9 @@ def _split_entry(entry: str) -> tuple[str, str | None]:
     ``*.example.com``, ``10.0.0.7:8080``, ``localhost:*``, ``[::1]:8443``."""
     entry = entry.lower().rstrip(".")
     head, sep, tail = entry.rpartition(":")
-    if sep and (tail == "*" or tail.isdigit()) and (":" not in head or head.endswith("]")):
-        return head.strip("[]"), tail
+    if sep and (tail == "*" or (tail.isascii() and tail.isdigit())) and (
+            ":" not in head or head.endswith("]")):
+        return head.strip("[]"), tail if tail == "*" else str(int(tail))
     return entry.strip("[]"), None
 
 
@@ -96,12 +100,14 @@ def host_allowed(host: str, allowed_hosts: tuple[str, ...]) -> bool:
 
 
 def port_allowed(host: str, port: int, allowed_hosts: tuple[str, ...]) -> bool:
-    """80, 443, a port an entry names, or any port of a host whose entry says ``:*``."""
+    """80, 443, a port that an entry matching ``host`` names (``10.0.0.7:8080`` opens 8080
+    on 10.0.0.7 only, not on the list's other hosts), or any port of a host whose entry says
+    ``:*``."""
     if port in DEFAULT_PORTS:
         return True
     host = host.lower().rstrip(".")
     for pattern, entry_port in map(_split_entry, allowed_hosts):
-        if entry_port == str(port) or (entry_port == "*" and _host_matches(host, pattern)):
+        if entry_port in (str(port), "*") and _host_matches(host, pattern):
             return True
     return False
 
@@ -265,6 +271,58 @@ def signature(secret: str, timestamp_ms: int, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
+class AnswerRefused(Exception):
+    """The answer is over MAX_ANSWER_BYTES on the wire or decoded, or in a coding not
+    offered: it is not read further (UNKNOWN)."""
+
+
+class _Inflater:
+    """Decodes an answer's Content-Encoding (none, gzip or deflate) chunk by chunk without
+    ever holding more than ``limit`` decoded bytes: httpx's decoders inflate a whole chunk
+    read off the socket at once (64 KiB of gzip can be 64 MiB), and count nothing."""
+
+    def __init__(self, content_encoding: str, limit: int) -> None:
+        codings = [c.strip().lower() for c in content_encoding.split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise AnswerRefused(f"content-encoding {content_encoding!r} was not offered")
+        self._coding = codings[0] if codings else None
+        self._limit = limit
+        self._size = 0
+        self._raw_deflate = False
+        self._inflate: Any = self._decompressor()
+
+    def _decompressor(self) -> Any:
+        if self._coding in ("gzip", "x-gzip"):
+            return zlib.decompressobj(zlib.MAX_WBITS | 16)
+        return zlib.decompressobj(-zlib.MAX_WBITS if self._raw_deflate else zlib.MAX_WBITS)
+
+    def _count(self, out: bytes) -> bytes:
+        self._size += len(out)
+        if self._size > self._limit:
+            raise AnswerRefused(f"more than {self._limit} bytes decoded")
+        return out
+
+    def feed(self, data: bytes) -> bytes:
+        if self._coding is None:
+            return self._count(data)
+        room = self._limit - self._size + 1  # one byte past the limit tells it is too much
+        try:
+            out = self._inflate.decompress(data, room)
+        except zlib.error:
+            if self._coding != "deflate" or self._raw_deflate or self._size:
+                raise
+            # "deflate" is meant to be zlib-wrapped; some servers send raw deflate
+            self._raw_deflate = True
+            self._inflate = self._decompressor()
+            out = self._inflate.decompress(data, room)
+        return self._count(out)  # past the limit when decompress stopped at ``room``
+
+    def finish(self) -> bytes:
+        # all input was consumed below the limit: what is left in zlib is a few bytes at most
+        return b"" if self._coding is None else self._count(self._inflate.flush())
+
+
 class CheckbackClient:
     """POSTs one check and returns the producer's answer; never raises for HTTP trouble."""
 
@@ -289,27 +347,41 @@ class CheckbackClient:
 
     def ask(self, reg: CallbackRegistration, check: TransactionCheck, now_ms: int) -> CheckAnswer:
         body = orjson.dumps(check_payload(check))
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
         if reg.secret is not None:
             headers[TIMESTAMP_HEADER] = str(now_ms)
             headers[SIGNATURE_HEADER] = signature(reg.secret, now_ms, body)
         deadline = time.monotonic() + self._timeout_ms / 1000.0
         try:
             with self._http.stream("POST", reg.url, content=body, headers=headers) as response:
-                answer = b""
                 # whole answer within the deadline (a reply dripping byte by byte resets no
-                # timeout here) and within MAX_ANSWER_BYTES; each read waits timeout_ms at most
-                for chunk in response.iter_bytes():
-                    answer += chunk
-                    if len(answer) > MAX_ANSWER_BYTES or time.monotonic() > deadline:
-                        log.info("check-back of %s to %s: the answer is too %s; UNKNOWN",
-                                 check.transaction_id, reg.url,
-                                 "long" if len(answer) > MAX_ANSWER_BYTES else "slow")
+                # timeout here) and within MAX_ANSWER_BYTES both as sent (compressed) and
+                # decoded; each read waits timeout_ms at most
+                inflater = _Inflater(response.headers.get("content-encoding", ""),
+                                     MAX_ANSWER_BYTES)
+                answer, wire = bytearray(), 0
+                for chunk in response.iter_raw():
+                    wire += len(chunk)
+                    if wire > MAX_ANSWER_BYTES:
+                        raise AnswerRefused(f"more than {MAX_ANSWER_BYTES} bytes sent")
+                    answer += inflater.feed(chunk)
+                    if time.monotonic() > deadline:
+                        log.info("check-back of %s to %s: the answer is too slow; UNKNOWN",
+                                 check.transaction_id, reg.url)
                         return CheckAnswer.UNKNOWN
+                answer += inflater.finish()
+        except AnswerRefused as exc:
+            log.info("check-back of %s to %s: the answer is refused (%s); UNKNOWN",
+                     check.transaction_id, reg.url, exc)
+            return CheckAnswer.UNKNOWN
+        except zlib.error as exc:
+            log.info("check-back of %s to %s: the answer does not decode (%s); UNKNOWN",
+                     check.transaction_id, reg.url, exc)
+            return CheckAnswer.UNKNOWN
         except httpx.HTTPError as exc:  # timeouts, refused connections, protocol errors
             log.info("check-back of %s to %s failed: %s", check.transaction_id, reg.url, exc)
             return CheckAnswer.UNKNOWN
-        return parse_answer(httpx.Response(response.status_code, content=answer))
+        return parse_answer(httpx.Response(response.status_code, content=bytes(answer)))
 
     def close(self) -> None:
         with self._lock:

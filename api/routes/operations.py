@@ -8,6 +8,7 @@ import msgspec
 from fastapi import APIRouter
 from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 from starlette.responses import Response
 
 from api import schemas
@@ -57,14 +58,20 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
                               "for a full disk, or delivery blocked by storage failures)")
         return respond(schemas.Health(status="ready"))
 
+    # no security requirement in the document: open unless the server says otherwise (a
+    # requirement of "none or a token" makes schemathesis expect a 401 without one)
     @router.get("/metrics", **operation(
         "getMetrics", tag="operations", summary="Prometheus metrics (text format)",
-        auth=False, extra_responses={200: {
-            "description": "Prometheus text exposition format 0.0.4.",
+        auth=False, errors=(401, 403), extra_responses={200: {
+            "description": "Prometheus text exposition format 0.0.4. Open to anyone (it "
+                           "names topics and groups) unless the server's "
+                           "metrics_require_token is on: then an admin token only.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         }},
     ))
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if ctx.limits.metrics_require_token:  # topic and group names are in the labels
+            ctx.allow(ctx.caller(request), Permission.ADMIN)
         body = await run_in_threadpool(render, registry)  # engine stats may touch RocksDB
         return Response(body, media_type=CONTENT_TYPE)
 

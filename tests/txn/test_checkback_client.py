@@ -67,7 +67,8 @@ def test_bad_or_forbidden_urls_are_refused(url: str) -> None:
 @pytest.mark.parametrize(("url", "ok"), [
     ("http://checks.example.com/x", True),  # 80
     ("https://checks.example.com/x", True),  # 443
-    ("http://checks.example.com:8443/x", True),  # a port the allow-list names
+    ("http://svc.internal.example:8443/x", True),  # a port the allow-list names for it
+    ("http://checks.example.com:8443/x", False),  # ... for another host only
     ("http://checks.example.com:6379/x", False),  # any other port: refused
     ("https://checks.example.com:22/x", False),
     ("http://127.0.0.1:6379/x", True),  # "127.0.0.1:*": any port of that host
