@@ -9,13 +9,17 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from scheduler.clock import FakeClock
 from scheduler.group_state import retry_topic
-from tests.support.live import ADMIN, CONSUMER, T0, Live
+from tests.support.live import ADMIN, CONSUMER, T0, Live, make_settings, serve
 
 REPO = Path(__file__).resolve().parents[2]
 G = "/v1/topics/orders.g/groups/workers"
@@ -312,3 +316,86 @@ def test_msgpack_receive_says_what_json_says(live: Live) -> None:
                           content=msgspec.msgpack.encode({"ack": [second, first["receipt"]]}))
         acked = msgspec.msgpack.decode(r.content)
         assert (acked["messages"], acked["acked"], acked["stale"]) == ([], 1, [first["receipt"]])
+
+
+# --- issue 32: sealed receipts, bounded answers, bounded groups, quick retries ------------------
+MIB = 1 << 20
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    """Servers with ``engine`` settings overridden (each on a data directory of its own,
+    unless ``data`` names one: a restart)."""
+    stack: list[Any] = []
+
+    def run(data: str | None = None, **engine: Any) -> Live:
+        settings = make_settings(tmp_path / (data or f"data{len(stack)}"))
+        settings = replace(settings, engine=replace(settings.engine, **engine))
+        cm = serve(settings, clock=FakeClock(T0))
+        stack.append(cm)
+        return cm.__enter__()
+
+    yield run
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+def with_offset(receipt: str, offset: int) -> str:
+    """The receipt with its offset (the part after the last dot) replaced."""
+    head, tag, _ = receipt.split(".")
+    return f"{head}.{tag}.{offset:x}"
+
+
+def test_a_receipt_with_another_offset_is_404_and_nothing_past_the_end_is_acked(
+        live: Live) -> None:
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 3)
+        (m0,) = consumer.post(f"{G}:receive", json={"max": 1}).json()["messages"]
+        before = state(consumer)
+        receipt = m0["receipt"]
+        cases = [
+            [with_offset(receipt, 1)],  # a message in the log not handed out yet
+            [with_offset(receipt, 3)],  # the log's end: nothing there yet
+            [with_offset(receipt, 0xFFFF_FFFF)],  # far past the end
+            [receipt, with_offset(receipt, 2)],  # a good receipt does not carry a forged one
+            [with_offset(receipt, o) for o in range(20_000, 21_000)],  # past the lease window
+        ]
+        for receipts in cases:
+            for verb in (":ack", ":nack"):
+                r = consumer.post(f"{G}{verb}", json={"receipts": receipts})
+                assert r.status_code == 404, (verb, receipts[:2], r.text)
+                assert r.json()["code"] == "NOT_FOUND"
+            r = consumer.post(f"{G}:receive", json={"max": 1, "ack": receipts})
+            assert r.status_code == 404, r.text
+        assert state(consumer) == before  # nothing acknowledged, nothing leased
+        assert consumer.get(f"{G}/offset").json() == {"offset": 0}
+        # the real receipt still works, and only for its message
+        assert consumer.post(f"{G}:ack", json={"receipts": [receipt]}).json() == \
+            {"acked": 1, "stale": []}
+        got = consumer.post(f"{G}:receive", json={"max": 10}).json()["messages"]
+        assert [m["offset"] for m in got] == [1, 2]
+        assert consumer.post(f"{G}:ack", json={"receipts": [m["receipt"] for m in got]}).json()[
+            "acked"] == 2
+        assert state(consumer)["committedOffset"] == 3 == state(consumer)["endOffset"]
+
+
+def test_an_old_style_receipt_is_404_and_a_receipt_outlives_a_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with serve(make_settings(data), clock=FakeClock(T0)) as live, live.client() as c:
+        send(c, 2)
+        got = c.post(f"{G}:receive", json={"max": 2}).json()["messages"]
+        head, tag, offset = got[0]["receipt"].split(".")
+        old = f"1{head[1:]}.{tag[:12]}.{offset}"  # the shape of an unkeyed version-1 receipt
+        assert c.post(f"{G}:ack", json={"receipts": [old]}).status_code == 404
+    # the key is kept in the data directory: after a restart the receipts still hold
+    with serve(make_settings(data), clock=FakeClock(T0)) as live, live.client() as c:
+        assert c.post(f"{G}:ack", json={"receipts": [m["receipt"] for m in got]}).json() == \
+            {"acked": 2, "stale": []}
+        assert state(c)["committedOffset"] == 2
+    # another data directory has another key: the same receipts are not its own
+    with serve(make_settings(tmp_path / "other"), clock=FakeClock(T0)) as live, \
+            live.client() as c:
+        send(c, 2)
+        assert len(c.post(f"{G}:receive", json={"max": 2}).json()["messages"]) == 2
+        r = c.post(f"{G}:ack", json={"receipts": [got[0]["receipt"]]})
+        assert r.status_code == 404, r.text
