@@ -587,15 +587,15 @@ class GroupManager:
         """How many of ``n`` quick retries (nacked with delayMs < 1 s, or redriven) the group
         may make now: its bucket refills at ``group_quick_retries_per_s`` up to
         ``group_quick_retry_burst`` (engine clock). TooManyRequests, with the seconds until
-        there is room for ``min(n, burst)``, when it holds less than one. Bounds how fast a
-        consumer can grow the log by nacking at once and redriving, forever."""
+        there is one, when it holds less than one. Bounds how fast a consumer can grow the
+        log by nacking at once and redriving, forever."""
         if now > g.quick_at:
             g.quick = min(float(self._quick_burst),
                           g.quick + (now - g.quick_at) * self._quick_rate / 1000.0)
             g.quick_at = now
         if g.quick >= 1:
             return min(n, int(g.quick))
-        need = min(n, self._quick_burst) - g.quick
+        need = 1 - g.quick
         raise TooManyRequests(
             f"group {g.group!r} of topic {g.topic!r} made its quick retries (nacks with "
             f"delayMs < {QUICK_RETRY_MS} and redriven dead letters) for now: at most "
