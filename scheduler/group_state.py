@@ -80,6 +80,41 @@ def _receipt_offsets_native(receipts: Sequence[str], prefix: str) -> list[int] |
 receipt_offsets = receipt_offsets_py if native is None else _receipt_offsets_native
 
 
+class Seal:
+    """HMAC-SHA256 (RFC 2104) under the server's receipt key, of "topic NUL group NUL" + a
+    receipt's head + NUL + its offset in hex, truncated to ``_TAG`` bytes as hex. The same
+    value as ``hmac.new(key, message, "sha256")`` (tests/scheduler/test_groups.py), built
+    from hashlib's inner and outer states copied per receipt: half the cost of copying an
+    ``hmac.HMAC`` (a receive seals up to 1000 receipts)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes, topic: str, group: str) -> None:
+        if len(key) > _BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._inner.update(f"{topic}\0{group}\0".encode())
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def tags(self, head: str, offsets: Sequence[str]) -> list[str]:
+        """The tag of each receipt of lease ``head`` at ``offsets`` (hex)."""
+        inner = self._inner.copy()
+        inner.update(f"{head}\0".encode())
+        copy_inner, copy_outer = inner.copy, self._outer.copy
+        out = []
+        for offset in offsets:
+            m = copy_inner()
+            m.update(offset.encode())
+            o = copy_outer()
+            o.update(m.digest())
+            out.append(o.hexdigest()[:2 * _TAG])
+        return out
+
+
+_BLOCK = 64  # SHA-256's block size (HMAC pads the key to it)
+
+
 def parse_receipts(receipts: Sequence[str]) -> list[tuple[str, str, str]]:
     """(head, tag, offset in hex) of each receipt; InvalidArgument when there are none,
     too many, or one is not shaped as a receipt."""
@@ -140,7 +175,7 @@ class Lease:
     offset it holds to its lease. ``held``: how many it still holds; ``counts``: delivery
     counts above 1 (messages handed out again after a lease expired)."""
 
-    __slots__ = ("counts", "held", "kind", "lease_id", "offsets", "until")
+    __slots__ = ("counts", "head", "held", "kind", "lease_id", "offsets", "receipts", "until")
 
     def __init__(self, lease_id: int, until: int, kind: int, offsets: list[int],
                  counts: dict[int, int]) -> None:
@@ -150,6 +185,8 @@ class Lease:
         self.offsets = offsets
         self.counts = counts
         self.held = len(offsets)
+        self.head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"  # its receipts' first part
+        self.receipts: list[str] = []  # as issued, in the order of ``offsets``
 
     def count(self, offset: int) -> int:
         """The delivery count of ``offset`` under this lease."""
@@ -223,10 +260,12 @@ class Group:
     dlq_cursor: int
     retrying: int
     registered: bool
-    mac: hmac.HMAC  # HMAC-SHA256 under the server's receipt key, fed "topic NUL group NUL"
+    seal: Seal  # the receipt tags of this (topic, group)
     label: str  # the group's label value in /metrics ("topic/group", or OTHER past the cap)
     lock: threading.Lock = field(default_factory=threading.Lock)
     expiry: list[tuple[int, int, Lease]] = field(default_factory=list)
+    issued: dict[str, Lease] = field(default_factory=dict)  # head -> a lease that has not
+    # expired (dropped with it, or when ``expiry`` is compacted once it holds nothing)
     # (until, lease id, lease), one per receive (dropped lazily once it holds nothing)
     expiry_limit: int = 64  # compact ``expiry`` when it grows past this
     redelivered: int = 0  # leases that expired (their messages are handed out again)
@@ -249,6 +288,7 @@ class Group:
         expired = 0
         while expiry and expiry[0][0] <= now:
             lease = heapq.heappop(expiry)[2]
+            self.issued.pop(lease.head, None)
             if not lease.held:
                 continue
             stream = self.streams[lease.kind]
@@ -259,17 +299,14 @@ class Group:
         self.redelivered += expired
         return expired
 
-    def receipts(self, kind: int, lease_id: int, offsets: Sequence[int]) -> list[str]:
-        """The receipts of ``offsets`` leased under ``lease_id`` in stream ``kind``."""
-        head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"
-        mac = self.mac.copy()
-        mac.update(f"{head}\0".encode())
-        out = []
-        for offset in offsets:
-            h = f"{offset:x}"
-            m = mac.copy()
-            m.update(h.encode())
-            out.append(f"{head}.{m.hexdigest()[:2 * _TAG]}.{h}")
+    def issue(self, lease: Lease) -> list[str]:
+        """The receipts of ``lease``'s offsets (kept with it while it holds: an ack of
+        exactly them, the usual one, is checked against them, not re-sealed)."""
+        head = lease.head
+        hexes = list(map("{:x}".format, lease.offsets))
+        out = list(map(f"{head}.{{}}.{{}}".format, self.seal.tags(head, hexes), hexes))
+        lease.receipts = out
+        self.issued[head] = lease
         return out
 
     def decode(self, receipts: Sequence[str]
@@ -278,19 +315,26 @@ class Group:
         for one that is not shaped as a receipt, NotFound for one this server did not issue
         to this group of this topic (forged, altered, of another group or topic). Nothing
         changes on either."""
+        lease = self.issued.get(receipts[0].partition(".")[0]) if receipts and isinstance(
+            receipts[0], str) else None
+        if lease is not None and len(receipts) == len(lease.receipts):
+            try:  # the usual ack: the receipts of one receive, as issued
+                same = hmac.compare_digest("\n".join(receipts).encode(),
+                                           "\n".join(lease.receipts).encode())
+            except (TypeError, UnicodeEncodeError):
+                same = False
+            if same:
+                n = len(receipts)
+                return [lease.kind] * n, list(lease.offsets), [lease.lease_id] * n
         found = parse_receipts(receipts)
-        expected = []
-        given = []
-        macs: dict[str, hmac.HMAC] = {}
-        for head, tag, offset in found:
-            mac = macs.get(head)
-            if mac is None:
-                mac = macs[head] = self.mac.copy()
-                mac.update(f"{head}\0".encode())
-            m = mac.copy()
-            m.update(offset.encode())
-            expected.append(m.hexdigest()[:2 * _TAG])
-            given.append(tag if head[0] == _RECEIPT_VERSION else "")
+        by_head: dict[str, list[int]] = {}  # head -> indexes of its receipts
+        for i, (head, _, _) in enumerate(found):
+            by_head.setdefault(head, []).append(i)
+        expected = [""] * len(found)
+        for head, at in by_head.items():
+            for i, tag in zip(at, self.seal.tags(head, [found[i][2] for i in at]), strict=True):
+                expected[i] = tag
+        given = [tag if head[0] == _RECEIPT_VERSION else "" for head, tag, _ in found]
         if not hmac.compare_digest("".join(expected), "".join(given)):
             raise NotFound(f"a receipt is not one of group {self.group!r} of topic "
                            f"{self.topic!r}: unknown, altered, or of another group or topic")

@@ -27,9 +27,7 @@ Lock order: a group's lock, then the Broker's (shard locks, commit lock, in ``su
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import hmac
 import itertools
 import math
 import secrets
@@ -48,6 +46,7 @@ from scheduler.group_state import (
     AckPlan,
     Group,
     Lease,
+    Seal,
     Stream,
     ack_prefix,
     ack_runs,
@@ -239,14 +238,13 @@ class GroupManager:
         retry = retry_topic(topic, group)
         dlq = dlq_topic(topic, group)
         state = store.get(CF_META, state_key(topic, group))
-        mac = hmac.new(self._receipt_key, f"{topic}\0{group}\0".encode(), hashlib.sha256)
         return Group(
             topic=topic, group=group,
             streams=(self._load_stream(topic, group), self._load_stream(retry, group)),
             dlq_topic=dlq, dlq_cursor=self._offset(dlq, group),
             retrying=0 if state is None else unpack_u64(state), registered=state is not None,
-            mac=mac, label=f"{topic}/{group}", quick=float(self._quick_burst),
-            quick_at=self._clock.now_ms())
+            seal=Seal(self._receipt_key, topic, group), label=f"{topic}/{group}",
+            quick=float(self._quick_burst), quick_at=self._clock.now_ms())
 
     def _offset(self, log_topic: str, group: str) -> int:
         return self._offsets.group_offset(log_topic, group)
@@ -312,7 +310,7 @@ class GroupManager:
                 lease = Lease(next(self._lease_ids), until, kind, offsets, again)
                 heapq.heappush(g.expiry, (until, lease.lease_id, lease))
                 stream.leases.update(dict.fromkeys(offsets, lease))
-                receipts = g.receipts(kind, lease.lease_id, offsets)
+                receipts = g.issue(lease)
                 counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
                     out.extend(map(Received, receipts, counts, repeat(0), payloads))
@@ -323,6 +321,7 @@ class GroupManager:
             if len(g.expiry) > g.expiry_limit:  # drop the leases that hold nothing any more
                 g.expiry = [e for e in g.expiry if e[2].held > 0]
                 heapq.heapify(g.expiry)
+                g.issued = {e[2].head: e[2] for e in g.expiry if e[2].head in g.issued}
                 g.expiry_limit = max(64, 2 * len(g.expiry))  # amortised: O(1) per receive
         return ReceiveResult(messages=out, lease_until=until)
 
@@ -648,8 +647,11 @@ class GroupManager:
         out: dict[str, dict[str, float]] = {n: {} for n in _GAUGES}
         backlog, leased, retrying, dead = (out[n] for n in _GAUGES)
         for g in groups:
-            expiry = g.expiry
-            if expiry and expiry[0][0] <= now:
+            try:
+                due = g.expiry[0][0] <= now
+            except IndexError:  # (no lease, or the last one just went: read without the lock)
+                due = False
+            if due:
                 with g.lock:
                     self._expire(g, now)
             label, main = g.label, g.streams[MAIN]

@@ -384,3 +384,25 @@ def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
     assert ack_keys(broker) == {8: 9}
     groups(broker).set_offset("t", "g", 0)  # a replay drops every stored ack
     assert ack_keys(broker) == {}
+
+
+def test_a_receipt_tag_is_the_hmac_sha256_of_topic_group_lease_and_offset(
+        broker: Broker) -> None:
+    """Seal (hashlib's HMAC states copied per receipt) says what ``hmac`` says, under the key
+    kept in RocksDB."""
+    import hmac
+
+    from scheduler.group_state import Seal
+    from storage.constants import CF_META, META_GROUP_RECEIPT_KEY
+
+    send(broker, 3)
+    (m,) = groups(broker).receive("t", "g", 1, LEASE).messages
+    head, tag, offset = m.receipt.split(".")
+    assert broker._store is not None
+    key = broker._store.get(CF_META, META_GROUP_RECEIPT_KEY)
+    assert key is not None and len(key) == 32
+    expected = hmac.new(key, f"t\0g\0{head}\0{offset}".encode(), "sha256").hexdigest()[:16]
+    assert tag == expected and offset == "0"
+    for long_key in (b"k" * 64, b"k" * 100):  # (keys of a block or more, as RFC 2104)
+        assert Seal(long_key, "a", "b").tags("20f", ["1a"]) == [
+            hmac.new(long_key, b"a\0b\x0020f\x001a", "sha256").hexdigest()[:16]]
