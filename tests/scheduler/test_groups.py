@@ -11,9 +11,10 @@ import pytest
 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
-from scheduler.group_state import retry_topic
+from scheduler.group_state import ack_prefix, retry_topic
 from scheduler.groups import GroupManager
 from scheduler.model import SendRequest
+from storage.constants import CF_META
 from storage.errors import InvalidArgument, NotFound, StorageError
 from tests.support.engine import Harness, read_topic, run_threads
 
@@ -406,3 +407,22 @@ def test_a_receipt_tag_is_the_hmac_sha256_of_topic_group_lease_and_offset(
     for long_key in (b"k" * 64, b"k" * 100):  # (keys of a block or more, as RFC 2104)
         assert Seal(long_key, "a", "b").tags("20f", ["1a"]) == [
             hmac.new(long_key, b"a\0b\x0020f\x001a", "sha256").hexdigest()[:16]]
+
+
+def test_a_receipt_from_before_an_offset_commit_back_stays_within_the_window(
+        harness: Harness) -> None:
+    """No ack key past committed + window, whatever receipts a member kept: after an offset
+    commit moved the group back, a receipt of an offset beyond the new window is stale."""
+    broker = harness.open(group_lease_window=5)
+    send(broker, 12)
+    g = groups(broker)
+    first = g.receive("t", "g", 5, LEASE).messages
+    assert g.ack("t", "g", [m.receipt for m in first]).acked == 5
+    later = g.receive("t", "g", 5, LEASE).messages  # offsets 5..9
+    assert broker.commit_group_offset("t", "g", 0) == 0  # replay: the window is 0..4 again
+    result = g.ack("t", "g", [m.receipt for m in later])
+    assert (result.acked, result.stale) == (0, [m.receipt for m in later])
+    prefix = ack_prefix("t", "g")
+    assert broker._store is not None
+    assert list(broker._store.scan(CF_META, prefix, prefix + b"\xff")) == []
+    assert g.state("t", "g").committed_offset == 0
