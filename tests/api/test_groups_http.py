@@ -435,9 +435,7 @@ def test_receive_dead_letters_nack_and_redrive_are_bounded_in_bytes(
         assert state(consumer)["deadLettered"] == 3
 
 
-def test_reads_never_create_a_group_and_max_groups_per_topic_bounds_receives(
-        start: Callable[..., Live], tmp_path: Path) -> None:
-    live = start(data="data", max_groups_per_topic=2)
+def test_reads_never_create_a_group(live: Live) -> None:
     base = "/v1/topics/orders.g/groups"
     with live.client(CONSUMER) as consumer, live.client() as c:
         send(c, 3)
@@ -453,6 +451,15 @@ def test_reads_never_create_a_group_and_max_groups_per_topic_bounds_receives(
             assert r.status_code == 404, r.text
         assert c.get("/v1/admin/stats").json()["groups"] == {}
         assert "reader" not in c.get("/metrics").text
+        assert live.broker.groups._groups == {}
+
+
+def test_max_groups_per_topic_bounds_the_receives_that_make_groups(
+        start: Callable[..., Live]) -> None:
+    live = start(max_groups_per_topic=2)
+    base = "/v1/topics/orders.g/groups"
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 3)
         # receives make groups: two per topic here
         for name in ("a", "b"):
             assert consumer.post(f"{base}/{name}:receive", json={}).status_code == 200
