@@ -37,6 +37,7 @@ from storage.native import native
 from storage.records import LogRecord
 
 RECEIPTS_MAX = 1000
+KEPT_RECEIPTS = 2_000  # receipts a group keeps as issued (~90 bytes each), for the usual ack
 MAIN, RETRY = 0, 1  # the streams of a group
 INTERNAL_PROPERTIES = frozenset({PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME,
                                  PROP_ORIGIN_OFFSET, PROP_ORIGIN_BORN_AT})
@@ -264,8 +265,10 @@ class Group:
     label: str  # the group's label value in /metrics ("topic/group", or OTHER past the cap)
     lock: threading.Lock = field(default_factory=threading.Lock)
     expiry: list[tuple[int, int, Lease]] = field(default_factory=list)
-    issued: dict[str, Lease] = field(default_factory=dict)  # head -> a lease that has not
-    # expired (dropped with it, or when ``expiry`` is compacted once it holds nothing)
+    issued: dict[str, Lease] = field(default_factory=dict)  # head -> a lease that holds
+    # and has not expired, with its receipts kept (dropped when it holds nothing, expires,
+    # or ``expiry`` is compacted); ``kept``: their receipts, at most KEPT_RECEIPTS
+    kept: int = 0
     # (until, lease id, lease), one per receive (dropped lazily once it holds nothing)
     expiry_limit: int = 64  # compact ``expiry`` when it grows past this
     redelivered: int = 0  # leases that expired (their messages are handed out again)
@@ -288,7 +291,7 @@ class Group:
         expired = 0
         while expiry and expiry[0][0] <= now:
             lease = heapq.heappop(expiry)[2]
-            self.issued.pop(lease.head, None)
+            self.forget(lease)
             if not lease.held:
                 continue
             stream = self.streams[lease.kind]
@@ -305,9 +308,16 @@ class Group:
         head = lease.head
         hexes = list(map("{:x}".format, lease.offsets))
         out = list(map(f"{head}.{{}}.{{}}".format, self.seal.tags(head, hexes), hexes))
-        lease.receipts = out
-        self.issued[head] = lease
+        if self.kept + len(out) <= KEPT_RECEIPTS:
+            lease.receipts = out
+            self.issued[head] = lease
+            self.kept += len(out)
         return out
+
+    def forget(self, lease: Lease) -> None:
+        """Stop keeping ``lease``'s receipts (an ack of them is sealed again)."""
+        if self.issued.pop(lease.head, None) is not None:
+            self.kept -= len(lease.receipts)
 
     def decode(self, receipts: Sequence[str]
                 ) -> tuple[list[int], list[int], list[int]]:
@@ -404,6 +414,8 @@ class Group:
             for lease, n in Counter(map(stream.leases.pop, taken, repeat(None))).items():
                 if lease is not None:
                     lease.held -= n
+                    if not lease.held:
+                        self.forget(lease)
             if stream.counts:
                 for offset in taken:
                     stream.counts.pop(offset, None)

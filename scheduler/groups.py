@@ -322,6 +322,7 @@ class GroupManager:
                 g.expiry = [e for e in g.expiry if e[2].held > 0]
                 heapq.heapify(g.expiry)
                 g.issued = {e[2].head: e[2] for e in g.expiry if e[2].head in g.issued}
+                g.kept = sum(len(lease.receipts) for lease in g.issued.values())
                 g.expiry_limit = max(64, 2 * len(g.expiry))  # amortised: O(1) per receive
         return ReceiveResult(messages=out, lease_until=until)
 

@@ -426,3 +426,19 @@ def test_a_receipt_from_before_an_offset_commit_back_stays_within_the_window(
     assert broker._store is not None
     assert list(broker._store.scan(CF_META, prefix, prefix + b"\xff")) == []
     assert g.state("t", "g").committed_offset == 0
+
+
+def test_a_group_keeps_at_most_kept_receipts_and_acks_the_others_by_their_seal(
+        broker: Broker) -> None:
+    from scheduler.group_state import KEPT_RECEIPTS
+
+    for start in range(0, 3_000, 1_000):
+        send(broker, 1_000, start=start)
+    g = groups(broker)
+    batches = [g.receive("t", "g", 1000, LEASE).messages for _ in range(3)]
+    group = g._groups[("t", "g")]
+    assert group.kept == KEPT_RECEIPTS == 2_000 and len(group.issued) == 2
+    for batch in reversed(batches):  # the third by its seal, the others as kept
+        assert g.ack("t", "g", [m.receipt for m in batch]).acked == 1000
+    assert (group.kept, group.issued) == (0, {})  # acked whole: nothing kept any more
+    assert broker.get_group_offset("t", "g") == 3_000
