@@ -410,13 +410,8 @@ class GroupManager:
             if not plan.taken:
                 return NackResult(retrying=0, dead_lettered=0, stale=plan.stale)
             quick = plan.taken if delay_ms is not None and delay_ms < QUICK_RETRY_MS else 0
-            if quick and self._quick(g, quick, now) < min(quick, self._quick_burst):
-                raise TooManyRequests(
-                    f"group {g.group!r} of topic {g.topic!r} may nack {int(g.quick)} more "
-                    f"messages with delayMs < {QUICK_RETRY_MS} now, not {quick} (at most "
-                    f"{self._quick_rate} a second, {self._quick_burst} at once)",
-                    retry_after_s=max(1, math.ceil(
-                        (min(quick, self._quick_burst) - g.quick) / self._quick_rate)))
+            if quick:
+                self._quick(g, quick, now, whole=True)
             messages: list[PreparedMessage] = []
             dead = 0
             room = self._max_bytes  # bytes of records past the first, as a receive
@@ -583,24 +578,26 @@ class GroupManager:
             g.quick -= len(messages)
         return len(messages)
 
-    def _quick(self, g: Group, n: int, now: int) -> int:
+    def _quick(self, g: Group, n: int, now: int, *, whole: bool = False) -> int:
         """How many of ``n`` quick retries (nacked with delayMs < 1 s, or redriven) the group
         may make now: its bucket refills at ``group_quick_retries_per_s`` up to
         ``group_quick_retry_burst`` (engine clock). TooManyRequests, with the seconds until
-        there is one, when it holds less than one. Bounds how fast a consumer can grow the
-        log by nacking at once and redriving, forever."""
+        there is room, when it holds less than one (``whole``: less than ``n``, or a full
+        bucket when ``n`` is more). Bounds how fast a consumer can grow the log by nacking
+        at once and redriving, forever."""
         if now > g.quick_at:
             g.quick = min(float(self._quick_burst),
                           g.quick + (now - g.quick_at) * self._quick_rate / 1000.0)
             g.quick_at = now
-        if g.quick >= 1:
+        need = min(n, self._quick_burst) if whole else 1
+        if g.quick >= need:
             return min(n, int(g.quick))
-        need = 1 - g.quick
         raise TooManyRequests(
-            f"group {g.group!r} of topic {g.topic!r} made its quick retries (nacks with "
-            f"delayMs < {QUICK_RETRY_MS} and redriven dead letters) for now: at most "
-            f"{self._quick_rate} a second, {self._quick_burst} at once",
-            retry_after_s=max(1, math.ceil(need / self._quick_rate)))
+            f"group {g.group!r} of topic {g.topic!r} may make {max(int(g.quick), 0)} quick "
+            f"retries now (nacked messages with delayMs < {QUICK_RETRY_MS}, redriven dead "
+            f"letters), not {n}: at most {self._quick_rate} a second, {self._quick_burst} at "
+            f"once",
+            retry_after_s=max(1, math.ceil((need - g.quick) / self._quick_rate)))
 
     # --- stats and metrics ---------------------------------------------------------------------
     def stats(self) -> dict[str, GroupStats]:

@@ -587,6 +587,11 @@ def test_by_default_a_group_makes_at_most_2000_quick_retries_at_once(live: Live)
                                                  "delayMs": 0})
             codes.append(r.status_code)
         assert codes == [200, 200, 429]
-        live.advance(10_000)  # 100 a second
+        assert r.headers["Retry-After"] == "10"  # room for 1000 at 100 a second
+        live.advance(9_000)
+        r = consumer.post(f"{G}:nack", json={"receipts": [m["receipt"] for m in got],
+                                             "delayMs": 0})
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
+        live.advance(1_000)
         assert consumer.post(f"{G}:nack", json={"receipts": [m["receipt"] for m in got],
                                                 "delayMs": 0}).status_code == 200
