@@ -39,6 +39,7 @@ _ERROR_TEXT = {
     404: "Unknown message, handle or transaction (NOT_FOUND).",
     409: "The state forbids it (ALREADY_DELIVERED, CONFLICT).",
     413: "Body or request too large (PAYLOAD_TOO_LARGE).",
+    429: "A rate bound was reached: try again after Retry-After (TOO_MANY_REQUESTS).",
     503: "Storage cannot take the request now; nothing was stored (UNAVAILABLE).",
 }
 

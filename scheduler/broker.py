@@ -216,7 +216,11 @@ class Broker:
                 end_offset=self._queues.end_offset, intake=self._intake, submit=self.submit,
                 clock=self.clock, max_reconsume_times=cfg.max_reconsume_times,
                 window=cfg.group_lease_window, check_running=self._check_running,
-                metrics=self.metrics)
+                metrics=self.metrics, max_answer_bytes=cfg.max_answer_bytes,
+                max_groups_per_topic=cfg.max_groups_per_topic,
+                metric_labels=cfg.group_metric_labels,
+                quick_retries_per_s=cfg.group_quick_retries_per_s,
+                quick_retry_burst=cfg.group_quick_retry_burst)
             self._maintenance.start()
             self._transactions.start()
         except BaseException:

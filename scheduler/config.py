@@ -65,6 +65,14 @@ class EngineConfig:
     group_lease_window: int = 10_000  #                 messages; a group leases a log's offsets
     #                                                   only below committedOffset + this (bounds
     #                                                   its leases and unfilled acks, per log)
+    max_groups_per_topic: int = 1_000  #               consumer groups (competing members) per
+    #                                                   topic; a receive creating one more -> 409
+    group_metric_labels: int = 50  #                    groups with their own label in /metrics;
+    #                                                   the rest summed under "__other__"
+    group_quick_retries_per_s: int = 100  #             a group's quick retries (nacks with
+    #                                                   delayMs < 1 s, redriven dead letters) a
+    group_quick_retry_burst: int = 2_000  #             second, and at most this many at once
+    #                                                   (past them: 429 TOO_MANY_REQUESTS)
     disk_reserve_bytes: int = 64 << 20  #               bytes; less free on RocksDB's filesystem ->
     #                                                   writes refused (503) before ENOSPC; 0 = off
     disk_retry_interval_ms: int = 1_000  #              ms between free-space re-checks (and RocksDB
@@ -105,4 +113,6 @@ class EngineConfig:
 _POSITIVE = ("timer_shards", "scan_batch_size", "delivery_queue_batches", "delivery_batch_max",
              "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms", "compact_after_deletes",
              "cleanup_interval_ms", "flush_interval_ms", "group_lease_window",
-             "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels")
+             "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels",
+             "max_groups_per_topic", "group_metric_labels", "group_quick_retries_per_s",
+             "group_quick_retry_burst")

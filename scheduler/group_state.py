@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import hmac
 import re
-import secrets
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -37,23 +37,26 @@ from storage.native import native
 from storage.records import LogRecord
 
 RECEIPTS_MAX = 1000
+KEPT_RECEIPTS = 2_000  # receipts a group keeps as issued (~90 bytes each), for the usual ack
 MAIN, RETRY = 0, 1  # the streams of a group
 INTERNAL_PROPERTIES = frozenset({PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME,
                                  PROP_ORIGIN_OFFSET, PROP_ORIGIN_BORN_AT})
 
-# A receipt is text: "1" (version), the stream (0/1), the lease id in hex, ".", a tag, ".",
-# the offset in hex. One receive leases its messages under one lease id, so the tag (a hash
-# binding the lease id to the group's topic and name) is computed once per receive and
-# checked once per lease id in an ack, not once per message.
-_RECEIPT_VERSION = "1"
-_TAG = 6  # bytes of that hash (12 hex digits in _RECEIPT)
-_RECEIPT = r"(1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.)(0|[1-9a-f][0-9a-f]{0,15})\n"
-_RECEIPTS = re.compile(_RECEIPT)  # one receipt, then "\n": (prefix, offset in hex)
+# A receipt is text: "2" (version), the stream (0/1), the lease id in hex, ".", a tag, ".",
+# the offset in hex. The tag is an HMAC-SHA256 (truncated to 8 bytes) under a key the server
+# keeps in RocksDB (scheduler/groups.py), over topic, group, version, stream, lease id and
+# offset: a receipt cannot be forged or altered, nor used in another group or topic.
+# Receipts of version 1 (an unkeyed tag over the lease only) are well-formed but never valid.
+_RECEIPT_VERSION = "2"
+_TAG = 8  # bytes of the HMAC kept (16 hex digits in _RECEIPT)
+_RECEIPT = r"([12][01][0-9a-f]{1,16})\.([0-9a-f]{12}|[0-9a-f]{16})\.(0|[1-9a-f][0-9a-f]{0,15})\n"
+_RECEIPTS = re.compile(_RECEIPT)  # one receipt, then "\n": (head, tag, offset in hex)
 _ALL_RECEIPTS = re.compile(f"(?:{_RECEIPT})+")
-_PREFIX = re.compile(r"1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.")
 _OFFSETS = re.compile(r"(?:(?:0|[1-9a-f][0-9a-f]{0,15})\n)+")
 
 
+# (receipt_offsets: the offsets of receipts that share one prefix, in C; receipts of version 1
+# had their offset last behind a prefix per lease. Kept for storage/_native.pyx's tests.)
 def receipt_offsets_py(receipts: Sequence[str], prefix: str) -> list[int] | None:
     """The offsets of receipts that all start with ``prefix`` (a lease's), each followed by
     an offset in hex as receipts write it; None when one is otherwise."""
@@ -76,6 +79,59 @@ def _receipt_offsets_native(receipts: Sequence[str], prefix: str) -> list[int] |
 
 
 receipt_offsets = receipt_offsets_py if native is None else _receipt_offsets_native
+
+
+class Seal:
+    """HMAC-SHA256 (RFC 2104) under the server's receipt key, of "topic NUL group NUL" + a
+    receipt's head + NUL + its offset in hex, truncated to ``_TAG`` bytes as hex. The same
+    value as ``hmac.new(key, message, "sha256")`` (tests/scheduler/test_groups.py), built
+    from hashlib's inner and outer states copied per receipt: half the cost of copying an
+    ``hmac.HMAC`` (a receive seals up to 1000 receipts)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes, topic: str, group: str) -> None:
+        if len(key) > _BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._inner.update(f"{topic}\0{group}\0".encode())
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def tags(self, head: str, offsets: Sequence[str]) -> list[str]:
+        """The tag of each receipt of lease ``head`` at ``offsets`` (hex)."""
+        inner = self._inner.copy()
+        inner.update(f"{head}\0".encode())
+        copy_inner, copy_outer = inner.copy, self._outer.copy
+        out = []
+        for offset in offsets:
+            m = copy_inner()
+            m.update(offset.encode())
+            o = copy_outer()
+            o.update(m.digest())
+            out.append(o.hexdigest()[:2 * _TAG])
+        return out
+
+
+_BLOCK = 64  # SHA-256's block size (HMAC pads the key to it)
+
+
+def parse_receipts(receipts: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(head, tag, offset in hex) of each receipt; InvalidArgument when there are none,
+    too many, or one is not shaped as a receipt."""
+    if not receipts:
+        raise InvalidArgument("receipts must not be empty")
+    if len(receipts) > RECEIPTS_MAX:
+        raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
+    bad = next((r for r in receipts if not isinstance(r, str)), None)
+    joined = "" if bad is not None else "\n".join(receipts) + "\n"
+    found = _RECEIPTS.findall(joined) if _ALL_RECEIPTS.fullmatch(joined) else []
+    if len(found) != len(receipts):
+        bad = next((r for r in receipts
+                    if not isinstance(r, str) or not _RECEIPTS.fullmatch(r + "\n")),
+                   receipts[0])
+        raise InvalidArgument(f"{bad!r} is not a receipt")
+    return found
 
 
 def check_group(group: object) -> str:
@@ -120,7 +176,7 @@ class Lease:
     offset it holds to its lease. ``held``: how many it still holds; ``counts``: delivery
     counts above 1 (messages handed out again after a lease expired)."""
 
-    __slots__ = ("counts", "held", "kind", "lease_id", "offsets", "until")
+    __slots__ = ("counts", "head", "held", "kind", "lease_id", "offsets", "receipts", "until")
 
     def __init__(self, lease_id: int, until: int, kind: int, offsets: list[int],
                  counts: dict[int, int]) -> None:
@@ -130,6 +186,8 @@ class Lease:
         self.offsets = offsets
         self.counts = counts
         self.held = len(offsets)
+        self.head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"  # its receipts' first part
+        self.receipts: list[str] = []  # as issued, in the order of ``offsets``
 
     def count(self, offset: int) -> int:
         """The delivery count of ``offset`` under this lease."""
@@ -203,12 +261,19 @@ class Group:
     dlq_cursor: int
     retrying: int
     registered: bool
-    tag_key: bytes
+    seal: Seal  # the receipt tags of this (topic, group)
+    label: str  # the group's label value in /metrics ("topic/group", or OTHER past the cap)
     lock: threading.Lock = field(default_factory=threading.Lock)
     expiry: list[tuple[int, int, Lease]] = field(default_factory=list)
+    issued: dict[str, Lease] = field(default_factory=dict)  # head -> a lease that holds
+    # and has not expired, with its receipts kept (dropped when it holds nothing, expires,
+    # or ``expiry`` is compacted); ``kept``: their receipts, at most KEPT_RECEIPTS
+    kept: int = 0
     # (until, lease id, lease), one per receive (dropped lazily once it holds nothing)
     expiry_limit: int = 64  # compact ``expiry`` when it grows past this
     redelivered: int = 0  # leases that expired (their messages are handed out again)
+    quick: float = 0.0  # quick retries the group may still make now (a token bucket) ...
+    quick_at: int = 0  # ... as of this time (ms of the engine clock)
 
     @property
     def name(self) -> str:
@@ -226,6 +291,7 @@ class Group:
         expired = 0
         while expiry and expiry[0][0] <= now:
             lease = heapq.heappop(expiry)[2]
+            self.forget(lease)
             if not lease.held:
                 continue
             stream = self.streams[lease.kind]
@@ -236,57 +302,64 @@ class Group:
         self.redelivered += expired
         return expired
 
-    def receipt_prefix(self, kind: int, lease_id: int) -> str:
-        """A receipt of lease ``lease_id`` without its offset."""
-        head = f"{_RECEIPT_VERSION}{kind}{lease_id:x}"
-        return f"{head}.{self._tag(head)}."
+    def issue(self, lease: Lease) -> list[str]:
+        """The receipts of ``lease``'s offsets (kept with it while it holds: an ack of
+        exactly them, the usual one, is checked against them, not re-sealed)."""
+        head = lease.head
+        hexes = list(map("{:x}".format, lease.offsets))
+        out = list(map(f"{head}.{{}}.{{}}".format, self.seal.tags(head, hexes), hexes))
+        if self.kept + len(out) <= KEPT_RECEIPTS:
+            lease.receipts = out
+            self.issued[head] = lease
+            self.kept += len(out)
+        return out
 
-    def _tag(self, head: str) -> str:
-        """Binds a lease's receipts to this (topic, group): one of another group is not
-        ours."""
-        return hashlib.blake2b(self.tag_key + head.encode(), digest_size=_TAG).hexdigest()
+    def forget(self, lease: Lease) -> None:
+        """Stop keeping ``lease``'s receipts (an ack of them is sealed again)."""
+        if self.issued.pop(lease.head, None) is not None:
+            self.kept -= len(lease.receipts)
 
     def decode(self, receipts: Sequence[str]
                 ) -> tuple[list[int], list[int], list[int]]:
         """The stream, offset and lease id of each receipt, as three columns; InvalidArgument
-        for one that is not a receipt, NotFound for one of another group or topic. Nothing
+        for one that is not shaped as a receipt, NotFound for one this server did not issue
+        to this group of this topic (forged, altered, of another group or topic). Nothing
         changes on either."""
-        if not receipts:
-            raise InvalidArgument("receipts must not be empty")
-        if len(receipts) > RECEIPTS_MAX:
-            raise InvalidArgument(f"at most {RECEIPTS_MAX} receipts per request")
-        first = receipts[0]
-        prefix = first[:first.rfind(".") + 1] if isinstance(first, str) else ""
-        if _PREFIX.fullmatch(prefix):  # one lease (the usual ack): one pass, in C
-            offsets = receipt_offsets(receipts, prefix)
-            if offsets is not None:
-                kind, lease_id = self._check_prefix(prefix)
-                n = len(offsets)
-                return [kind] * n, offsets, [lease_id] * n
-        joined = "\n".join(receipts) + "\n"
-        found = _RECEIPTS.findall(joined) if _ALL_RECEIPTS.fullmatch(joined) else []
-        if len(found) != len(receipts):
-            bad = next((r for r in receipts if not _RECEIPTS.fullmatch(r + "\n")), receipts[0])
-            raise InvalidArgument(f"{bad!r} is not a receipt")
-        leases = {p: self._check_prefix(p) for p in {p for p, _ in found}}
-        return ([leases[p][0] for p, _ in found], [int(h, 16) for _, h in found],
-                [leases[p][1] for p, _ in found])
-
-    def _check_prefix(self, prefix: str) -> tuple[int, int]:
-        """(stream, lease id) of a well-formed receipt prefix "head.tag."; NotFound when
-        its tag is not the group's."""
-        head, tag, _ = prefix.split(".")
-        if not secrets.compare_digest(self._tag(head), tag):
-            raise NotFound(f"receipt {prefix}... is not one of group {self.group!r} of topic "
-                           f"{self.topic!r}")
-        return int(head[1]), int(head[2:], 16)
+        lease = self.issued.get(receipts[0].partition(".")[0]) if receipts and isinstance(
+            receipts[0], str) else None
+        if lease is not None and len(receipts) == len(lease.receipts):
+            try:  # the usual ack: the receipts of one receive, as issued
+                same = hmac.compare_digest("\n".join(receipts).encode(),
+                                           "\n".join(lease.receipts).encode())
+            except (TypeError, UnicodeEncodeError):
+                same = False
+            if same:
+                n = len(receipts)
+                return [lease.kind] * n, list(lease.offsets), [lease.lease_id] * n
+        found = parse_receipts(receipts)
+        by_head: dict[str, list[int]] = {}  # head -> indexes of its receipts
+        for i, (head, _, _) in enumerate(found):
+            by_head.setdefault(head, []).append(i)
+        expected = [""] * len(found)
+        for head, at in by_head.items():
+            for i, tag in zip(at, self.seal.tags(head, [found[i][2] for i in at]), strict=True):
+                expected[i] = tag
+        given = [tag if head[0] == _RECEIPT_VERSION else "" for head, tag, _ in found]
+        if not hmac.compare_digest("".join(expected), "".join(given)):
+            raise NotFound(f"a receipt is not one of group {self.group!r} of topic "
+                           f"{self.topic!r}: unknown, altered, or of another group or topic")
+        return ([int(head[1]) for head, _, _ in found], [int(h, 16) for _, _, h in found],
+                [int(head[2:], 16) for head, _, _ in found])
 
     def plan(self, receipts: Sequence[str],
-             decoded: tuple[list[int], list[int], list[int]]) -> AckPlan:
+             decoded: tuple[list[int], list[int], list[int]],
+             ends: tuple[int, int], window: int) -> AckPlan:
         """Accepted: the receipt's lease still holds, or nobody holds the message and it is
         not acknowledged (a lease that expired, or one from before a restart). Stale: the
         message was leased again, or is acknowledged already (also by an earlier receipt of
-        the same request)."""
+        the same request), or (a receipt from before an offset commit moved the group back)
+        lies at or past its log's end (``ends``, per stream) or past the committed offset +
+        ``window``: no ack key is ever stored beyond them."""
         plan = AckPlan()
         streams = self.streams
         seen = plan.accepted
@@ -309,7 +382,8 @@ class Group:
             held = stream.leases.get(offset)
             if held is None:  # not leased: taken unless acknowledged already
                 if offset < stream.committed or offset in stream.acked \
-                        or offset in seen[kind]:
+                        or offset in seen[kind] or offset >= ends[kind] \
+                        or offset >= stream.committed + window:
                     plan.stale.append(receipt)
                     continue
             elif held.lease_id != lease_id or offset in seen[kind]:
@@ -340,6 +414,8 @@ class Group:
             for lease, n in Counter(map(stream.leases.pop, taken, repeat(None))).items():
                 if lease is not None:
                     lease.held -= n
+                    if not lease.held:
+                        self.forget(lease)
             if stream.counts:
                 for offset in taken:
                     stream.counts.pop(offset, None)

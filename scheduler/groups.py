@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import secrets
 import threading
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from typing import Protocol
 
 import msgspec
 
+from scheduler.backlog import OTHER
 from scheduler.clock import Clock
 from scheduler.group_state import (
     MAIN,
@@ -44,12 +46,14 @@ from scheduler.group_state import (
     AckPlan,
     Group,
     Lease,
+    Seal,
     Stream,
     ack_prefix,
     ack_runs,
     as_original,
     check_group,
     dlq_topic,
+    parse_receipts,
     retry_topic,
     state_key,
 )
@@ -59,6 +63,7 @@ from scheduler.model import GroupStats, SendRequest, SendResult
 from storage.constants import (
     CF_META,
     MAX_PULL_MESSAGES,
+    META_GROUP_RECEIPT_KEY,
     META_GROUP_STATE_PREFIX,
     PROP_ORIGIN_BORN_AT,
     PROP_ORIGIN_MESSAGE_ID,
@@ -66,7 +71,7 @@ from storage.constants import (
     PROP_RECONSUME_TIME,
 )
 from storage.consume_queue import ConsumeQueue
-from storage.errors import InvalidArgument, NotFound
+from storage.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, TooManyRequests
 from storage.keys import pack_u64, unpack_u64
 from storage.records import (
     LogRecord,
@@ -79,6 +84,8 @@ from storage.rocks import Batch, RocksStore
 LEASE_MS_MIN = 1_000
 LEASE_MS_MAX = 43_200_000
 DEFAULT_RETRY_LEVEL = 3  # RocketMQ: a retry waits level 3 + reconsumeTimes
+QUICK_RETRY_MS = 1_000  # a nack with a smaller delayMs is a quick retry (rate-bounded)
+RECEIPT_KEY_BYTES = 32
 
 
 class Received(msgspec.Struct, frozen=True, gc=False):
@@ -137,6 +144,9 @@ class GroupManager:
         end_offset: Callable[[str], int], intake: Intake,
         submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
+        max_answer_bytes: int = 8 << 20, max_groups_per_topic: int = 1_000,
+        metric_labels: int = 50, quick_retries_per_s: int = 100,
+        quick_retry_burst: int = 2_000,
     ) -> None:
         self._store = store
         self._offsets = ConsumeQueue(store)
@@ -149,30 +159,78 @@ class GroupManager:
         self._window = window
         self._check_running = check_running
         self._metrics = metrics
+        self._max_bytes = max_answer_bytes
+        self._max_groups = max_groups_per_topic
+        self._metric_labels = metric_labels
+        self._quick_rate = quick_retries_per_s
+        self._quick_burst = quick_retry_burst
+        # /metrics: one walk of the groups serves the four gauges of a scrape (``_gauge``)
+        self._snapshot: dict[str, dict[str, float]] = {}
+        self._served: set[str] = set()
+        self._snapshot_lock = threading.Lock()
         for gauge, name in ((metrics.group_backlog, "backlog"), (metrics.group_leased, "leased"),
                             (metrics.group_retrying, "retrying"),
                             (metrics.group_dead_letters, "dead_lettered")):
             gauge.set_label_function(self._gauge(name))
         self._groups: dict[tuple[str, str], Group] = {}
+        self._per_topic: dict[str, int] = {}  # groups of each topic
+        self._labelled = 0  # groups with their own label in /metrics
         self._groups_lock = threading.Lock()
+        self._receipt_key = self._load_receipt_key(store)
         # lease ids: unique across restarts (a receipt's lease is compared by equality)
         self._lease_ids = itertools.count(secrets.randbits(62))
         for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
                                  META_GROUP_STATE_PREFIX + b"\xff"):
             topic, group = key[len(META_GROUP_STATE_PREFIX):].decode().split("\0", 1)
-            self._group(topic, group)
+            self._group(topic, group, create=True, limit=False)
+
+    @staticmethod
+    def _load_receipt_key(store: RocksStore) -> bytes:
+        """The key receipts are sealed with: made once per data directory, kept in RocksDB
+        (receipts stay valid across restarts)."""
+        key = store.get(CF_META, META_GROUP_RECEIPT_KEY)
+        if key is None or len(key) != RECEIPT_KEY_BYTES:
+            key = secrets.token_bytes(RECEIPT_KEY_BYTES)
+            batch = store.batch()
+            batch.put(CF_META, META_GROUP_RECEIPT_KEY, key)
+            store.write(batch)
+        return key
 
     # --- the groups ----------------------------------------------------------------------
-    def _group(self, topic: str, group: str) -> Group:
+    def _find(self, topic: str, group: str) -> Group | None:
+        """The group if it exists (a receive made it); nothing is created."""
+        found = self._groups.get((topic, group))
+        if found is None:
+            check_topic(topic, allow_system=True)
+            check_group(group)
+        return found
+
+    def _group(self, topic: str, group: str, *, create: bool = True,
+               limit: bool = True) -> Group:
+        """The group, made (a receive) when ``create``: at most ``max_groups_per_topic`` per
+        topic (``limit``; Conflict past it). Without ``create``, one that does not exist is
+        shown as a new one would be, without keeping it (a read never creates a group)."""
         found = self._groups.get((topic, group))
         if found is not None:
             return found
         check_topic(topic, allow_system=True)
         check_group(group)
+        if not create:
+            return self._load(topic, group)
         with self._groups_lock:
             found = self._groups.get((topic, group))
             if found is None:
-                found = self._groups[(topic, group)] = self._load(topic, group)
+                count = self._per_topic.get(topic, 0)
+                if limit and count >= self._max_groups:
+                    raise Conflict(f"topic {topic!r} has {count} consumer groups, the most it "
+                                   f"may have (max_groups_per_topic)")
+                found = self._load(topic, group)
+                if self._labelled < self._metric_labels:
+                    self._labelled += 1
+                else:
+                    found.label = OTHER
+                self._per_topic[topic] = count + 1
+                self._groups[(topic, group)] = found
         return found
 
     def _load(self, topic: str, group: str) -> Group:
@@ -185,7 +243,8 @@ class GroupManager:
             streams=(self._load_stream(topic, group), self._load_stream(retry, group)),
             dlq_topic=dlq, dlq_cursor=self._offset(dlq, group),
             retrying=0 if state is None else unpack_u64(state), registered=state is not None,
-            tag_key=f"{topic}\0{group}".encode())
+            seal=Seal(self._receipt_key, topic, group), label=f"{topic}/{group}",
+            quick=float(self._quick_burst), quick_at=self._clock.now_ms())
 
     def _offset(self, log_topic: str, group: str) -> int:
         return self._offsets.group_offset(log_topic, group)
@@ -200,8 +259,8 @@ class GroupManager:
 
     def topics(self, topic: str, group: str) -> tuple[str, str]:
         """The logs a receive of the group reads (what a long poll waits on)."""
-        g = self._group(topic, group)
-        return g.streams[MAIN].log_topic, g.streams[RETRY].log_topic
+        check_topic(topic, allow_system=True)
+        return topic, retry_topic(topic, check_group(group))
 
     # --- receive ---------------------------------------------------------------------------
     def receive(self, topic: str, group: str, max_messages: int,
@@ -213,6 +272,7 @@ class GroupManager:
         self._check_running()
         g = self._group(topic, group)
         out: list[Received] = []
+        room = self._max_bytes  # bytes of records past the first, as a pull
         with g.lock:
             now = self._clock.now_ms()
             until = now + lease_ms
@@ -221,17 +281,20 @@ class GroupManager:
                 self._write_state(g, g.retrying)
             for kind in (RETRY, MAIN):
                 stream = g.streams[kind]
-                room = max_messages - len(out)
-                if room <= 0:
+                wanted = max_messages - len(out)
+                if wanted <= 0 or (out and room <= 0):
                     break
-                taken, again = stream.take(room, self._end_offset(stream.log_topic),
+                taken, again = stream.take(wanted, self._end_offset(stream.log_topic),
                                            self._window)
                 if not taken:
                     continue
                 offsets: list[int] = []
                 records: list[LogRecord] = []
                 try:
-                    payloads = self._read(stream.log_topic, taken)
+                    payloads = self._read(stream.log_topic, taken, room)
+                    if out and payloads and len(payloads[0]) > room:
+                        payloads = []  # (only the answer's first message may pass the bound)
+                    room -= sum(map(len, payloads))
                     if kind == MAIN:  # shown as stored: only the offsets are read here
                         offsets = log_record_offsets(payloads)
                     else:
@@ -247,8 +310,7 @@ class GroupManager:
                 lease = Lease(next(self._lease_ids), until, kind, offsets, again)
                 heapq.heappush(g.expiry, (until, lease.lease_id, lease))
                 stream.leases.update(dict.fromkeys(offsets, lease))
-                prefix = g.receipt_prefix(kind, lease.lease_id)
-                receipts = list(map(f"{prefix}{{:x}}".format, offsets))
+                receipts = g.issue(lease)
                 counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
                     out.extend(map(Received, receipts, counts, repeat(0), payloads))
@@ -259,12 +321,16 @@ class GroupManager:
             if len(g.expiry) > g.expiry_limit:  # drop the leases that hold nothing any more
                 g.expiry = [e for e in g.expiry if e[2].held > 0]
                 heapq.heapify(g.expiry)
+                g.issued = {e[2].head: e[2] for e in g.expiry if e[2].head in g.issued}
+                g.kept = sum(len(lease.receipts) for lease in g.issued.values())
                 g.expiry_limit = max(64, 2 * len(g.expiry))  # amortised: O(1) per receive
         return ReceiveResult(messages=out, lease_until=until)
 
     def next_expiry(self, topic: str, group: str) -> int | None:
         """When the group's earliest lease ends (a long poll waits at most until then)."""
-        g = self._group(topic, group)
+        g = self._find(topic, group)
+        if g is None:
+            return None
         with g.lock:
             return g.expiry[0][0] if g.expiry else None
 
@@ -272,7 +338,7 @@ class GroupManager:
         """End the group's leases due by ``now``; count the messages handed back."""
         expired = g.expire(now)
         if expired:
-            self._metrics.group_redelivered.labels(g.name).inc(expired)
+            self._metrics.group_redelivered.labels(g.label).inc(expired)
 
     def _add_acks(self, g: Group, plan: AckPlan, batch: Batch, retrying: int) -> None:
         """The plan's RocksDB operations (and the group's retry count) into ``batch``."""
@@ -294,20 +360,37 @@ class GroupManager:
         batch.put(CF_META, state_key(g.topic, g.group), pack_u64(retrying))
 
     # --- ack / nack --------------------------------------------------------------------------
-    def ack(self, topic: str, group: str, receipts: Sequence[str]) -> AckResult:
+    def _decode(self, topic: str, group: str, receipts: Sequence[str]
+                ) -> tuple[Group, tuple[list[int], list[int], list[int]]]:
+        """The group and its receipts' columns (Group.decode): InvalidArgument for a request
+        that is not receipts, NotFound for a receipt this server did not issue to this group
+        (also when the group does not exist: nothing is created)."""
         self._check_running()
-        g = self._group(topic, group)
-        decoded = g.decode(receipts)
+        g = self._find(topic, group)
+        if g is None:
+            parse_receipts(receipts)
+            raise NotFound(f"topic {topic!r} has no consumer group {group!r}: its receipts "
+                           f"are not this server's")
+        return g, g.decode(receipts)
+
+    def _plan(self, g: Group, receipts: Sequence[str],
+              decoded: tuple[list[int], list[int], list[int]]) -> AckPlan:
+        ends = (self._end_offset(g.streams[MAIN].log_topic),
+                self._end_offset(g.streams[RETRY].log_topic))
+        return g.plan(receipts, decoded, ends, self._window)
+
+    def ack(self, topic: str, group: str, receipts: Sequence[str]) -> AckResult:
+        g, decoded = self._decode(topic, group, receipts)
         with g.lock:
             self._expire(g, self._clock.now_ms())
-            plan = g.plan(receipts, decoded)
+            plan = self._plan(g, receipts, decoded)
             retrying = g.retrying - len(plan.accepted[RETRY])
             if plan.taken:
                 batch = self._store.batch()
                 self._add_acks(g, plan, batch, retrying)
                 self._store.write(batch)
                 g.apply(plan, retrying)
-                self._metrics.group_acked.labels(g.name).inc(plan.taken)
+                self._metrics.group_acked.labels(g.label).inc(plan.taken)
         return AckResult(acked=plan.taken, stale=plan.stale)
 
     def nack(self, topic: str, group: str, receipts: Sequence[str], *,
@@ -319,21 +402,31 @@ class GroupManager:
             raise InvalidArgument("give at most one of delayLevel and delayMs")
         if delay_level is not None and (type(delay_level) is not int or delay_level < 1):
             raise InvalidArgument(f"delayLevel must be an integer >= 1, got {delay_level!r}")
-        self._check_running()
-        g = self._group(topic, group)
-        decoded = g.decode(receipts)
+        g, decoded = self._decode(topic, group, receipts)
         with g.lock:
             now = self._clock.now_ms()
             self._expire(g, now)
-            plan = g.plan(receipts, decoded)
+            plan = self._plan(g, receipts, decoded)
             if not plan.taken:
                 return NackResult(retrying=0, dead_lettered=0, stale=plan.stale)
+            quick = plan.taken if delay_ms is not None and delay_ms < QUICK_RETRY_MS else 0
+            if quick:
+                self._quick(g, quick, now, whole=True)
             messages: list[PreparedMessage] = []
             dead = 0
+            room = self._max_bytes  # bytes of records past the first, as a receive
             for kind, stream in enumerate(g.streams):
                 offsets = sorted(plan.accepted[kind])
-                records = (decode_log_records(self._read(stream.log_topic, offsets))
-                           if offsets else [])
+                payloads = self._read(stream.log_topic, offsets, room) if offsets else []
+                size = sum(map(len, payloads))
+                if (messages and size > room) or (len(payloads) < len(offsets) and self._read(
+                        stream.log_topic, offsets[len(payloads):len(payloads) + 1])):
+                    raise PayloadTooLarge(
+                        f"the messages of these receipts hold more than max_answer_bytes "
+                        f"({self._max_bytes}) past the first, more than a receive hands out: "
+                        f"nack them in smaller requests")
+                room -= size
+                records = decode_log_records(payloads)
                 if len(records) != len(offsets):
                     raise NotFound(f"messages of {stream.log_topic!r} at offsets {offsets} are "
                                    f"not all in the log")
@@ -356,9 +449,10 @@ class GroupManager:
             self._submit(messages, extra=lambda batch: self._add_acks(g, plan, batch, retrying),
                          atomic=True)
             g.apply(plan, retrying)
-        self._metrics.group_nacked.labels(g.name).inc(plan.taken)
+            g.quick -= quick
+        self._metrics.group_nacked.labels(g.label).inc(plan.taken)
         if dead:
-            self._metrics.group_dead_lettered.labels(g.name).inc(dead)
+            self._metrics.group_dead_lettered.labels(g.label).inc(dead)
         return NackResult(retrying=retried, dead_lettered=dead, stale=plan.stale)
 
     def _prepare(self, log_topic: str, shown: LogRecord, reconsume_times: int, now: int, *,
@@ -386,8 +480,10 @@ class GroupManager:
 
     # --- state, offsets, dead letters ----------------------------------------------------------
     def state(self, topic: str, group: str) -> GroupState:
+        """The group's state; a group no receive made shows as a new one would (and is not
+        made)."""
         self._check_running()
-        return self._state(self._group(topic, group))
+        return self._state(self._group(topic, group, create=False))
 
     def _state(self, g: Group) -> GroupState:
         topic = g.topic
@@ -404,10 +500,18 @@ class GroupManager:
         if type(offset) is not int or offset < 0:
             raise InvalidArgument("offset must be an integer >= 0")
         self._check_running()
-        g = self._group(topic, group)
+        g = self._find(topic, group)
         end = self._end_offset(topic)
         if offset > end:
             raise InvalidArgument(f"offset {offset} is beyond the end of {topic!r} ({end})")
+        if g is None:
+            with self._groups_lock:  # (no receive makes it meanwhile)
+                g = self._groups.get((topic, group))
+                if g is None:  # a group of pulls only: its offset, nothing more
+                    batch = self._store.batch()
+                    ConsumeQueue.put_group_offset(batch, topic, group, offset)
+                    self._store.write(batch)
+                    return offset
         with g.lock:
             main = g.streams[MAIN]
             batch = self._store.batch()
@@ -433,24 +537,31 @@ class GroupManager:
         if offset is not None and offset < 0:
             raise InvalidArgument("offset must be >= 0")
         self._check_running()
-        g = self._group(topic, group)
+        g = self._group(topic, group, create=False)
         start = g.dlq_cursor if offset is None else offset
         end = min(self._end_offset(g.dlq_topic), start + max_messages)
-        records = decode_log_records(self._read(g.dlq_topic, range(start, end)))
+        records = decode_log_records(self._read(g.dlq_topic, range(start, end), self._max_bytes))
         return DeadLetters(messages=[as_original(topic, r) for r in records],
                            next_offset=records[-1].queue_offset + 1 if records else start)
 
     def redrive(self, topic: str, group: str, max_messages: int) -> int:
         """Hand up to ``max_messages`` dead letters back to the group (as retries due now,
-        reconsumeTimes 0), oldest first; one write."""
+        reconsumeTimes 0), oldest first; one write. Bounded in bytes as a pull, and by the
+        group's quick retries (``_quick``: TooManyRequests when none is left)."""
         if not 1 <= max_messages <= MAX_PULL_MESSAGES:
             raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         self._check_running()
-        g = self._group(topic, group)
+        g = self._find(topic, group)
+        if g is None:  # no receive made it: it has no dead letters
+            return 0
         with g.lock:
             now = self._clock.now_ms()
             end = min(self._end_offset(g.dlq_topic), g.dlq_cursor + max_messages)
-            records = decode_log_records(self._read(g.dlq_topic, range(g.dlq_cursor, end)))
+            if end <= g.dlq_cursor:
+                return 0
+            end = min(end, g.dlq_cursor + self._quick(g, end - g.dlq_cursor, now))
+            records = decode_log_records(self._read(g.dlq_topic, range(g.dlq_cursor, end),
+                                                    self._max_bytes))
             if not records:
                 return 0
             cursor = records[-1].queue_offset + 1
@@ -464,7 +575,29 @@ class GroupManager:
 
             self._submit(messages, extra=extra, atomic=True)
             g.dlq_cursor, g.retrying, g.registered = cursor, retrying, True
+            g.quick -= len(messages)
         return len(messages)
+
+    def _quick(self, g: Group, n: int, now: int, *, whole: bool = False) -> int:
+        """How many of ``n`` quick retries (nacked with delayMs < 1 s, or redriven) the group
+        may make now: its bucket refills at ``group_quick_retries_per_s`` up to
+        ``group_quick_retry_burst`` (engine clock). TooManyRequests, with the seconds until
+        there is room, when it holds less than one (``whole``: less than ``n``, or a full
+        bucket when ``n`` is more). Bounds how fast a consumer can grow the log by nacking
+        at once and redriving, forever."""
+        if now > g.quick_at:
+            g.quick = min(float(self._quick_burst),
+                          g.quick + (now - g.quick_at) * self._quick_rate / 1000.0)
+            g.quick_at = now
+        need = min(n, self._quick_burst) if whole else 1
+        if g.quick >= need:
+            return min(n, int(g.quick))
+        raise TooManyRequests(
+            f"group {g.group!r} of topic {g.topic!r} may make {max(int(g.quick), 0)} quick "
+            f"retries now (nacked messages with delayMs < {QUICK_RETRY_MS}, redriven dead "
+            f"letters), not {n}: at most {self._quick_rate} a second, {self._quick_burst} at "
+            f"once",
+            retry_after_s=max(1, math.ceil((need - g.quick) / self._quick_rate)))
 
     # --- stats and metrics ---------------------------------------------------------------------
     def stats(self) -> dict[str, GroupStats]:
@@ -483,8 +616,49 @@ class GroupManager:
         return out
 
     def _gauge(self, name: str) -> Callable[[], dict[str, float]]:
-        return lambda: {group: float(getattr(values, name))
-                        for group, values in self.stats().items()}
+        """The values of one of the four group gauges. One walk of the groups serves all
+        four: a gauge that asks again (the next scrape) makes a new one."""
+        def values() -> dict[str, float]:
+            with self._snapshot_lock:
+                if name in self._served or not self._served:
+                    self._snapshot = self._metric_values()
+                    self._served = set()
+                self._served.add(name)
+                return self._snapshot[name]
+        return values
+
+    def _metric_values(self) -> dict[str, dict[str, float]]:
+        """Per label (the first ``group_metric_labels`` groups by their own, the rest summed
+        under ``__other__``): backlog, leased, retrying, dead-lettered. One pass, without the
+        groups' locks (a group with a lease due is expired first)."""
+        with self._groups_lock:
+            groups = list(self._groups.values())
+        now = self._clock.now_ms()
+        ends: dict[str, int] = {}
+
+        def end(topic: str) -> int:
+            found = ends.get(topic)
+            if found is None:
+                found = ends[topic] = self._end_offset(topic)
+            return found
+
+        out: dict[str, dict[str, float]] = {n: {} for n in _GAUGES}
+        backlog, leased, retrying, dead = (out[n] for n in _GAUGES)
+        for g in groups:
+            try:
+                due = g.expiry[0][0] <= now
+            except IndexError:  # (no lease, or the last one just went: read without the lock)
+                due = False
+            if due:
+                with g.lock:
+                    self._expire(g, now)
+            label, main = g.label, g.streams[MAIN]
+            backlog[label] = backlog.get(label, 0) + end(g.topic) - main.committed
+            leased[label] = leased.get(label, 0) + len(main.leases) + len(
+                g.streams[RETRY].leases)
+            retrying[label] = retrying.get(label, 0) + g.retrying
+            dead[label] = dead.get(label, 0) + self._end_offset(g.dlq_topic) - g.dlq_cursor
+        return out
 
     def _write_state(self, g: Group, retrying: int) -> None:
         batch = self._store.batch()
@@ -493,15 +667,20 @@ class GroupManager:
         g.registered = True
 
 
-def read_payloads(read_many: Callable[[list[int]], list[bytes]],
+_GAUGES = ("backlog", "leased", "retrying", "dead_lettered")
+
+
+def read_payloads(read_many: Callable[[list[int], int | None], list[bytes]],
                   positions: Callable[[str, int, int], list[int]]) -> ReadPayloads:
-    """``read(log_topic, offsets)``: the LogRecord bytes at those queue offsets, in offset
-    order, one consume-queue range read per run of consecutive offsets (fewer when some are
-    not in the log)."""
-    def read(log_topic: str, offsets: Sequence[int]) -> list[bytes]:
+    """``read(log_topic, offsets, max_bytes)``: the LogRecord bytes at those queue offsets,
+    in offset order, one consume-queue range read per run of consecutive offsets (fewer when
+    some are not in the log); with ``max_bytes``, the first of them past which the rest
+    would add up to more (a bounded answer, as a pull: CommitLog.read_many)."""
+    def read(log_topic: str, offsets: Sequence[int],
+             max_bytes: int | None = None) -> list[bytes]:
         wanted = sorted(offsets)
         if wanted and wanted[-1] - wanted[0] + 1 == len(wanted):  # one run (offsets unique)
-            return read_many(positions(log_topic, wanted[0], len(wanted)))
+            return read_many(positions(log_topic, wanted[0], len(wanted)), max_bytes)
         found: list[int] = []
         i = 0
         while i < len(wanted):
@@ -510,12 +689,13 @@ def read_payloads(read_many: Callable[[list[int]], list[bytes]],
                 j += 1
             found.extend(positions(log_topic, wanted[i], j - i))
             i = j
-        return read_many(found)
+        return read_many(found, max_bytes)
     return read
 
 
 class ReadPayloads(Protocol):
-    def __call__(self, log_topic: str, offsets: Sequence[int]) -> list[bytes]: ...
+    def __call__(self, log_topic: str, offsets: Sequence[int],
+                 max_bytes: int | None = None) -> list[bytes]: ...
 
 
 __all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "AckResult", "DeadLetters",

@@ -40,7 +40,9 @@ tx_checks_sent                 counter    check-backs handed out (polls and call
 tx_checks_unanswered           counter    check-backs counted with nobody to ask (RocketMQ's rule)
 tx_check_answers               counter    check-callback answers (label ``answer``)
 tx_prepared_pending            gauge      half messages waiting for commit, rollback or discard
-group_backlog                  gauge      per group (label ``group`` = "topic/group"): end offset
+group_backlog                  gauge      per group (label ``group`` = "topic/group" for the first
+                                          ``group_metric_labels`` groups, the rest summed under
+                                          ``__other__``; so for every group_* metric): end offset
                                           - committed offset of its topic
 group_leased                   gauge      per group: messages leased to members now
 group_retrying                 gauge      per group: nacked messages scheduled back, not yet acked

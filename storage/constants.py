@@ -49,6 +49,7 @@ META_SHARDS = b"timer_shards"  # the shard count the data was written with
 # META_GROUP_OFFSET_PREFIX key of that log's topic
 META_GROUP_ACK_PREFIX = b"gack/"  # + log topic NUL group NUL 8-byte BE offset -> b"" (acked
 #                                   above the committed offset: the gaps not yet filled)
+META_GROUP_RECEIPT_KEY = b"greceipt_key"  # -> 32 random bytes: the HMAC key of group receipts
 META_GROUP_STATE_PREFIX = b"gstate/"  # + topic NUL group -> 8-byte BE retries outstanding
 META_PARKED_PREFIX = b"parked/"  # + timer key -> [reason, stored value] (scheduler/poison.py)
 META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log position,

@@ -43,6 +43,16 @@ class Conflict(HourglassError):
     code = "CONFLICT"
 
 
+class TooManyRequests(HourglassError):
+    """A rate bound was reached: the same request may succeed after ``retry_after_s``."""
+
+    code = "TOO_MANY_REQUESTS"
+
+    def __init__(self, detail: str = "", retry_after_s: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+
+
 
 
 

@@ -129,7 +129,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
 
     @router.post("/v1/topics/{topic}/groups/{group}:receive", **operation(
         "receiveMessages", tag="consuming", summary="Lease messages to this member (long poll)",
-        result="ReceiveResult", body="ReceiveIn", msgpack=True, errors=(503,),
+        result="ReceiveResult", body="ReceiveIn", msgpack=True, errors=(404, 409, 503),
         parameters=[*GROUP_PARAMETERS, PREFER_BODY],
         result_description="Leased messages (possibly none) and when their lease ends.",
     ))
@@ -198,7 +198,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     @router.post("/v1/topics/{topic}/groups/{group}:nack", **operation(
         "nackMessages", tag="consuming",
         summary="Hand leased messages back: a retry through the scheduler, or a dead letter",
-        result="NackResult", body="NackIn", msgpack=True, errors=(404, 503),
+        result="NackResult", body="NackIn", msgpack=True, errors=(404, 429, 503),
         parameters=GROUP_PARAMETERS,
     ))
     async def nack_messages(request: Request) -> Response:
@@ -249,7 +249,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     @router.post("/v1/topics/{topic}/groups/{group}/dead-letters:redrive", **operation(
         "redriveDeadLetters", tag="consuming",
         summary="Hand dead letters back to the group (due now, reconsumeTimes 0)",
-        result="RedriveResult", body="RedriveIn", errors=(503,), parameters=GROUP_PARAMETERS,
+        result="RedriveResult", body="RedriveIn", errors=(429, 503), parameters=GROUP_PARAMETERS,
     ))
     async def redrive_dead_letters(request: Request) -> Response:
         topic, group, body = await parse(request, schemas.RedriveIn, optional=True)

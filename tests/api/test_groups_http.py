@@ -9,13 +9,17 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from scheduler.clock import FakeClock
 from scheduler.group_state import retry_topic
-from tests.support.live import ADMIN, CONSUMER, T0, Live
+from tests.support.live import ADMIN, CONSUMER, T0, Live, make_settings, serve
 
 REPO = Path(__file__).resolve().parents[2]
 G = "/v1/topics/orders.g/groups/workers"
@@ -312,3 +316,282 @@ def test_msgpack_receive_says_what_json_says(live: Live) -> None:
                           content=msgspec.msgpack.encode({"ack": [second, first["receipt"]]}))
         acked = msgspec.msgpack.decode(r.content)
         assert (acked["messages"], acked["acked"], acked["stale"]) == ([], 1, [first["receipt"]])
+
+
+# --- issue 32: sealed receipts, bounded answers, bounded groups, quick retries ------------------
+MIB = 1 << 20
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    """Servers with ``engine`` settings overridden (each on a data directory of its own,
+    unless ``data`` names one: a restart)."""
+    stack: list[Any] = []
+
+    def run(data: str | None = None, **engine: Any) -> Live:
+        settings = make_settings(tmp_path / (data or f"data{len(stack)}"))
+        settings = replace(settings, engine=replace(settings.engine, **engine))
+        cm = serve(settings, clock=FakeClock(T0))
+        stack.append(cm)
+        return cm.__enter__()
+
+    yield run
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+def with_offset(receipt: str, offset: int) -> str:
+    """The receipt with its offset (the part after the last dot) replaced."""
+    head, tag, _ = receipt.split(".")
+    return f"{head}.{tag}.{offset:x}"
+
+
+def test_a_receipt_with_another_offset_is_404_and_nothing_past_the_end_is_acked(
+        live: Live) -> None:
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 3)
+        (m0,) = consumer.post(f"{G}:receive", json={"max": 1}).json()["messages"]
+        before = state(consumer)
+        receipt = m0["receipt"]
+        cases = [
+            [with_offset(receipt, 1)],  # a message in the log not handed out yet
+            [with_offset(receipt, 3)],  # the log's end: nothing there yet
+            [with_offset(receipt, 0xFFFF_FFFF)],  # far past the end
+            [receipt, with_offset(receipt, 2)],  # a good receipt does not carry a forged one
+            [with_offset(receipt, o) for o in range(20_000, 21_000)],  # past the lease window
+        ]
+        for receipts in cases:
+            for verb in (":ack", ":nack"):
+                r = consumer.post(f"{G}{verb}", json={"receipts": receipts})
+                assert r.status_code == 404, (verb, receipts[:2], r.text)
+                assert r.json()["code"] == "NOT_FOUND"
+            r = consumer.post(f"{G}:receive", json={"max": 1, "ack": receipts})
+            assert r.status_code == 404, r.text
+        assert state(consumer) == before  # nothing acknowledged, nothing leased
+        assert consumer.get(f"{G}/offset").json() == {"offset": 0}
+        # the real receipt still works, and only for its message
+        assert consumer.post(f"{G}:ack", json={"receipts": [receipt]}).json() == \
+            {"acked": 1, "stale": []}
+        got = consumer.post(f"{G}:receive", json={"max": 10}).json()["messages"]
+        assert [m["offset"] for m in got] == [1, 2]
+        assert consumer.post(f"{G}:ack", json={"receipts": [m["receipt"] for m in got]}).json()[
+            "acked"] == 2
+        assert state(consumer)["committedOffset"] == 3 == state(consumer)["endOffset"]
+
+
+def test_an_old_style_receipt_is_404_and_a_receipt_outlives_a_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with serve(make_settings(data), clock=FakeClock(T0)) as live, live.client() as c:
+        send(c, 2)
+        got = c.post(f"{G}:receive", json={"max": 2}).json()["messages"]
+        head, tag, offset = got[0]["receipt"].split(".")
+        old = f"1{head[1:]}.{tag[:12]}.{offset}"  # the shape of an unkeyed version-1 receipt
+        assert c.post(f"{G}:ack", json={"receipts": [old]}).status_code == 404
+    # the key is kept in the data directory: after a restart the receipts still hold
+    with serve(make_settings(data), clock=FakeClock(T0)) as live, live.client() as c:
+        assert c.post(f"{G}:ack", json={"receipts": [m["receipt"] for m in got]}).json() == \
+            {"acked": 2, "stale": []}
+        assert state(c)["committedOffset"] == 2
+    # another data directory has another key: the same receipts are not its own
+    with serve(make_settings(tmp_path / "other"), clock=FakeClock(T0)) as live, \
+            live.client() as c:
+        send(c, 2)
+        assert len(c.post(f"{G}:receive", json={"max": 2}).json()["messages"]) == 2
+        r = c.post(f"{G}:ack", json={"receipts": [got[0]["receipt"]]})
+        assert r.status_code == 404, r.text
+
+
+def test_receive_dead_letters_nack_and_redrive_are_bounded_in_bytes(
+        start: Callable[..., Live]) -> None:
+    live = start(max_answer_bytes=MIB, max_reconsume_times=0)  # a nack: a dead letter
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        for i in range(5):
+            r = c.post("/v1/topics/orders.g/messages", json={"body": str(i) * 400_000})
+            assert r.status_code == 201, r.text
+        live.broker.drain()
+        batches = []
+        for _ in range(3):
+            got = consumer.post(f"{G}:receive", json={"max": 10}).json()["messages"]
+            batches.append([m["receipt"] for m in got])
+        assert [len(b) for b in batches] == [2, 2, 1]  # 1 MiB: two of 400 kB, not three
+        # a nack of more than a receive hands out is refused whole
+        r = consumer.post(f"{G}:nack", json={"receipts": batches[0] + batches[1]})
+        assert r.status_code == 413, r.text
+        assert r.json()["code"] == "PAYLOAD_TOO_LARGE"
+        assert state(consumer) == {"committedOffset": 0, "endOffset": 5, "leased": 5,
+                                   "retrying": 0, "deadLettered": 0}
+        for receipts in batches:  # what one receive handed out is nacked in one request
+            assert consumer.post(f"{G}:nack", json={"receipts": receipts}).json()[
+                "deadLettered"] == len(receipts)
+        live.broker.drain()
+        assert state(consumer)["deadLettered"] == 5
+        page = consumer.get(f"{G}/dead-letters", params={"max": 10}).json()
+        assert [len(m["body"]) for m in page["messages"]] == [400_000] * 2
+        assert page["nextOffset"] == 2
+        page = consumer.get(f"{G}/dead-letters", params={"max": 10, "offset": 2}).json()
+        assert [m["offset"] for m in page["messages"]] == [2, 3] and page["nextOffset"] == 4
+        assert consumer.post(f"{G}/dead-letters:redrive", json={"max": 10}).json() == \
+            {"redriven": 2}
+        assert state(consumer)["deadLettered"] == 3
+
+
+def test_reads_never_create_a_group(live: Live) -> None:
+    base = "/v1/topics/orders.g/groups"
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 3)
+        for i in range(50):  # reads of groups that do not exist
+            g = f"{base}/reader{i}"
+            assert state(consumer, g) == {"committedOffset": 0, "endOffset": 3, "leased": 0,
+                                          "retrying": 0, "deadLettered": 0}
+            page = consumer.get(f"{g}/dead-letters").json()
+            assert page == {"messages": [], "nextOffset": 0}
+            assert consumer.get(f"{g}/offset").json() == {"offset": 0}
+            assert consumer.post(f"{g}/dead-letters:redrive", json={}).json() == {"redriven": 0}
+            r = consumer.post(f"{g}:ack", json={"receipts": ["20a.0123456789abcdef.0"]})
+            assert r.status_code == 404, r.text
+        assert c.get("/v1/admin/stats").json()["groups"] == {}
+        assert "reader" not in c.get("/metrics").text
+        assert live.broker.groups._groups == {}
+
+
+def test_max_groups_per_topic_bounds_the_receives_that_make_groups(
+        start: Callable[..., Live]) -> None:
+    live = start(max_groups_per_topic=2)
+    base = "/v1/topics/orders.g/groups"
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 3)
+        # receives make groups: two per topic here
+        for name in ("a", "b"):
+            assert consumer.post(f"{base}/{name}:receive", json={}).status_code == 200
+        r = consumer.post(f"{base}/c:receive", json={"max": 1})
+        assert r.status_code == 409, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert r.json()["code"] == "CONFLICT" and "max_groups_per_topic" in r.json()["detail"]
+        r = consumer.post(f"{base}/c:receive", json={"waitMs": 100})  # a long poll as well
+        assert r.status_code == 409, r.text
+        assert state(consumer, f"{base}/c")["leased"] == 0
+        assert consumer.post(f"{base}/a:receive", json={}).status_code == 200  # its own: yes
+        send(c, 1, topic="orders.h")  # another topic has its own count
+        assert consumer.post("/v1/topics/orders.h/groups/c:receive", json={}).status_code == 200
+        # offsets of pull groups are not consumer groups: a commit is not bounded by it
+        r = consumer.put(f"{base}/pulls/offset", json={"offset": 1})
+        assert r.status_code == 200, r.text
+        assert sorted(c.get("/v1/admin/stats").json()["groups"]) == \
+            ["orders.g/a", "orders.g/b", "orders.h/c"]
+
+
+def test_group_metrics_have_a_bounded_label_set_and_one_walk_per_scrape(
+        start: Callable[..., Live]) -> None:
+    live = start(group_metric_labels=2)
+    base = "/v1/topics/orders.g/groups"
+    with live.client() as c:
+        send(c, 10)
+        receipts = {}
+        for i in range(5):  # group g0 leases no message, g1 1, ... g4 4
+            r = c.post(f"{base}/g{i}:receive", json={"max": max(i, 1)})
+            assert r.status_code == 200, r.text
+            receipts[i] = [m["receipt"] for m in r.json()["messages"]]
+        assert c.post(f"{base}/g0:ack", json={"receipts": receipts[0]}).json()["acked"] == 1
+        assert c.post(f"{base}/g3:nack", json={"receipts": receipts[3][:1],
+                                               "delayMs": 60_000}).json()["retrying"] == 1
+        groups = live.broker.groups
+        walks = []
+        walk = groups._metric_values
+        groups._metric_values = lambda: walks.append(1) or walk()  # type: ignore[method-assign]
+        text = c.get("/metrics").text
+        assert len(walks) == 1  # the four gauges of a scrape: one walk of the groups
+        assert 'hourglass_group_leased{group="orders.g/g0"} 0.0' in text
+        assert 'hourglass_group_leased{group="orders.g/g1"} 1.0' in text
+        assert 'hourglass_group_leased{group="__other__"} 8.0' in text  # 2 + 2 + 4
+        assert 'hourglass_group_backlog{group="__other__"} 29.0' in text  # 10 + 9 + 10
+        assert 'hourglass_group_backlog{group="orders.g/g0"} 9.0' in text
+        assert 'hourglass_group_retrying{group="__other__"} 1.0' in text
+        assert 'hourglass_group_acked_total{group="orders.g/g0"} 1.0' in text
+        assert 'hourglass_group_nacked_total{group="__other__"} 1.0' in text
+        assert "g2" not in text and "g3" not in text and "g4" not in text
+        assert c.get("/metrics").status_code == 200 and len(walks) == 2
+
+
+def test_a_scrape_does_not_wait_for_a_busy_group(live: Live) -> None:
+    with live.client() as c:
+        send(c, 2)
+        assert len(c.post(f"{G}:receive", json={}).json()["messages"]) == 2
+        g = live.broker.groups._groups[("orders.g", "workers")]
+        with g.lock:  # (a scrape used to take every group's lock, four times)
+            r = c.get("/metrics", timeout=5)
+        assert r.status_code == 200
+        assert 'hourglass_group_leased{group="orders.g/workers"} 2.0' in r.text
+
+
+def test_quick_retries_of_a_group_are_rate_bounded(start: Callable[..., Live]) -> None:
+    """A consumer-only token cannot grow the log at will by nacking with delayMs 0 and
+    redriving: nacks with delayMs < 1 s and redriven dead letters draw on a bucket per group
+    (here 2 a second, 3 at once) on the engine clock; past it, 429 and nothing changes."""
+    live = start(group_quick_retries_per_s=2, group_quick_retry_burst=3)
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 6)
+        got = [m["receipt"] for m in consumer.post(f"{G}:receive", json={"max": 6}).json()[
+            "messages"]]
+        assert consumer.post(f"{G}:nack", json={"receipts": got[:3], "delayMs": 0}).json()[
+            "retrying"] == 3
+        before = state(consumer)
+        r = consumer.post(f"{G}:nack", json={"receipts": got[3:4], "delayMs": 999})
+        assert r.status_code == 429, r.text
+        assert r.json()["code"] == "TOO_MANY_REQUESTS" and r.headers["Retry-After"] == "1"
+        assert state(consumer) == before  # nothing changed
+        # a nack with a delay of a second or more is not a quick one
+        assert consumer.post(f"{G}:nack", json={"receipts": got[3:4], "delayMs": 1000}).json()[
+            "retrying"] == 1
+        live.advance(500)  # one more in half a second
+        assert consumer.post(f"{G}:nack", json={"receipts": got[4:5], "delayMs": 0}).json()[
+            "retrying"] == 1
+        assert consumer.post(f"{G}:nack", json={"receipts": got[5:], "delayMs": 0}
+                             ).status_code == 429
+        # another group has its own bucket
+        other = "/v1/topics/orders.g/groups/other"
+        (m,) = consumer.post(f"{other}:receive", json={"max": 1}).json()["messages"]
+        assert consumer.post(f"{other}:nack", json={"receipts": [m["receipt"]],
+                                                    "delayMs": 0}).status_code == 200
+
+
+def test_redrives_are_rate_bounded(start: Callable[..., Live]) -> None:
+    live = start(group_quick_retries_per_s=1, group_quick_retry_burst=3,
+                 max_reconsume_times=0)
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        send(c, 6)
+        got = [m["receipt"] for m in consumer.post(f"{G}:receive", json={"max": 6}).json()[
+            "messages"]]
+        assert consumer.post(f"{G}:nack", json={"receipts": got}).json()["deadLettered"] == 6
+        live.broker.drain()
+        assert consumer.post(f"{G}/dead-letters:redrive", json={"max": 10}).json() == \
+            {"redriven": 3}
+        r = consumer.post(f"{G}/dead-letters:redrive", json={"max": 10})
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
+        assert state(consumer)["deadLettered"] == 3
+        live.advance(2_000)
+        assert consumer.post(f"{G}/dead-letters:redrive", json={"max": 10}).json() == \
+            {"redriven": 2}
+
+
+def test_by_default_a_group_makes_at_most_2000_quick_retries_at_once(live: Live) -> None:
+    with live.client(CONSUMER) as consumer, live.client() as c:
+        for _ in range(3):
+            r = c.post("/v1/topics/orders.g/messages:batch", json={"messages": [
+                {"body": "x"} for _ in range(1000)]})
+            assert r.status_code == 201, r.text
+        live.broker.drain()
+        codes = []
+        for _ in range(3):
+            got = consumer.post(f"{G}:receive", json={"max": 1000}).json()["messages"]
+            r = consumer.post(f"{G}:nack", json={"receipts": [m["receipt"] for m in got],
+                                                 "delayMs": 0})
+            codes.append(r.status_code)
+        assert codes == [200, 200, 429]
+        assert r.headers["Retry-After"] == "10"  # room for 1000 at 100 a second
+        live.advance(9_000)
+        r = consumer.post(f"{G}:nack", json={"receipts": [m["receipt"] for m in got],
+                                             "delayMs": 0})
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
+        live.advance(1_000)
+        assert consumer.post(f"{G}:nack", json={"receipts": [m["receipt"] for m in got],
+                                                "delayMs": 0}).status_code == 200

@@ -11,9 +11,10 @@ import pytest
 
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
-from scheduler.group_state import retry_topic
+from scheduler.group_state import ack_prefix, retry_topic
 from scheduler.groups import GroupManager
 from scheduler.model import SendRequest
+from storage.constants import CF_META
 from storage.errors import InvalidArgument, NotFound, StorageError
 from tests.support.engine import Harness, read_topic, run_threads
 
@@ -384,3 +385,60 @@ def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
     assert ack_keys(broker) == {8: 9}
     groups(broker).set_offset("t", "g", 0)  # a replay drops every stored ack
     assert ack_keys(broker) == {}
+
+
+def test_a_receipt_tag_is_the_hmac_sha256_of_topic_group_lease_and_offset(
+        broker: Broker) -> None:
+    """Seal (hashlib's HMAC states copied per receipt) says what ``hmac`` says, under the key
+    kept in RocksDB."""
+    import hmac
+
+    from scheduler.group_state import Seal
+    from storage.constants import CF_META, META_GROUP_RECEIPT_KEY
+
+    send(broker, 3)
+    (m,) = groups(broker).receive("t", "g", 1, LEASE).messages
+    head, tag, offset = m.receipt.split(".")
+    assert broker._store is not None
+    key = broker._store.get(CF_META, META_GROUP_RECEIPT_KEY)
+    assert key is not None and len(key) == 32
+    expected = hmac.new(key, f"t\0g\0{head}\0{offset}".encode(), "sha256").hexdigest()[:16]
+    assert tag == expected and offset == "0"
+    for long_key in (b"k" * 64, b"k" * 100):  # (keys of a block or more, as RFC 2104)
+        assert Seal(long_key, "a", "b").tags("20f", ["1a"]) == [
+            hmac.new(long_key, b"a\0b\x0020f\x001a", "sha256").hexdigest()[:16]]
+
+
+def test_a_receipt_from_before_an_offset_commit_back_stays_within_the_window(
+        harness: Harness) -> None:
+    """No ack key past committed + window, whatever receipts a member kept: after an offset
+    commit moved the group back, a receipt of an offset beyond the new window is stale."""
+    broker = harness.open(group_lease_window=5)
+    send(broker, 12)
+    g = groups(broker)
+    first = g.receive("t", "g", 5, LEASE).messages
+    assert g.ack("t", "g", [m.receipt for m in first]).acked == 5
+    later = g.receive("t", "g", 5, LEASE).messages  # offsets 5..9
+    assert broker.commit_group_offset("t", "g", 0) == 0  # replay: the window is 0..4 again
+    result = g.ack("t", "g", [m.receipt for m in later])
+    assert (result.acked, result.stale) == (0, [m.receipt for m in later])
+    prefix = ack_prefix("t", "g")
+    assert broker._store is not None
+    assert list(broker._store.scan(CF_META, prefix, prefix + b"\xff")) == []
+    assert g.state("t", "g").committed_offset == 0
+
+
+def test_a_group_keeps_at_most_kept_receipts_and_acks_the_others_by_their_seal(
+        broker: Broker) -> None:
+    from scheduler.group_state import KEPT_RECEIPTS
+
+    for start in range(0, 3_000, 1_000):
+        send(broker, 1_000, start=start)
+    g = groups(broker)
+    batches = [g.receive("t", "g", 1000, LEASE).messages for _ in range(3)]
+    group = g._groups[("t", "g")]
+    assert group.kept == KEPT_RECEIPTS == 2_000 and len(group.issued) == 2
+    for batch in reversed(batches):  # the third by its seal, the others as kept
+        assert g.ack("t", "g", [m.receipt for m in batch]).acked == 1000
+    assert (group.kept, group.issued) == (0, {})  # acked whole: nothing kept any more
+    assert broker.get_group_offset("t", "g") == 3_000
