@@ -31,7 +31,9 @@ def build_app(settings: Settings, *, clock: Clock | None = None,
     engine = broker if broker is not None else Broker(settings.engine, clock or SystemClock())
     limits = ApiLimits(max_request_bytes=settings.max_request_bytes,
                        max_batch_messages=settings.max_batch_messages,
-                       max_long_polls=settings.max_long_polls)
+                       max_long_polls=settings.max_long_polls,
+                       max_long_polls_per_token=settings.max_long_polls_per_token,
+                       stream_stall_ms=settings.stream_stall_ms)
     return create_app(engine, auth=Authenticator(settings.tokens), limits=limits)
 
 
