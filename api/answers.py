@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.bodies import MSGPACK, is_msgpack
+from api.connections import SOCKET_EXTENSION
 from api.context import respond
 
 PIECEWISE_FROM = 1 << 20  # bodies in an answer from which it is made piece by piece
@@ -102,32 +103,48 @@ class PiecewiseAnswer(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
+        held = scope.get("extensions", {}).get(SOCKET_EXTENSION)
         body = self._head
         for i, (start, end) in enumerate(self._ranges):
             if i:
                 await asyncio.sleep(0)  # a turn of the loop: other requests go on
+                if held is not None and held.is_closing():
+                    return  # the client left: the rest is made for nobody
                 body = b"" if self._msgpack else b","
             await send({"type": "http.response.body", "body": body + self._piece(start, end),
                         "more_body": True})
         await send({"type": "http.response.body", "body": self._tail, "more_body": False})
 
 
-def _body_size(message: Any) -> int:
-    body_base64, body = getattr(message, "body_base64", None), getattr(message, "body", None)
-    return (len(body_base64) if isinstance(body_base64, bytes) else 0) + (
-        len(body) if isinstance(body, str) else 0)
+def body_size(item: Any) -> int:
+    """About the bytes ``item`` (a LogRecord payload, or a message holding one as
+    ``payload``, or a record as ``shown``/``record`` with a ``body``) adds to an answer."""
+    if isinstance(item, bytes):
+        return len(item)
+    payload = getattr(item, "payload", None)
+    if isinstance(payload, bytes):
+        return len(payload)
+    record = getattr(item, "shown", None) or getattr(item, "record", None)
+    body = getattr(record, "body", None)
+    return len(body) if isinstance(body, bytes) else 0
 
 
-def respond_answer(doc: Any, request: Request, status: int = 200) -> Response:
-    """``respond(doc, status, request)`` for an answer carrying messages (a pull's, a
-    receive's: a Struct whose first field is ``messages``, a list of documents with
-    ``body_base64``/``body``): piece by piece when its bodies pass ``PIECEWISE_FROM``."""
-    messages = doc.messages
-    sizes = [_body_size(m) for m in messages]
+def respond_answer(make: Callable[[list[Any]], msgspec.Struct], items: Sequence[Any],
+                   request: Request, *, size: Callable[[Any], int] = body_size,
+                   status: int = 200) -> Response:
+    """``respond(make(items), status, request)`` for an answer carrying messages (a pull's, a
+    receive's: ``make`` gives the answer of a list of ``items``, a Struct whose first field
+    is ``messages``, one document per item): made piece by piece when the items' ``size``
+    passes ``PIECEWISE_FROM`` (``make`` then called per piece: the documents are built
+    piece by piece too)."""
+    sizes = [size(item) for item in items]
     if sum(sizes) < PIECEWISE_FROM:
-        return respond(doc, status, request)
+        return respond(make(list(items)), status, request)
     as_msgpack = is_msgpack(request.headers.get("accept"))
-    frame = msgspec.structs.replace(doc, messages=[])
-    return PiecewiseAnswer(frame, messages, sizes,
-                           _msgpack.encode if as_msgpack else _json.encode,
-                           msgpack=as_msgpack, status_code=status)
+    encoder = _msgpack.encode if as_msgpack else _json.encode
+
+    def encode(piece: Sequence[Any]) -> bytes:
+        return encoder(make(list(piece)).messages)  # type: ignore[attr-defined]
+
+    return PiecewiseAnswer(make([]), items, sizes, encode, msgpack=as_msgpack,
+                           status_code=status)

@@ -131,7 +131,10 @@ class HeadHeldTransport:
 
     def _send(self, chunks: tuple[bytes, ...]) -> None:
         transport = self._transport
-        if self._fd is None or transport.is_closing() or transport.get_write_buffer_size():
+        if transport.is_closing():
+            return  # (closed under a response still writing, e.g. a stalled stream aborted:
+            #          uvloop raises on a write to a closed transport; nobody reads them)
+        if self._fd is None or transport.get_write_buffer_size():
             transport.writelines(chunks)
             return
         try:

@@ -89,10 +89,10 @@ def pull_answer(payloads: list[bytes], offset: int, once: bool, msgpack: bool,
     encode: Callable[[Sequence[bytes]], bytes]
     if not msgpack:
         def encode(piece: Sequence[bytes]) -> bytes:
-            return _json.encode([delivered(m, once) for m in decode_log_records(piece)])
+            return _json.encode([delivered(m, once) for m in decode_log_records(list(piece))])
     elif native is None:
         def encode(piece: Sequence[bytes]) -> bytes:
-            return _msgpack.encode([delivered(m, once) for m in decode_log_records(piece)])
+            return _msgpack.encode([delivered(m, once) for m in decode_log_records(list(piece))])
     else:
         def encode(piece: Sequence[bytes]) -> bytes:
             parts = _msgpack_parts(piece, once)[0]

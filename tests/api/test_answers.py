@@ -55,3 +55,25 @@ def test_a_big_pull_answers_the_bytes_made_at_once(shared_live: Live, accept: st
         small = c.get(f"/v1/topics/{TOPIC}/messages", params={"offset": 1, "max": 3},
                       headers=headers)
         assert int(small.headers["content-length"]) == len(small.content)
+
+
+def test_a_big_receive_answers_the_bytes_made_at_once(shared_live: Live) -> None:
+    """Made piece by piece by its documents' own encoder (api/routes/groups.py): the same
+    JSON as at once, every message leased once."""
+    live = shared_live
+    topic = "orders.bigreceive"
+    with live.client(ADMIN) as c:
+        messages = [{"msgId": f"r{i}", "body": f"text {i} " + "y" * 20_000} for i in range(120)]
+        assert c.post(f"/v1/topics/{topic}/messages:batch",
+                      json={"messages": messages}).status_code == 201
+        live.broker.drain()
+        r = c.post(f"/v1/topics/{topic}/groups/g:receive", json={"max": 1000})
+        assert r.status_code == 200
+        assert "content-length" not in r.headers  # (chunked)
+        doc = msgspec.json.decode(r.content)
+        assert [m["msgId"] for m in doc["messages"]] == [f"r{i}" for i in range(120)]
+        assert r.content == msgspec.json.encode(doc)  # (compact, as msgspec writes it)
+        assert set(doc) == {"messages", "leaseUntil"} and doc["leaseUntil"] > 0
+        assert all(m["deliveryCount"] == 1 and m["receipt"] for m in doc["messages"])
+        again = c.post(f"/v1/topics/{topic}/groups/g:receive", json={"max": 1000}).json()
+        assert again["messages"] == []  # all leased
