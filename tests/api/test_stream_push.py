@@ -10,6 +10,7 @@ import base64
 import errno
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -178,3 +179,83 @@ def test_a_stream_whose_socket_cannot_be_duplicated_is_written_by_the_loop(
         live.advance(1000)
         assert [m["msgId"] for m in frames.next()["messages"]] == ["m0", "m1"]
     assert pusher.totals()[:2] == (0, 0)
+
+
+def _parked_streams(pusher: StreamPusher, loop: asyncio.AbstractEventLoop, n: int,
+                    landed: list[bytes], encodes: list[tuple[int, bool]]) -> tuple[
+        list[ParkedStream], list[socket.socket], list[socket.socket]]:
+    """``n`` streams of TOPIC at offset 0 over socket pairs, parked (nothing landed yet)."""
+    committing = threading.current_thread()
+
+    def encode(payloads: list[bytes], at: int) -> bytes:
+        encodes.append((at, threading.current_thread() is not committing))
+        return b"frame %d+%d" % (at, len(payloads))
+
+    streams, ours, theirs = [], [], []
+    for _ in range(n):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.settimeout(10)
+        stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10, encode=encode,
+                              read=lambda _t, offset, k: landed[offset:offset + k],
+                              transport=_Drained(), fd=a.fileno(), loop=loop, encoding="same")
+        stream.park(0, loop.create_future())
+        streams.append(stream)
+        ours.append(a)
+        theirs.append(b)
+    return streams, ours, theirs
+
+
+@pytest.mark.parametrize(("n", "by_writer"), [(3, False), (20, True)])
+def test_a_commit_reads_and_encodes_once_for_all_streams_and_writes_a_bounded_number(
+        n: int, by_writer: bool) -> None:
+    """One read and encode per commit and offset for every stream of a topic (not one per
+    stream); past ``inline_streams`` (16) the writer thread writes them, not the commit."""
+    loop = asyncio.new_event_loop()
+    pusher = StreamPusher()
+    landed: list[bytes] = []
+    encodes: list[tuple[int, bool]] = []
+    streams, ours, theirs = _parked_streams(pusher, loop, n, landed, encodes)
+    try:
+        landed.append(log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])
+        for sock in theirs:
+            assert sock.recv(100) == b"9\r\nframe 0+1\r\n"
+        assert encodes == [(0, by_writer)]  # once for all of them, by the writer or not
+        assert (pusher.writer_passes == 1) is by_writer
+        assert all(s.offset == 1 for s in streams)
+    finally:
+        pusher.close()
+        for stream in streams:
+            stream.close()
+        for sock in ours + theirs:
+            sock.close()
+        loop.close()
+
+
+def test_twenty_streams_of_a_topic_get_every_message_once_and_in_order(live: Live) -> None:
+    """Past the commit's budget (the writer thread writes them), over real HTTP."""
+    n = 20
+    with live.client(ADMIN) as c:
+        clients = [live.client(CONSUMER) for _ in range(n)]
+        responses = [cl.send(cl.build_request("GET", STREAM, params={"durationMs": 30_000},
+                                              headers=MSGPACK), stream=True)
+                     for cl in clients]
+        try:
+            readers = [Frames(r) for r in responses]
+            for reader in readers:
+                assert reader.next() == {"messages": [], "nextOffset": 0}
+            wait_parked(live, n)
+            for step in range(3):
+                send(c, range(step * 4, step * 4 + 4), delay_ms=1000)
+                live.advance(1000)
+            for reader in readers:
+                got: list[int] = []
+                while len(got) < 12:
+                    got += [m["offset"] for m in reader.next()["messages"]]
+                assert got == list(range(12))
+            assert live.app.state.ctx.pusher.writer_passes >= 1
+        finally:
+            for r, cl in zip(responses, clients, strict=True):
+                r.close()
+                cl.close()
