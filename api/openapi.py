@@ -39,6 +39,8 @@ _ERROR_TEXT = {
     404: "Unknown message, handle or transaction (NOT_FOUND).",
     409: "The state forbids it (ALREADY_DELIVERED, CONFLICT).",
     413: "Body or request too large (PAYLOAD_TOO_LARGE).",
+    429: "Past a limit of the caller's (TOO_MANY_REQUESTS): e.g. its token's long polls and "
+         "streams at once (max_long_polls_per_token); Retry-After says when to try again.",
     503: "Storage cannot take the request now; nothing was stored (UNAVAILABLE).",
 }
 

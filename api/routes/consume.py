@@ -166,7 +166,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
 
     @router.get("/v1/topics/{topic}/messages", **operation(
         "pullMessages", tag="consuming", summary="Read delivered messages (long polling)",
-        result="PullResult", msgpack=True, errors=(503,), parameters=PULL_PARAMETERS,
+        result="PullResult", msgpack=True, errors=(429, 503), parameters=PULL_PARAMETERS,
         result_description="Messages from the offset on (possibly none), and where to go on.",
     ))
     async def pull_messages(request: Request) -> Response:

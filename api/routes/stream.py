@@ -299,7 +299,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     @router.get("/v1/topics/{topic}/messages:stream", **operation(
         "streamMessages", tag="consuming",
         summary="Stream delivered messages as they land (a frame per delivery)",
-        errors=(400, 503), parameters=STREAM_PARAMETERS, extra_responses={200: _FRAMES},
+        errors=(400, 429, 503), parameters=STREAM_PARAMETERS, extra_responses={200: _FRAMES},
     ))
     async def stream_messages(request: Request) -> Response:
         principal = ctx.caller(request)
