@@ -22,7 +22,10 @@ import msgpack
 import orjson
 import pytest
 
+from app.settings import load_settings
+from app.wiring import build_app
 from scheduler.clock import FakeClock
+from storage.errors import InvalidArgument
 from tests.support.live import ADMIN, CONSUMER, T0, Live, make_settings, serve
 
 TOPIC = "orders.stream"
@@ -356,3 +359,17 @@ def test_one_token_holds_at_most_max_long_polls_per_token(
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_the_settings_defaults_environment_and_bad_values() -> None:
+    defaults = load_settings()
+    assert (defaults.stream_stall_ms, defaults.max_long_polls_per_token) == (30_000, 64)
+    s = load_settings(env={"HOURGLASS_STREAM_STALL_MS": "2s",
+                           "HOURGLASS_MAX_LONG_POLLS_PER_TOKEN": "5"})
+    assert (s.stream_stall_ms, s.max_long_polls_per_token) == (2000, 5)
+    for name in ("HOURGLASS_STREAM_STALL_MS", "HOURGLASS_MAX_LONG_POLLS_PER_TOKEN"):
+        with pytest.raises(InvalidArgument, match=name):
+            load_settings(env={name: "0"})
+    app = build_app(replace(s, tokens=make_settings(Path("unused")).tokens))
+    ctx = app.state.ctx
+    assert (ctx.limits.stream_stall_ms, ctx.notifier.max_per_owner) == (2000, 5)
