@@ -259,3 +259,52 @@ def test_twenty_streams_of_a_topic_get_every_message_once_and_in_order(live: Liv
             for r, cl in zip(responses, clients, strict=True):
                 r.close()
                 cl.close()
+
+
+def test_a_failed_push_is_logged_counted_and_handed_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """It used to be swallowed without a trace: a refused read (or a bug) is a WARNING with
+    its trace, a socket error (the client left) an INFO line; both are counted
+    (``hourglass_stream_push_failures_total``) and hand the stream back to the loop."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from api.metrics import StreamPushCollector
+
+    loop = asyncio.new_event_loop()
+    pusher = StreamPusher()
+    registry = CollectorRegistry()
+    registry.register(StreamPushCollector(pusher.totals))
+    landed = [log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0)]
+
+    def refused(_t: str, _offset: int, _n: int) -> list[bytes]:
+        raise RuntimeError("the engine refuses the read")
+
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    streams = [ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
+                            encode=lambda payloads, at: b"frame", read=refused,
+                            transport=_Drained(), fd=ours.fileno(), loop=loop)]
+    theirs.close()  # the client left: writing on the socket fails (EPIPE)
+    streams.append(ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
+                                encode=lambda payloads, at: b"frame",
+                                read=lambda _t, o, n: landed[o:o + n], transport=_Drained(),
+                                fd=ours.fileno(), loop=loop))
+    try:
+        with caplog.at_level("INFO", logger="hourglass.api"):
+            for stream in streams:
+                wake = loop.create_future()
+                stream.park(0, wake)  # (writes what landed: fails)
+                loop.run_until_complete(asyncio.wait_for(wake, 5))  # handed back, woken
+                assert not stream.parked
+        assert pusher.totals() == (0, 2, 2, 0)
+        refusal, broken = [r for r in caplog.records if "write failed" in r.getMessage()]
+        assert refusal.levelname == "WARNING" and refusal.exc_info is not None
+        assert "RuntimeError" in refusal.getMessage()
+        assert broken.levelname == "INFO" and not broken.exc_info
+        assert "BrokenPipeError" in broken.getMessage()
+        assert b"hourglass_stream_push_failures_total 2.0" in generate_latest(registry)
+    finally:
+        for stream in streams:
+            stream.close()
+        ours.close()
+        loop.close()
