@@ -63,7 +63,8 @@ def _version() -> str:
 def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> FastAPI:
     """The HTTP app over ``engine``, authenticating with ``auth``, enforcing ``limits``.
     Starting the app starts the engine; stopping it closes the engine."""
-    notifier = DeliveryNotifier(max_polls=limits.max_long_polls)
+    notifier = DeliveryNotifier(max_polls=limits.max_long_polls,
+                                max_per_owner=limits.max_long_polls_per_token)
     pusher = StreamPusher()  # streams' frames written by the committing thread
     ctx = ApiContext(limits=limits, broker=engine, auth=auth, notifier=notifier,
                      pusher=pusher)

@@ -88,8 +88,9 @@ class ConnectionLimits:
         loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
 
 
-#: the ASGI scope's ``extensions`` key of a request's HeadHeldTransport, when its connection
-#: is a plain socket (api/push.py writes a stream's frames on it from another thread)
+#: the ASGI scope's ``extensions`` key of a request's HeadHeldTransport (api/routes/stream.py
+#: watches its connection for a stalled reader and, when it is a plain socket (``fd`` not
+#: None), api/push.py writes a stream's frames on it from another thread)
 SOCKET_EXTENSION = "hourglass.socket"
 
 
@@ -130,7 +131,10 @@ class HeadHeldTransport:
 
     def _send(self, chunks: tuple[bytes, ...]) -> None:
         transport = self._transport
-        if self._fd is None or transport.is_closing() or transport.get_write_buffer_size():
+        if transport.is_closing():
+            return  # (closed under a response still writing, e.g. a stalled stream aborted:
+            #          uvloop raises on a write to a closed transport; nobody reads them)
+        if self._fd is None or transport.get_write_buffer_size():
             transport.writelines(chunks)
             return
         try:
@@ -229,10 +233,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
             held = HeadHeldTransport(self.transport, self._fd, cycle)  # the cycle writes here
-            if self._fd is not None:  # (a new dict: beside, not into, any the server set)
-                extensions: dict[str, Any] = {**(self.scope.get("extensions") or {}),
-                                              SOCKET_EXTENSION: held}
-                self.scope["extensions"] = cast("dict[str, dict[object, object]]", extensions)
+            # (a new dict: beside, not into, any the server set)
+            extensions: dict[str, Any] = {**(self.scope.get("extensions") or {}),
+                                          SOCKET_EXTENSION: held}
+            self.scope["extensions"] = cast("dict[str, dict[object, object]]", extensions)
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from api.auth import Authenticator, Permission, Principal
 from api.bodies import JSON, MSGPACK, is_msgpack
 from api.errors import Forbidden
-from api.longpoll import DeliveryNotifier
+from api.longpoll import CALLER, DeliveryNotifier
 from api.push import StreamPusher
 from scheduler.broker import Broker
 from scheduler.intake import check_topic
@@ -32,6 +32,8 @@ class ApiLimits:
     max_batch_messages: int  # messages in one batch send -> 400
     max_long_polls: int  # pulls waiting at once -> 503
     metrics_require_token: bool = False  # /metrics needs an admin token (401 / 403)
+    max_long_polls_per_token: int = 64  # long polls and streams of one token at once -> 429
+    stream_stall_ms: int = 30_000  # a stream whose client takes no bytes this long ends
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +54,9 @@ class ApiContext:
         """The caller's principal, or 401: the hot routes (send, batch, pull) call this first
         thing instead of the ``Authenticated`` dependency (FastAPI's dependency solving costs
         ~15 µs a request); they take no parameters FastAPI would validate before it."""
-        return self.auth.authenticate(request.headers.get("authorization"))
+        principal = self.auth.authenticate(request.headers.get("authorization"))
+        CALLER.set(principal)  # the owner of the long-poll slots the request takes
+        return principal
 
     @staticmethod
     def allow(principal: Principal, permission: Permission, topic: str | None = None, *,

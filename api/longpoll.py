@@ -12,15 +12,27 @@ longest: waking them all would send all but one back to sleep with nothing, each
 receive of its own (at 2 k msg/s and ~250 commits a second, half the receives were that).
 A member that takes a full batch, and so may have left messages behind, or that is woken
 but leaves without receiving, hands the wake on to the next member (``hand_on``).
+
+Slots. A waiting pull, a waiting receive and a standing stream each hold one of the server's
+``max_polls`` slots (past them: 503 with ``Retry-After``), and one of its token's
+``max_per_owner`` (past them: 429 ``TOO_MANY_REQUESTS``, so that one token cannot take every
+slot of the server). The token is the request's caller (``CALLER``, set when the request
+authenticates: api/context.py), unless the caller of ``slot`` names another owner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Collection, Iterator
+from typing import Any
 
-from api.errors import Overloaded
+from api.errors import Overloaded, TooManyLongPolls
+
+#: the principal of the request being served (api/context.py sets it when the request
+#: authenticates): the owner of the long-poll slots it takes
+CALLER: contextvars.ContextVar[Any] = contextvars.ContextVar("hourglass_caller", default=None)
 
 #: resolved with the topic of the delivery that woke it, or None (timed out, or closing)
 Waiter = asyncio.Future[str | None]
@@ -41,12 +53,14 @@ def woken_by(future: Waiter) -> str | None:
 
 
 class DeliveryNotifier:
-    def __init__(self, max_polls: int = 512) -> None:
+    def __init__(self, max_polls: int = 512, max_per_owner: int = 64) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[str, Waiters] = {}  # topic -> group -> futures
         self._closed = False
         self.max_polls = max_polls
+        self.max_per_owner = max_per_owner
         self.polls = 0  # long polls in progress (event loop only)
+        self._owned: dict[Any, int] = {}  # owner (a token's principal) -> its slots held
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Attach to the server's event loop (called by the lifespan on start)."""
@@ -111,17 +125,34 @@ class DeliveryNotifier:
         self._prune(topic, group)
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold one of the ``max_polls`` long-poll slots; Overloaded (503, Retry-After) when
-        they are all taken."""
+    def slot(self, owner: Any = None) -> Iterator[None]:
+        """Hold one of the ``max_polls`` long-poll slots and one of ``owner``'s (default: the
+        request's caller, ``CALLER``; none: only the server's); Overloaded (503, Retry-After)
+        when the server's are all taken, TooManyLongPolls (429) when the owner's are."""
+        if owner is None:
+            owner = CALLER.get()
+        owned = self._owned
+        held = owned.get(owner, 0) if owner is not None else 0
+        if held >= self.max_per_owner:
+            raise TooManyLongPolls(f"this token holds {held} long polls and streams already "
+                                   f"(at most {self.max_per_owner}); end one, or poll "
+                                   "without waitMs")
         if self.polls >= self.max_polls:
             raise Overloaded(f"{self.max_polls} long polls are waiting already; try again "
                              "shortly or poll without waitMs")
         self.polls += 1
+        if owner is not None:
+            owned[owner] = held + 1
         try:
             yield
         finally:
             self.polls -= 1
+            if owner is not None:
+                left = owned[owner] - 1
+                if left:
+                    owned[owner] = left
+                else:
+                    del owned[owner]
 
     def close(self) -> None:
         """Release every waiting pull and member (server shutdown): they answer with what

@@ -59,19 +59,26 @@ class HttpMetrics:
 
 
 class StreamPushCollector(Collector):
-    """Frames the committing threads wrote to standing streams themselves (api/push.py), and
-    how often they handed a stream back to the event loop (a slow reader, a closing socket)."""
+    """Frames the committing threads wrote to standing streams themselves (api/push.py), how
+    often they handed a stream back to the event loop (a slow reader, a closing socket), how
+    often such a write failed, and streams ended because their client stopped reading."""
 
-    def __init__(self, totals: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, totals: Callable[[], tuple[int, int, int, int]]) -> None:
         self._totals = totals
 
     def collect(self) -> Iterator[Metric]:
-        pushed, handed_back = self._totals()
+        pushed, handed_back, failed, stalled = self._totals()
         yield CounterMetricFamily("hourglass_stream_frames_pushed",
                                   "Stream frames written by the committing thread", pushed)
         yield CounterMetricFamily("hourglass_stream_handbacks",
                                   "Streams the committing thread handed back to the event loop",
                                   handed_back)
+        yield CounterMetricFamily("hourglass_stream_push_failures",
+                                  "Stream writes of the committing thread that failed (a "
+                                  "socket error, a refused read; logged)", failed)
+        yield CounterMetricFamily("hourglass_streams_stalled",
+                                  "Streams ended because their client took no bytes for "
+                                  "stream_stall_ms", stalled)
 
 
 class HttpMetricsMiddleware:

@@ -39,7 +39,9 @@ _ERROR_TEXT = {
     404: "Unknown message, handle or transaction (NOT_FOUND).",
     409: "The state forbids it (ALREADY_DELIVERED, CONFLICT).",
     413: "Body or request too large (PAYLOAD_TOO_LARGE).",
-    429: "A rate bound was reached: try again after Retry-After (TOO_MANY_REQUESTS).",
+    429: "Past a rate bound or a limit of the caller's (TOO_MANY_REQUESTS): e.g. a group's quick "
+         "retries, or its token's long polls and streams at once (max_long_polls_per_token); "
+         "Retry-After says when to try again.",
     503: "Storage cannot take the request now; nothing was stored (UNAVAILABLE).",
 }
 

@@ -47,6 +47,9 @@ class Settings:
     max_batch_messages: int = MAX_BATCH_MESSAGES  #      messages in one batch send (<= 1000)
     max_connections: int = 1024  #                   open HTTP connections; past it: 503 + close
     max_long_polls: int = 512  #                     pulls waiting at once (waitMs); past it: 503
+    max_long_polls_per_token: int = 64  #            long polls + streams of one token; past: 429
+    stream_stall_ms: int = 30_000  #                 a stream whose client takes no bytes this
+    #                                                long is ended (its slot freed)
     max_header_bytes: int = 64 << 10  #              bytes of a request's line and headers -> 431
     header_timeout_ms: int = 5_000  #                ms for a request's headers to arrive; then
     #                                                the connection is closed
@@ -206,6 +209,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(name="max_batch_messages", parse=parse_int, check=_batch),
     Option(name="max_connections", parse=parse_int, check=_positive),
     Option(name="max_long_polls", parse=parse_int, check=_positive),
+    Option(name="max_long_polls_per_token", parse=parse_int, check=_positive),
+    Option(name="stream_stall_ms", parse=parse_duration_ms, check=_positive),
     Option(name="max_header_bytes", parse=parse_size, check=_positive),
     Option(name="header_timeout_ms", parse=parse_duration_ms, check=_positive),
     Option(name="metrics_require_token", parse=parse_bool),

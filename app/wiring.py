@@ -32,7 +32,9 @@ def build_app(settings: Settings, *, clock: Clock | None = None,
     limits = ApiLimits(max_request_bytes=settings.max_request_bytes,
                        max_batch_messages=settings.max_batch_messages,
                        max_long_polls=settings.max_long_polls,
-                       metrics_require_token=settings.metrics_require_token)
+                       metrics_require_token=settings.metrics_require_token,
+                       max_long_polls_per_token=settings.max_long_polls_per_token,
+                       stream_stall_ms=settings.stream_stall_ms)
     return create_app(engine, auth=Authenticator(settings.tokens), limits=limits)
 
 

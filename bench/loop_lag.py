@@ -4,9 +4,16 @@ Starts ``hourglass serve`` (as ``hourglass bench http`` does), fills it with the
 of the two requests that read storage the most: a scheduled listing whose range holds
 ``--foreign`` keys of another topic and none of its own (one page reads the whole scan
 budget), and pulls of ``max=1000`` from a topic of ``--body``-byte messages (each answer is
-the 8 MiB bound). While ``--listers`` clients list and ``--pullers`` clients pull in a loop,
-a probe sends ``GET /healthz`` every 10 ms on its own connection: its latency is the time a
-request waits behind the others on the event loop (the figure to keep under 50 ms).
+the 8 MiB bound), or receives of as many by ``--receivers`` members of their own groups
+(leases of 1 s: the messages come round again). While ``--listers`` clients list and
+``--pullers`` clients pull in a loop, a probe sends ``GET /healthz`` every 10 ms on its own
+connection: its latency is the time a request waits behind the others on the event loop
+(the figure to keep under 50 ms).
+
+The probe runs in a process of its own: in the clients' process it waited for their GIL
+(httpx parsing 18 MiB answers) as much as for the server. The clients read each answer whole
+and take ``nextOffset`` from its end (parsing 18 MiB of JSON in four threads of one process
+is the client's cost, not the server's).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import multiprocessing
+import re
 import secrets
 import statistics
 import sys
@@ -27,6 +36,20 @@ import httpx
 from bench.http import _free_port, _start_server
 
 BATCH = 1000
+_NEXT_OFFSET = re.compile(rb'"nextOffset":(\d+)}$')
+
+
+def _probe(base: str, seconds: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """``GET /healthz`` every 10 ms for ``seconds``: the latencies in ms (its own process)."""
+    latencies = []
+    with httpx.Client(base_url=base, timeout=120) as probe:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            probe.get("/healthz").raise_for_status()
+            latencies.append((time.perf_counter() - started) * 1000)
+            time.sleep(0.01)
+    out.put(latencies)
 
 
 def _fill(client: httpx.Client, topic: str, count: int, body: bytes, delay_ms: int) -> None:
@@ -38,7 +61,7 @@ def _fill(client: httpx.Client, topic: str, count: int, body: bytes, delay_ms: i
 
 
 def measure(*, seconds: float, foreign: int, body: int, pulled: int, listers: int,
-            pullers: int) -> dict[str, float]:
+            pullers: int, receivers: int = 0) -> dict[str, float]:
     token = secrets.token_urlsafe(24)
     with tempfile.TemporaryDirectory(prefix="hourglass-lag-") as tmp:
         port = _free_port()
@@ -53,32 +76,44 @@ def measure(*, seconds: float, foreign: int, body: int, pulled: int, listers: in
                                      params={"offset": pulled - 1}).json()["messages"]:
                     time.sleep(0.2)
             stop = threading.Event()
-            counts = {"list": 0, "pull": 0}
+            counts = {"list": 0, "pull": 0, "receive": 0}
+            answered = {"pull": 0, "receive": 0}  # answer bytes
 
-            def load(kind: str) -> None:
+            def load(kind: str, n: int) -> None:
                 with httpx.Client(base_url=base, headers=headers, timeout=120) as c:
                     offset = 0
                     while not stop.is_set():
                         if kind == "list":
                             c.get("/v1/topics/mine/scheduled", params={"limit": 1000})
+                        elif kind == "pull":
+                            r = c.get("/v1/topics/pulled/messages",
+                                      params={"offset": offset, "max": 1000})
+                            r.raise_for_status()
+                            found = _NEXT_OFFSET.search(r.content[-40:])
+                            assert found is not None, r.content[-40:]
+                            offset = int(found.group(1)) % pulled
+                            answered[kind] += len(r.content)
                         else:
-                            page = c.get("/v1/topics/pulled/messages",
-                                         params={"offset": offset, "max": 1000}).json()
-                            offset = page["nextOffset"] % pulled
+                            r = c.post(f"/v1/topics/pulled/groups/g{n}:receive",
+                                       json={"max": 1000, "leaseMs": 1000})
+                            r.raise_for_status()
+                            answered[kind] += len(r.content)
                         counts[kind] += 1
 
-            threads = [threading.Thread(target=load, args=("list",)) for _ in range(listers)]
-            threads += [threading.Thread(target=load, args=("pull",)) for _ in range(pullers)]
+            threads = [threading.Thread(target=load, args=("list", i)) for i in range(listers)]
+            threads += [threading.Thread(target=load, args=("pull", i)) for i in range(pullers)]
+            threads += [threading.Thread(target=load, args=("receive", i))
+                        for i in range(receivers)]
+            results: multiprocessing.Queue = multiprocessing.get_context(  # type: ignore[type-arg]
+                "spawn").Queue()
+            probe = multiprocessing.get_context("spawn").Process(
+                target=_probe, args=(base, seconds, results))
+            probe.start()
+            time.sleep(1.0)  # (the probe's interpreter starting)
             for t in threads:
                 t.start()
-            latencies = []
-            with httpx.Client(base_url=base, timeout=120) as probe:
-                end = time.monotonic() + seconds
-                while time.monotonic() < end:
-                    started = time.perf_counter()
-                    probe.get("/healthz").raise_for_status()
-                    latencies.append((time.perf_counter() - started) * 1000)
-                    time.sleep(0.01)
+            latencies = results.get(timeout=seconds + 120)
+            probe.join()
             stop.set()
             for t in threads:
                 t.join()
@@ -89,7 +124,8 @@ def measure(*, seconds: float, foreign: int, body: int, pulled: int, listers: in
     return {"probes": len(latencies), "p50_ms": round(statistics.median(latencies), 2),
             "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1], 2),
             "max_ms": round(latencies[-1], 2), "listings": counts["list"],
-            "pulls": counts["pull"]}
+            "pulls": counts["pull"], "receives": counts["receive"],
+            "mib_answered": round(sum(answered.values()) / (1 << 20))}
 
 
 def main(argv: list[str]) -> int:
@@ -101,9 +137,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pulled", type=int, default=10_000, help="messages to pull from")
     parser.add_argument("--listers", type=int, default=2)
     parser.add_argument("--pullers", type=int, default=4)
+    parser.add_argument("--receivers", type=int, default=0)
     args = parser.parse_args(argv)
     result = measure(seconds=args.seconds, foreign=args.foreign, body=args.body,
-                     pulled=args.pulled, listers=args.listers, pullers=args.pullers)
+                     pulled=args.pulled, listers=args.listers, pullers=args.pullers,
+                     receivers=args.receivers)
     print(json.dumps(result))
     return 0
 

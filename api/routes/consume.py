@@ -4,6 +4,7 @@ offsets."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
 import msgspec
@@ -11,6 +12,7 @@ from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from api import schemas
+from api.answers import PIECEWISE_FROM, PiecewiseAnswer
 from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_bool, query_int, respond
@@ -19,7 +21,7 @@ from api.schemas import TOPIC_PARAMETER, Topic
 from storage.constants import GROUP_PATTERN, GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.errors import InvalidArgument
 from storage.native import native
-from storage.records import LogRecord, decode_log_records
+from storage.records import LogRecord, decode_log_records, log_record_offsets
 
 Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Consumer group.")]
 
@@ -55,15 +57,47 @@ def _pull_msgpack_native(payloads: list[bytes], offset: int, once: bool = False)
     frame: bytes | None = native.pull_frame(payloads, once)
     if frame is not None:  # every message done in C, in one buffer
         return frame
-    parts, offsets = native.delivered_msgpack(payloads, once=once)
+    parts, offsets = _msgpack_parts(payloads, once)
+    next_offset = offsets[-1] + 1 if parts else offset
+    return b"".join((_PULL_HEAD, msgpack_array_header(len(parts)), *parts, _NEXT_OFFSET,
+                     _msgpack.encode(next_offset)))
+
+
+def _msgpack_parts(payloads: Sequence[bytes], once: bool) -> tuple[list[bytes], list[int]]:
+    """Each payload's message in msgpack (in C when it can), and its offset."""
+    assert native is not None
+    parts, offsets = native.delivered_msgpack(list(payloads), once=once)
     for i, part in enumerate(parts):
         if part is None:
             message = decode_log_records([payloads[i]])[0]
             parts[i] = _msgpack.encode(delivered(message, once))
             offsets[i] = message.queue_offset
-    next_offset = offsets[-1] + 1 if parts else offset
-    return b"".join((_PULL_HEAD, msgpack_array_header(len(parts)), *parts, _NEXT_OFFSET,
-                     _msgpack.encode(next_offset)))
+    return parts, offsets
+
+
+def pull_answer(payloads: list[bytes], offset: int, once: bool, msgpack: bool,
+                request: Request) -> Response:
+    """The answer to a pull that read ``payloads`` from ``offset``: made at once, or piece
+    by piece when its bodies pass ``PIECEWISE_FROM`` (api/answers.py)."""
+    sizes = [len(p) for p in payloads]
+    if sum(sizes) < PIECEWISE_FROM:
+        if msgpack:
+            return Response(pull_msgpack(payloads, offset, once), media_type=MSGPACK)
+        return respond(pull_result(payloads, offset, once), 200, request)
+    frame = schemas.PullResult(messages=[],
+                               next_offset=log_record_offsets(payloads[-1:])[0] + 1)
+    encode: Callable[[Sequence[bytes]], bytes]
+    if not msgpack:
+        def encode(piece: Sequence[bytes]) -> bytes:
+            return _json.encode([delivered(m, once) for m in decode_log_records(list(piece))])
+    elif native is None:
+        def encode(piece: Sequence[bytes]) -> bytes:
+            return _msgpack.encode([delivered(m, once) for m in decode_log_records(list(piece))])
+    else:
+        def encode(piece: Sequence[bytes]) -> bytes:
+            parts = _msgpack_parts(piece, once)[0]
+            return b"".join((msgpack_array_header(len(parts)), *parts))
+    return PiecewiseAnswer(frame, payloads, sizes, encode, msgpack=msgpack)
 
 
 def msgpack_array_header(n: int) -> bytes:
@@ -76,6 +110,7 @@ def msgpack_array_header(n: int) -> bytes:
 _PULL_HEAD = b"\x82\xa8messages"  # {"messages": [...], "nextOffset": n}
 _NEXT_OFFSET = b"\xaanextOffset"
 _msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
 pull_msgpack = pull_msgpack_py if native is None else _pull_msgpack_native
 
 #: RFC 7240's ``Prefer`` request header, as the answers carrying delivered messages read it
@@ -131,7 +166,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
 
     @router.get("/v1/topics/{topic}/messages", **operation(
         "pullMessages", tag="consuming", summary="Read delivered messages (long polling)",
-        result="PullResult", msgpack=True, errors=(503,), parameters=PULL_PARAMETERS,
+        result="PullResult", msgpack=True, errors=(429, 503), parameters=PULL_PARAMETERS,
         result_description="Messages from the offset on (possibly none), and where to go on.",
     ))
     async def pull_messages(request: Request) -> Response:
@@ -155,11 +190,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         else:
             payloads = broker.read(topic, offset, max_messages)
         once = prefers_body_once(request)
-        if is_msgpack(request.headers.get("accept")):
-            response = Response(pull_msgpack(payloads, offset, once), media_type=MSGPACK)
-        else:
-            response = respond(pull_result(payloads, offset, once), 200, request)
-        return body_once_applied(response, once)
+        msgpack = is_msgpack(request.headers.get("accept"))
+        return body_once_applied(pull_answer(payloads, offset, once, msgpack, request), once)
 
     async def _long_poll(topic: str, offset: int, max_messages: int,
                          timeout_s: float) -> list[bytes]:

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import schemas
+from api.answers import respond_answer
 from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
@@ -148,7 +149,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         if is_msgpack(request.headers.get("accept")):
             response = Response(receive_msgpack(result, acked, once), media_type=MSGPACK)
         else:
-            response = respond(receive_answer(result, acked, once), 200, request)
+            response = respond_answer(lambda ms: receive_answer(msgspec.structs.replace(
+                result, messages=ms), acked, once), result.messages, request)
         return body_once_applied(response, once)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,

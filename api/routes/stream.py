@@ -13,13 +13,25 @@ registration per commit, with the server woken twice for each. A stream costs on
 commit. Like RocketMQ's push consumer, which persists its offsets every few seconds, the
 client commits its offset itself (``PUT …/groups/{group}/offset``), as often as it likes.
 
-Bounds. A stream holds one of the server's long-poll slots (503 when they are all taken);
-it ends after ``durationMs`` (default 5 min, at most 1 h) and at server shutdown, with the
-last frame complete, and the client goes on from the last ``nextOffset``. When nothing lands
-for ``HEARTBEAT_S`` the server writes a frame without messages, so a client (or a proxy)
-can tell a quiet stream from a dead one; the first frame is written at once, with or
-without messages (it is what a pull would answer now). A slow reader is not buffered for:
-the next read waits until the socket has taken the previous frame (uvicorn's flow control).
+Bounds. A stream holds one of the server's long-poll slots (503 when they are all taken)
+and one of its token's (``max_long_polls_per_token``, shared with the token's waiting pulls
+and receives: 429 ``TOO_MANY_REQUESTS`` past them; api/longpoll.py); it ends after
+``durationMs`` (default 5 min, at most 1 h) and at server shutdown, with the last frame
+complete, and the client goes on from the last ``nextOffset``. When nothing lands for
+``HEARTBEAT_S`` the server writes a frame without messages, so a client (or a proxy) can
+tell a quiet stream from a dead one; the first frame is written at once, with or without
+messages (it is what a pull would answer now). A slow reader is not buffered for: the next
+read waits until the socket has taken the previous frame (uvicorn's flow control).
+
+A stalled reader. uvicorn's wait for the socket to take a frame has no deadline, and
+``durationMs`` is looked at only between frames, so a client that stops reading would hold
+its slot (and the frame's memory) for ever. :class:`StallWatch` looks at the connection
+every quarter of ``stream_stall_ms``: the bytes waiting for the client (the transport's
+buffer plus what the kernel holds unacknowledged, ``TIOCOUTQ``); when some wait and none
+has been taken (their number never fell) for ``stream_stall_ms``, the connection is aborted
+(logged at INFO, counted in ``hourglass_streams_stalled``), which ends the stream and frees
+its slot. A reader that takes bytes, however slowly, is not stalled; nor is a quiet stream
+whose client has everything.
 
 Who writes. A stream that has caught up is lent, while it waits, to the thread that commits
 the next delivery, which writes that frame itself (api/push.py): no event-loop wake-up per
@@ -31,9 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import sys
+import termios
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
@@ -91,20 +107,71 @@ _FRAMES = {"description": "A frame per delivery: each a PullResult, the next one
                        for media in (NDJSON, MSGPACK)}}
 
 
+def unsent_bytes(fd: int | None) -> int:
+    """Bytes the kernel holds for socket ``fd`` that its peer has not acknowledged (Linux's
+    ``TIOCOUTQ``); 0 when unknown."""
+    if fd is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, AttributeError):  # (no TIOCOUTQ: not Linux)
+        return 0
+    return max(int.from_bytes(raw, sys.byteorder, signed=True), 0)
+
+
+class StallWatch:
+    """Calls ``on_stall`` once when the client of ``transport`` (socket ``fd``) has taken
+    none of the bytes waiting for it for ``stall_s`` (module doc); until ``cancel``."""
+
+    __slots__ = ("_fd", "_handle", "_interval", "_last", "_loop", "_on_stall", "_since",
+                 "_stall_s", "_transport")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, transport: Any, fd: int | None,
+                 stall_s: float, on_stall: Callable[[int], None]) -> None:
+        self._loop, self._transport, self._fd = loop, transport, fd
+        self._stall_s, self._on_stall = stall_s, on_stall
+        self._interval = max(stall_s / 4, 0.005)
+        self._since = loop.time()  # when the client last took bytes (or had them all)
+        self._last = 0  # the bytes waiting at the last look
+        self._handle = loop.call_later(self._interval, self._look)
+
+    def _look(self) -> None:
+        transport = self._transport
+        if transport.is_closing():
+            return
+        waiting = transport.get_write_buffer_size() + unsent_bytes(self._fd)
+        now = self._loop.time()
+        if waiting == 0 or waiting < self._last:
+            self._since = now
+        self._last = waiting
+        if now - self._since >= self._stall_s:
+            self._on_stall(waiting)
+            return
+        self._handle = self._loop.call_later(self._interval, self._look)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
 class StreamResponse(Response):
     """Frames of ``topic`` from ``offset`` until ``duration_s`` pass, the client leaves or
-    the server closes; holds one long-poll slot (taken by the caller) and gives it back."""
+    stalls (``stall_s``) or the server closes; holds one long-poll slot (taken by the
+    caller) and gives it back. ``encoding``: equal for streams whose ``encode`` makes the
+    same bytes (their frames are made once per commit: api/push.py)."""
 
     def __init__(self, broker: Broker, notifier: DeliveryNotifier, pusher: StreamPusher,
                  topic: str, offset: int, max_messages: int, duration_s: float,
                  encode: Callable[[list[bytes], int], bytes], media_type: str,
-                 release: Callable[[], None]) -> None:
+                 release: Callable[[], None], *, stall_s: float = 30.0,
+                 encoding: Any = None) -> None:
         super().__init__(status_code=200, media_type=media_type,
                          headers={"cache-control": "no-store"})
         del self.headers["content-length"]  # (chunked: the length is not known)
         self._broker, self._notifier, self._pusher = broker, notifier, pusher
         self._topic, self._offset, self._max = topic, offset, max_messages
         self._duration_s, self._encode, self._release = duration_s, encode, release
+        self._stall_s, self._encoding = stall_s, encoding
+        self._connection: Any = None  # the connection's transport, when the server tells it
         self._gone = False  # the client left
         self._waiting: asyncio.Future[str | None] | None = None  # the wait in progress
         self._parked: ParkedStream | None = None  # when the pusher may write it (api/push.py)
@@ -112,7 +179,13 @@ class StreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
         watcher = asyncio.ensure_future(self._watch(receive))
-        held = scope.get("extensions", {}).get(SOCKET_EXTENSION)  # (plain sockets only)
+        held = scope.get("extensions", {}).get(SOCKET_EXTENSION)
+        stall = None if held is None else StallWatch(
+            loop, held.transport, held.fd, self._stall_s, self._stalled(held))
+        if held is not None:
+            self._connection = held.transport
+            if held.fd is None:
+                held = None  # (TLS: no plain socket to write on; the loop writes every frame)
         try:
             if held is not None and self._pusher.enabled:  # lend the stream while it waits
                 self._parked = self._lendable(held, loop)
@@ -124,9 +197,20 @@ class StreamResponse(Response):
             pass
         finally:
             watcher.cancel()
+            if stall is not None:
+                stall.cancel()
             if self._parked is not None:
                 self._parked.close()
             self._release()
+
+    def _stalled(self, held: HeadHeldTransport) -> Callable[[int], None]:
+        def end(waiting: int) -> None:
+            log.info("stream of %s ended at offset %d: its client took none of the %d bytes "
+                     "waiting for it in %.1f s", self._topic, self._offset, waiting,
+                     self._stall_s)
+            self._pusher.count(stalled=1)
+            held.transport.abort()  # the stream sees the client gone and gives its slot back
+        return end
 
     def _lendable(self, held: HeadHeldTransport,
                   loop: asyncio.AbstractEventLoop) -> ParkedStream | None:
@@ -137,7 +221,7 @@ class StreamResponse(Response):
             return ParkedStream(
                 self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
                 encode=self._encode, read=self._broker.read_checked, transport=held.transport,
-                fd=held.fd, loop=loop)
+                fd=held.fd, loop=loop, encoding=self._encoding)
         except OSError as exc:
             log.warning("stream of %s written by the event loop only: %s", self._topic, exc)
             return None
@@ -157,7 +241,11 @@ class StreamResponse(Response):
         notifier, topic, parked = self._notifier, self._topic, self._parked
         deadline = loop.time() + self._duration_s
         beat = loop.time()  # the first frame goes at once, with messages or not
-        while not self._gone and not notifier.closed:
+        connection = self._connection
+        # (closing: the client left, or stalled and was aborted; a send then returns at once,
+        # without yielding to the loop that would tell this one so)
+        while not (self._gone or notifier.closed
+                   or (connection is not None and connection.is_closing())):
             # before reading: no lost wake-up (a parked stream is woken by no delivery)
             future: asyncio.Future[str | None] = (
                 notifier.register(topic) if parked is None else loop.create_future())
@@ -211,7 +299,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     @router.get("/v1/topics/{topic}/messages:stream", **operation(
         "streamMessages", tag="consuming",
         summary="Stream delivered messages as they land (a frame per delivery)",
-        errors=(400, 503), parameters=STREAM_PARAMETERS, extra_responses={200: _FRAMES},
+        errors=(400, 429, 503), parameters=STREAM_PARAMETERS, extra_responses={200: _FRAMES},
     ))
     async def stream_messages(request: Request) -> Response:
         principal = ctx.caller(request)
@@ -227,6 +315,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             offset = 0 if group is None else broker.get_group_offset(topic, check_group(group))
         broker.end_offset(topic)  # a bad topic, a stopped engine: refused before the 200
         once = prefers_body_once(request)
+        encoding = (is_msgpack(request.headers.get("accept")), once)
         encode: Callable[[list[bytes], int], bytes]
         if is_msgpack(request.headers.get("accept")):
             media = MSGPACK
@@ -239,7 +328,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             def encode(payloads: list[bytes], at: int) -> bytes:
                 return _json.encode(pull_result(payloads, at, once)) + b"\n"
         slot = contextlib.ExitStack()
-        slot.enter_context(notifier.slot())  # Overloaded (503) here; back when it ends
+        slot.enter_context(notifier.slot())  # 503 or 429 here; back when it ends
         return body_once_applied(StreamResponse(
             broker, notifier, ctx.pusher, topic, offset, max_messages, duration_ms / 1000.0,
-            encode, media, slot.close), once)
+            encode, media, slot.close, stall_s=ctx.limits.stream_stall_ms / 1000.0,
+            encoding=encoding), once)

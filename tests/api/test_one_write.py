@@ -140,6 +140,29 @@ def test_pipelined_requests_get_their_responses_in_order(pipelined: int) -> None
                                                       for k in range(pipelined)]
 
 
+def _body(head: bytes, rest: bytes) -> tuple[bytes, bytes] | None:
+    """The body of a response whose head is ``head`` from the bytes after it (by its
+    ``Content-Length``, or chunked: a big pull's answer, api/answers.py) and what follows
+    it; None until all of it arrived."""
+    lines = [line.lower() for line in head.split(b"\r\n")]
+    length = next((int(line.split(b":")[1]) for line in lines
+                   if line.startswith(b"content-length")), None)
+    if length is not None:
+        return (rest[:length], rest[length:]) if len(rest) >= length else None
+    assert b"transfer-encoding: chunked" in lines, head
+    body = b""
+    while b"\r\n" in rest:
+        size_line, after = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if len(after) < size + 2:
+            return None
+        if size == 0:
+            return body, after[2:]
+        body += after[:size]
+        rest = after[size + 2:]
+    return None
+
+
 def test_responses_larger_than_the_socket_takes_arrive_whole_and_in_order(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real server and three pipelined requests: the direct ``writev`` sends what the
@@ -180,12 +203,11 @@ def test_responses_larger_than_the_socket_takes_arrive_whole_and_in_order(
                 received += chunk
                 while b"\r\n\r\n" in received:
                     head, rest = received.split(b"\r\n\r\n", 1)
-                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                      if line.lower().startswith(b"content-length")))
-                    if len(rest) < length:
+                    body = _body(head, rest)
+                    if body is None:
                         break
                     assert head.startswith(b"HTTP/1.1 200 OK")
-                    bodies.append(rest[:length])
-                    received = rest[length:]
+                    bodies.append(body[0])
+                    received = body[1]
         assert bodies == [pull, health, pull]
     assert writes["whole"] >= 2 and writes["part"] >= 1, writes  # both paths were taken

@@ -1,14 +1,18 @@
 """``GET /v1/topics/{topic}/messages:stream`` over real HTTP: a frame at once, then a frame
 per delivery, each what a pull from its offset answers (NDJSON or msgpack, ``Prefer:
 body=once``); from an offset or the group's committed one; ended by ``durationMs``, by the
-client leaving (its long-poll slot given back) and by server shutdown; bad input refused
-before the 200, as a pull refuses it."""
+client leaving (its long-poll slot given back), by the client taking no bytes for
+``stream_stall_ms`` and by server shutdown; at most ``max_long_polls_per_token`` streams and
+waiting pulls of one token; bad input refused before the 200, as a pull refuses it."""
 
 from __future__ import annotations
 
+import base64
+import os
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,10 @@ import msgpack
 import orjson
 import pytest
 
+from app.settings import load_settings
+from app.wiring import build_app
 from scheduler.clock import FakeClock
+from storage.errors import InvalidArgument
 from tests.support.live import ADMIN, CONSUMER, T0, Live, make_settings, serve
 
 TOPIC = "orders.stream"
@@ -245,3 +252,124 @@ def test_the_openapi_document_describes_the_frames(live: Live) -> None:
         "$ref": "#/components/schemas/PullResult"}
     names = {p["name"] for p in op["parameters"]}
     assert {"offset", "group", "max", "durationMs", "Prefer"} <= names
+
+
+# --- a client that stops reading; one token's share of the slots -------------------------------
+
+def open_raw_stream(live: Live, token: str, rcvbuf: int = 4096,
+                    params: str = "durationMs=3600000") -> socket.socket:
+    """A stream over a socket with a small receive buffer, its request sent, nothing read."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # (before connect: the window)
+    host, port = live.base_url.removeprefix("http://").split(":")
+    sock.connect((host, int(port)))
+    sock.sendall(f"GET {STREAM}?{params} HTTP/1.1\r\nHost: {host}\r\n"
+                 f"Authorization: Bearer {token}\r\n\r\n".encode())
+    return sock
+
+
+def wait_polls(notifier: Any, n: int, within_s: float = 10) -> None:
+    deadline = time.monotonic() + within_s
+    while notifier.polls != n:
+        assert time.monotonic() < deadline, f"{notifier.polls} long polls held, not {n}"
+        time.sleep(0.01)
+
+
+def send_bodies(c: httpx.Client, count: int, size: int, delay_ms: int) -> None:
+    body = base64.b64encode(os.urandom(size))[:size].decode()  # (incompressible text)
+    r = c.post(f"/v1/topics/{TOPIC}/messages:batch", headers={
+        "Content-Type": "application/x-msgpack"}, content=msgpack.packb({"messages": [
+            {"body": body, "delayMs": delay_ms} for _ in range(count)]}))
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize("pushing", [True, False])
+def test_a_stream_whose_client_takes_no_bytes_is_ended_and_its_slot_freed(
+        live_factory: Callable[..., Live], pushing: bool) -> None:
+    """uvicorn waits for the socket to take a frame without a deadline: a client that never
+    reads would hold its slot (and the frame) for the stream's whole hour."""
+    live = live_factory(stream_stall_ms=300)
+    notifier, pusher = live.app.state.ctx.notifier, live.app.state.ctx.pusher
+    pusher.enabled = pushing
+    sock = open_raw_stream(live, CONSUMER)
+    try:
+        wait_polls(notifier, 1)
+        with live.client(ADMIN) as c:
+            for _ in range(4):  # 16 MiB: more than every buffer on the way holds
+                send_bodies(c, 2, 2 << 20, delay_ms=1000)
+            began = time.monotonic()
+            live.advance(1000)
+            wait_polls(notifier, 0, within_s=15)  # ended, the slot back
+            assert time.monotonic() - began > 0.3  # (not before the stall time)
+            assert pusher.totals()[3] == 1
+            assert "hourglass_streams_stalled_total 1.0" in c.get("/metrics").text
+    finally:
+        sock.close()
+
+
+def test_a_slow_reader_that_takes_bytes_is_not_ended(live_factory: Callable[..., Live]) -> None:
+    live = live_factory(stream_stall_ms=300)
+    notifier, pusher = live.app.state.ctx.notifier, live.app.state.ctx.pusher
+    sock = open_raw_stream(live, CONSUMER, params="durationMs=3600000&max=1")
+    sock.settimeout(10)
+    try:
+        wait_polls(notifier, 1)
+        with live.client(ADMIN) as c:
+            send_bodies(c, 6, 512 << 10, delay_ms=1000)  # 3 MiB
+            live.advance(1000)
+        got = 0
+        while got < 3 << 20:  # ~48 KiB per 50 ms (a stall look is every 75 ms): ~3 s
+            time.sleep(0.05)
+            for _ in range(12):
+                got += len(sock.recv(4096))
+        assert notifier.polls == 1 and pusher.totals()[3] == 0  # still streaming
+    finally:
+        sock.close()
+    wait_polls(notifier, 0)
+
+
+def test_one_token_holds_at_most_max_long_polls_per_token(
+        live_factory: Callable[..., Live]) -> None:
+    """Streams and waiting pulls and receives of one token share its slots: past them 429,
+    while other tokens still get theirs (and the token its own back when one ends)."""
+    live = live_factory(max_long_polls_per_token=2)
+    notifier = live.app.state.ctx.notifier
+    socks = [open_raw_stream(live, CONSUMER) for _ in range(2)]
+    try:
+        wait_polls(notifier, 2)
+        with live.client(CONSUMER) as c:
+            refused = [
+                c.get(STREAM),
+                c.get(PULL, params={"waitMs": 5000}),
+                c.post(f"/v1/topics/{TOPIC}/groups/g:receive", json={"waitMs": 5000}),
+            ]
+            for r in refused:
+                assert r.status_code == 429, r.text
+                assert r.headers["content-type"].startswith("application/problem+json")
+                assert r.json()["code"] == "TOO_MANY_REQUESTS"
+                assert r.headers["retry-after"] == "1"
+            assert c.get(PULL).status_code == 200  # (a pull that does not wait takes none)
+            with live.client(ADMIN) as other, other.stream(
+                    "GET", STREAM, params={"durationMs": 50}) as r:
+                assert r.status_code == 200  # another token's slots are its own
+            socks.pop().close()  # one stream ends: its slot comes back
+            wait_polls(notifier, 1)
+            assert c.get(PULL, params={"waitMs": 50}).status_code == 200
+        assert notifier.polls == 1
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_the_settings_defaults_environment_and_bad_values() -> None:
+    defaults = load_settings()
+    assert (defaults.stream_stall_ms, defaults.max_long_polls_per_token) == (30_000, 64)
+    s = load_settings(env={"HOURGLASS_STREAM_STALL_MS": "2s",
+                           "HOURGLASS_MAX_LONG_POLLS_PER_TOKEN": "5"})
+    assert (s.stream_stall_ms, s.max_long_polls_per_token) == (2000, 5)
+    for name in ("HOURGLASS_STREAM_STALL_MS", "HOURGLASS_MAX_LONG_POLLS_PER_TOKEN"):
+        with pytest.raises(InvalidArgument, match=name):
+            load_settings(env={name: "0"})
+    app = build_app(replace(s, tokens=make_settings(Path("unused")).tokens))
+    ctx = app.state.ctx
+    assert (ctx.limits.stream_stall_ms, ctx.notifier.max_per_owner) == (2000, 5)

@@ -10,6 +10,7 @@ import base64
 import errno
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -62,7 +63,7 @@ def test_frames_are_what_the_loop_writes_whoever_writes_them(live: Live,
                 got.append(frame)
         assert [f["nextOffset"] for f in got] == [2, 3, 5, 6, 8, 9]
         assert [m["msgId"] for f in got for m in f["messages"]] == [f"m{i}" for i in range(9)]
-    pushed, handed_back = pusher.totals()
+    pushed, handed_back = pusher.totals()[:2]
     assert (pushed >= 6) if pushing else (pushed == 0)  # (the pusher wrote them, or none)
     assert handed_back == 0
 
@@ -86,10 +87,10 @@ def test_a_reader_slower_than_the_socket_gets_everything_once_in_order(live: Liv
         assert [m["offset"] for m in received] == list(range(3 * per_send))
         assert [m["msgId"] for m in received] == [f"m{i:03d}" for i in range(3 * per_send)]
         assert all(len(m["body"]) == size for m in received)
-        _, handed_back = pusher.totals()
+        _, handed_back = pusher.totals()[:2]
         assert handed_back >= 1  # the socket took part of a frame: the loop wrote the rest
         wait_parked(live, 1)  # caught up: lent to the pusher again
-        pushed_before, _ = pusher.totals()
+        pushed_before = pusher.totals()[0]
         send(c, range(100, 102), delay_ms=1000)
         live.advance(1000)
         assert [m["msgId"] for m in frames.next()["messages"]] == ["m100", "m101"]
@@ -113,7 +114,7 @@ def test_a_stream_whose_client_left_is_no_longer_lent(live: Live) -> None:
         live.advance(1000)
         assert c.get("/v1/topics/orders.stream/messages", params={"offset": 0}).json()[
             "nextOffset"] == 3
-    assert pusher.totals() == (0, 0)
+    assert pusher.totals()[:2] == (0, 0)
 
 
 class _Drained:
@@ -147,7 +148,7 @@ def test_what_landed_between_the_last_read_and_the_park_is_written_at_the_park()
         pusher.on_delivery([TOPIC])  # the commit's listener: nothing parked yet
         stream.park(0, loop.create_future())
         assert theirs.recv(100) == b"9\r\nframe 0+1\r\n"  # one HTTP/1.1 chunk
-        assert stream.offset == 1 and pusher.totals() == (1, 0)
+        assert stream.offset == 1 and pusher.totals()[:2] == (1, 0)
         landed.append(log_payload(TOPIC, "m1", 1, b"body", None, (), {}, 1, 2, 3, 0))
         pusher.on_delivery([TOPIC])  # parked: the commit's own thread writes it
         assert theirs.recv(100) == b"9\r\nframe 1+1\r\n"
@@ -177,4 +178,133 @@ def test_a_stream_whose_socket_cannot_be_duplicated_is_written_by_the_loop(
         send(c, range(2), delay_ms=1000)
         live.advance(1000)
         assert [m["msgId"] for m in frames.next()["messages"]] == ["m0", "m1"]
-    assert pusher.totals() == (0, 0)
+    assert pusher.totals()[:2] == (0, 0)
+
+
+def _parked_streams(pusher: StreamPusher, loop: asyncio.AbstractEventLoop, n: int,
+                    landed: list[bytes], encodes: list[tuple[int, bool]]) -> tuple[
+        list[ParkedStream], list[socket.socket], list[socket.socket]]:
+    """``n`` streams of TOPIC at offset 0 over socket pairs, parked (nothing landed yet)."""
+    committing = threading.current_thread()
+
+    def encode(payloads: list[bytes], at: int) -> bytes:
+        encodes.append((at, threading.current_thread() is not committing))
+        return b"frame %d+%d" % (at, len(payloads))
+
+    streams, ours, theirs = [], [], []
+    for _ in range(n):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.settimeout(10)
+        stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10, encode=encode,
+                              read=lambda _t, offset, k: landed[offset:offset + k],
+                              transport=_Drained(), fd=a.fileno(), loop=loop, encoding="same")
+        stream.park(0, loop.create_future())
+        streams.append(stream)
+        ours.append(a)
+        theirs.append(b)
+    return streams, ours, theirs
+
+
+@pytest.mark.parametrize(("n", "by_writer"), [(3, False), (20, True)])
+def test_a_commit_reads_and_encodes_once_for_all_streams_and_writes_a_bounded_number(
+        n: int, by_writer: bool) -> None:
+    """One read and encode per commit and offset for every stream of a topic (not one per
+    stream); past ``inline_streams`` (16) the writer thread writes them, not the commit."""
+    loop = asyncio.new_event_loop()
+    pusher = StreamPusher()
+    landed: list[bytes] = []
+    encodes: list[tuple[int, bool]] = []
+    streams, ours, theirs = _parked_streams(pusher, loop, n, landed, encodes)
+    try:
+        landed.append(log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])
+        for sock in theirs:
+            assert sock.recv(100) == b"9\r\nframe 0+1\r\n"
+        assert encodes == [(0, by_writer)]  # once for all of them, by the writer or not
+        assert (pusher.writer_passes == 1) is by_writer
+        assert all(s.offset == 1 for s in streams)
+    finally:
+        pusher.close()
+        for stream in streams:
+            stream.close()
+        for sock in ours + theirs:
+            sock.close()
+        loop.close()
+
+
+def test_twenty_streams_of_a_topic_get_every_message_once_and_in_order(live: Live) -> None:
+    """Past the commit's budget (the writer thread writes them), over real HTTP."""
+    n = 20
+    with live.client(ADMIN) as c:
+        clients = [live.client(CONSUMER) for _ in range(n)]
+        responses = [cl.send(cl.build_request("GET", STREAM, params={"durationMs": 30_000},
+                                              headers=MSGPACK), stream=True)
+                     for cl in clients]
+        try:
+            readers = [Frames(r) for r in responses]
+            for reader in readers:
+                assert reader.next() == {"messages": [], "nextOffset": 0}
+            wait_parked(live, n)
+            for step in range(3):
+                send(c, range(step * 4, step * 4 + 4), delay_ms=1000)
+                live.advance(1000)
+            for reader in readers:
+                got: list[int] = []
+                while len(got) < 12:
+                    got += [m["offset"] for m in reader.next()["messages"]]
+                assert got == list(range(12))
+            assert live.app.state.ctx.pusher.writer_passes >= 1
+        finally:
+            for r, cl in zip(responses, clients, strict=True):
+                r.close()
+                cl.close()
+
+
+def test_a_failed_push_is_logged_counted_and_handed_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """It used to be swallowed without a trace: a refused read (or a bug) is a WARNING with
+    its trace, a socket error (the client left) an INFO line; both are counted
+    (``hourglass_stream_push_failures_total``) and hand the stream back to the loop."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from api.metrics import StreamPushCollector
+
+    loop = asyncio.new_event_loop()
+    pusher = StreamPusher()
+    registry = CollectorRegistry()
+    registry.register(StreamPushCollector(pusher.totals))
+    landed = [log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0)]
+
+    def refused(_t: str, _offset: int, _n: int) -> list[bytes]:
+        raise RuntimeError("the engine refuses the read")
+
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    streams = [ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
+                            encode=lambda payloads, at: b"frame", read=refused,
+                            transport=_Drained(), fd=ours.fileno(), loop=loop)]
+    theirs.close()  # the client left: writing on the socket fails (EPIPE)
+    streams.append(ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
+                                encode=lambda payloads, at: b"frame",
+                                read=lambda _t, o, n: landed[o:o + n], transport=_Drained(),
+                                fd=ours.fileno(), loop=loop))
+    try:
+        with caplog.at_level("INFO", logger="hourglass.api"):
+            for stream in streams:
+                wake = loop.create_future()
+                stream.park(0, wake)  # (writes what landed: fails)
+                loop.run_until_complete(asyncio.wait_for(wake, 5))  # handed back, woken
+                assert not stream.parked
+        assert pusher.totals() == (0, 2, 2, 0)
+        refusal, broken = [r for r in caplog.records if "write failed" in r.getMessage()]
+        assert refusal.levelname == "WARNING" and refusal.exc_info is not None
+        assert "RuntimeError" in refusal.getMessage()
+        assert broken.levelname == "INFO" and not broken.exc_info
+        assert "BrokenPipeError" in broken.getMessage()
+        assert b"hourglass_stream_push_failures_total 2.0" in generate_latest(registry)
+    finally:
+        for stream in streams:
+            stream.close()
+        ours.close()
+        loop.close()
