@@ -13,7 +13,8 @@ socket under a response. So pyproject.toml pins uvicorn to the range it was test
 (an untested uvicorn installed by hand), the server logs one warning and runs on uvicorn's
 own protocol: every request is served, streams and big answers included (written by the
 event loop, through ASGI), just slower, and the guards are the nearest uvicorn offers
-(``limit_concurrency``, ``h11_max_incomplete_event_size``).
+(``limit_concurrency``, ``h11_max_incomplete_event_size``). The protocol is uvicorn's
+httptools one when its module still imports, else its h11 one.
 """
 
 from __future__ import annotations
@@ -122,7 +123,10 @@ class ConnectionLimits:
             "by the event loop (slower), a response's head and body leave in two writes, "
             "past max_connections uvicorn answers 503 per request, and request headers have "
             "no deadline", _uvicorn_version(), "; ".join(missing), TESTED_UVICORN)
-        return {"http": "auto", "limit_concurrency": self.max_connections,
+        # uvicorn's httptools protocol if its module is there at all, else its h11 one
+        # (uvicorn's "auto" imports the module unguarded once httptools is installed)
+        http = "h11" if missing[0].startswith(f"{HTTPTOOLS_IMPL} cannot") else "httptools"
+        return {"http": http, "limit_concurrency": self.max_connections,
                 "h11_max_incomplete_event_size": self.max_header_bytes}
 
     def watch(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
