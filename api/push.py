@@ -90,7 +90,7 @@ class ParkedStream:
                  "_wake", "encoding", "offset", "parked", "pending", "topic", "wrote_at")
 
     def __init__(self, pusher: StreamPusher, *, topic: str, offset: int, max_messages: int,
-                 encode: Encode, read: Read, transport: Any, fd: int,
+                 encode: Encode, read: Read, transport: asyncio.Transport, fd: int,
                  loop: asyncio.AbstractEventLoop, encoding: Any = None) -> None:
         """``transport``: the connection's transport (to see whether it has bytes queued);
         ``fd``: its socket's descriptor, duplicated here (module doc); ``encoding``: a key

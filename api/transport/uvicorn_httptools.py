@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from api.transport.connection import SOCKET_EXTENSION
+from api.transport.connection import SOCKET_EXTENSION, Connection
 
 if TYPE_CHECKING:
     from api.transport.limits import ConnectionLimits
@@ -183,7 +183,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
-            held = HeadHeldTransport(self.transport, self._fd, cycle)  # the cycle writes here
+            # the cycle writes here; the response sees it as its Connection
+            held: Connection = HeadHeldTransport(self.transport, self._fd, cycle)
             # (a new dict: beside, not into, any the server set)
             extensions: dict[str, Any] = {**(self.scope.get("extensions") or {}),
                                           SOCKET_EXTENSION: held}
