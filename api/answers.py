@@ -32,8 +32,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.bodies import MSGPACK, is_msgpack
-from api.connections import SOCKET_EXTENSION
 from api.context import respond
+from api.transport import connection_of
 
 PIECEWISE_FROM = 1 << 20  # bodies in an answer from which it is made piece by piece
 PIECE_BYTES = 64 << 10  # bodies per piece (~0.3 ms of the loop in JSON; 64 KiB measured best)
@@ -103,7 +103,7 @@ class PiecewiseAnswer(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-        held = scope.get("extensions", {}).get(SOCKET_EXTENSION)
+        held = connection_of(scope)  # (None on uvicorn's own protocol: ASGI only)
         body = self._head
         for i, (start, end) in enumerate(self._ranges):
             if i:

@@ -12,10 +12,11 @@ thread it woke.
 So a caught-up stream *lends* itself to the :class:`StreamPusher` while it waits
 (:meth:`ParkedStream.park`): after each commit the committing thread, already awake and
 holding the GIL, reads what landed from the stream's offset, frames it exactly as the loop
-would (the same encoder, the same HTTP/1.1 chunk) and writes it to the socket itself with one
-``writev`` (made without the GIL). The event loop is not woken at all. It takes the stream
-back (:meth:`ParkedStream.unpark`) when its own wait ends: a heartbeat or the stream's end
-is due, the client left, the server is closing, or the pusher handed it back.
+would (the same encoder, the same HTTP/1.1 chunk: ``api.transport.chunk``) and writes it
+to the socket itself with one ``writev`` (made without the GIL). The event loop is not
+woken at all. It takes the stream back (:meth:`ParkedStream.unpark`) when its own wait
+ends: a heartbeat or the stream's end is due, the client left, the server is closing, or
+the pusher handed it back.
 
 The pusher hands a stream back instead of writing when writing would not keep the bytes in
 order or bounded: the transport has bytes queued (uvloop is still writing earlier ones: the
@@ -63,6 +64,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from api.transport import chunk
 from storage.records import log_record_offsets
 
 log = logging.getLogger("hourglass.api")
@@ -88,7 +90,7 @@ class ParkedStream:
                  "_wake", "encoding", "offset", "parked", "pending", "topic", "wrote_at")
 
     def __init__(self, pusher: StreamPusher, *, topic: str, offset: int, max_messages: int,
-                 encode: Encode, read: Read, transport: Any, fd: int,
+                 encode: Encode, read: Read, transport: asyncio.Transport, fd: int,
                  loop: asyncio.AbstractEventLoop, encoding: Any = None) -> None:
         """``transport``: the connection's transport (to see whether it has bytes queued);
         ``fd``: its socket's descriptor, duplicated here (module doc); ``encoding``: a key
@@ -193,7 +195,7 @@ class ParkedStream:
         if not payloads:
             return _NOTHING
         frame = self._encode(payloads, self.offset)
-        chunks = (b"%x\r\n" % len(frame), frame, b"\r\n")
+        chunks = chunk(frame)
         return (chunks, sum(map(len, chunks)), log_record_offsets(payloads[-1:])[0] + 1,
                 len(payloads) >= self._max)
 

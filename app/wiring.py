@@ -14,8 +14,8 @@ from starlette.types import ASGIApp
 
 from api.app import create_app
 from api.auth import Authenticator
-from api.connections import ConnectionLimits
 from api.context import ApiLimits
+from api.transport import ConnectionLimits
 from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.clock import Clock, SystemClock
@@ -44,7 +44,7 @@ def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:
                               max_header_bytes=settings.max_header_bytes,
                               header_timeout_ms=settings.header_timeout_ms)
     return uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop", http=limits,  # type: ignore[arg-type]
+        app, host=settings.host, port=settings.port, loop="uvloop", **limits.uvicorn_options(),
         ws="none", lifespan="on", workers=1, log_level=settings.log_level,
         access_log=settings.access_log, timeout_graceful_shutdown=10,
         server_header=False,

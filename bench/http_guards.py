@@ -1,5 +1,5 @@
 """``python -m bench.http_guards``: the CPU a request costs in uvicorn's httptools protocol,
-without and with api/connections.py's guards.
+without and with api/transport/'s guards.
 
 In process, on uvloop: one protocol object on a fake transport is fed the same small POST
 (7 headers, a 15-byte body) ``--requests`` times, answered by a trivial ASGI app; rounds of
@@ -23,7 +23,7 @@ import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from api.connections import ConnectionLimits
+from api.transport import ConnectionLimits
 
 REQUEST = (b"POST /v1/topics/orders/messages HTTP/1.1\r\nhost: 127.0.0.1:7740\r\n"
            b"authorization: Bearer abcdefghijklmnopqrstuvwxyz\r\n"

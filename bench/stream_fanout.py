@@ -121,6 +121,10 @@ def measure(*, streams: int, rate: int, seconds: float, delay_ms: int) -> dict[s
                         (float(line.split()[-1]) for line in metrics.splitlines()
                          if line.startswith(f"hourglass_stream_{name}_total")), None)
                 result["stream_mib_read"] = round(got[0] / (1 << 20), 1)
+                # delivery listener calls over their budget (scheduler/listeners.py), by name
+                result["listener_overruns"] = {
+                    line.split('"')[1]: float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("hourglass_delivery_listener_overruns_total{")}
         finally:
             stop.set()
             reader.join(timeout=10)

@@ -42,6 +42,7 @@ from scheduler.intake import (
     check_topic,
 )
 from scheduler.ledger import DeliveryLedger
+from scheduler.listeners import BudgetedListener, DeliveryListener
 from scheduler.listing import list_scheduled
 from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
@@ -442,11 +443,11 @@ class Broker:
         self._live()
         return self._queues.end_offset(topic)
 
-    def add_delivery_listener(self, listener: Callable[[Collection[str]], None]) -> None:
+    def add_delivery_listener(self, listener: DeliveryListener) -> None:
         """``listener(topics)`` is called after each commit that appended messages: from
         the delivery thread, and from the sending thread for messages due on arrival. It
         must be quick and must not call back into the Broker's write paths."""
-        self._listeners.append(listener)
+        self._listeners.append(BudgetedListener(listener, self.metrics.listener_overruns))
 
     def get_group_offset(self, topic: str, group: str) -> int:
         check_topic(topic, allow_system=True)

@@ -32,6 +32,8 @@ watermark_lag_ms               gauge      per shard (label shard): now - time it
 lateness_ms                    histogram  storedAt - deliverAt of delivered messages, ms
 scan_batch_size                histogram  keys per non-empty due-range scan
 commit_batch_size              histogram  messages per CommitLog append + RocksDB commit
+listener_overruns              counter    per listener (label listener): delivery listener calls
+                                          over their budget (scheduler/listeners.py)
 tx_prepared                    counter    half messages prepared (scheduler/transactions.py)
 tx_committed                   counter    transactions committed (by the producer or a check)
 tx_rolled_back                 counter    transactions rolled back
@@ -301,6 +303,9 @@ class EngineMetrics:
             "scan_batch_size", "Keys per non-empty due-range scan", BATCH_BUCKETS)
         self.commit_batch_size = Histogram(
             "commit_batch_size", "Messages per log append + RocksDB commit", BATCH_BUCKETS)
+        self.listener_overruns = Counter(
+            "delivery_listener_overruns_total",
+            "Delivery listener calls over their budget (not messages)", "listener")
         # transactions (scheduler/transactions.py, scheduler/checkback.py)
         self.tx_prepared = Counter("transactions_prepared_total", "Half messages prepared")
         self.tx_committed = Counter("transactions_committed_total", "Transactions committed")

@@ -43,10 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import sys
-import termios
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +55,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from api.auth import Permission
 from api.bodies import MSGPACK, is_msgpack, prefers_body_once
-from api.connections import SOCKET_EXTENSION, HeadHeldTransport
 from api.context import ApiContext, query_int
 from api.longpoll import DeliveryNotifier
 from api.openapi import REF, operation, query_parameter
@@ -72,6 +68,7 @@ from api.routes.consume import (
     pull_result,
 )
 from api.schemas import TOPIC_PARAMETER
+from api.transport import Connection, connection_of, unsent_bytes
 from scheduler.broker import Broker
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.errors import HourglassError
@@ -105,18 +102,6 @@ _FRAMES = {"description": "A frame per delivery: each a PullResult, the next one
                           f"{HEARTBEAT_S:.0f} s of quiet.",
            "content": {media: {"schema": {"$ref": REF.format(name="PullResult")}}
                        for media in (NDJSON, MSGPACK)}}
-
-
-def unsent_bytes(fd: int | None) -> int:
-    """Bytes the kernel holds for socket ``fd`` that its peer has not acknowledged (Linux's
-    ``TIOCOUTQ``); 0 when unknown."""
-    if fd is None:
-        return 0
-    try:
-        raw = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
-    except (OSError, AttributeError):  # (no TIOCOUTQ: not Linux)
-        return 0
-    return max(int.from_bytes(raw, sys.byteorder, signed=True), 0)
 
 
 class StallWatch:
@@ -179,7 +164,7 @@ class StreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
         watcher = asyncio.ensure_future(self._watch(receive))
-        held = scope.get("extensions", {}).get(SOCKET_EXTENSION)
+        held = connection_of(scope)  # (None on uvicorn's own protocol: the loop writes)
         stall = None if held is None else StallWatch(
             loop, held.transport, held.fd, self._stall_s, self._stalled(held))
         if held is not None:
@@ -203,7 +188,7 @@ class StreamResponse(Response):
                 self._parked.close()
             self._release()
 
-    def _stalled(self, held: HeadHeldTransport) -> Callable[[int], None]:
+    def _stalled(self, held: Connection) -> Callable[[int], None]:
         def end(waiting: int) -> None:
             log.info("stream of %s ended at offset %d: its client took none of the %d bytes "
                      "waiting for it in %.1f s", self._topic, self._offset, waiting,
@@ -212,7 +197,7 @@ class StreamResponse(Response):
             held.transport.abort()  # the stream sees the client gone and gives its slot back
         return end
 
-    def _lendable(self, held: HeadHeldTransport,
+    def _lendable(self, held: Connection,
                   loop: asyncio.AbstractEventLoop) -> ParkedStream | None:
         """The stream's state for the pusher; None (the loop writes every frame) when its
         socket cannot be duplicated (e.g. no descriptor left: EMFILE)."""
@@ -237,7 +222,7 @@ class StreamResponse(Response):
             waiting.set_result(None)
 
     async def _frames(self, loop: asyncio.AbstractEventLoop, send: Send,
-                      held: HeadHeldTransport | None) -> None:
+                      held: Connection | None) -> None:
         notifier, topic, parked = self._notifier, self._topic, self._parked
         deadline = loop.time() + self._duration_s
         beat = loop.time()  # the first frame goes at once, with messages or not

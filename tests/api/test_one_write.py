@@ -13,7 +13,7 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from api.connections import ConnectionLimits
+from api.transport import ConnectionLimits
 from scheduler.clock import FakeClock
 from tests.support.live import ADMIN, T0, make_settings, serve
 

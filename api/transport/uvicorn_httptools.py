@@ -1,4 +1,11 @@
-"""Connection limits, at the HTTP layer: uvicorn's httptools protocol with three guards.
+"""The one module that reaches into uvicorn's private ``httptools_impl``: its protocol with
+the connection guards, and a request's transport that writes a response in one ``writev``.
+
+Only api/transport/limits.py imports it, after ``check_internals`` found what it relies on
+(the names in ``limits.REQUIRED_INTERNALS``, tested against the uvicorn range pinned in
+pyproject.toml); else the server runs on uvicorn's own protocol (limits.py).
+
+The guards (``ConnectionLimits``: api/transport/limits.py):
 
 - At most ``max_connections`` open connections: one more is answered 503 ``UNAVAILABLE``
   with ``Retry-After`` and closed at once (before it can send anything).
@@ -20,78 +27,22 @@ with the GIL held, so when the kernel switches to the woken client in the middle
 engine's threads wait too. The protocol here hands every request's cycle a
 :class:`HeadHeldTransport`, which keeps the header bytes and sends them with the first body
 chunk in one ``writev``, made without the GIL; a response without a body write (HEAD) sends
-them when it completes. An interim ``100 Continue`` goes out at once.
+them when it completes. An interim ``100 Continue`` goes out at once. It is the request's
+:class:`api.transport.Connection` (under ``SOCKET_EXTENSION`` in the ASGI scope).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from api.problems import PROBLEM_CONTENT_TYPE, problem_body
+from api.transport.connection import SOCKET_EXTENSION, Connection
 
-log = logging.getLogger("hourglass.api")
-
-
-def _raw_response(status: int, reason: str, code: str, detail: str,
-                  extra: bytes = b"") -> bytes:
-    status, body = problem_body(code, detail, status)
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {PROBLEM_CONTENT_TYPE}\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n").encode() + extra \
-        + b"\r\n" + body
-
-
-class ConnectionLimits:
-    """The limits, and the protocol factory uvicorn's ``Config(http=...)`` takes."""
-
-    def __init__(self, *, max_connections: int, max_header_bytes: int,
-                 header_timeout_ms: int) -> None:
-        self.max_connections = max_connections
-        self.max_header_bytes = max_header_bytes
-        self.header_timeout_s = header_timeout_ms / 1000
-        self._sweeping: asyncio.AbstractEventLoop | None = None
-        self.busy = _raw_response(
-            503, "Service Unavailable", "UNAVAILABLE",
-            f"more than {max_connections} connections are open; try again shortly",
-            b"retry-after: 1\r\n")
-        self.not_http = _raw_response(
-            400, "Bad Request", "INVALID_ARGUMENT",
-            "the request is not valid HTTP/1.1 (its request line or a header cannot be parsed: "
-            "e.g. a control character in a header value)")
-        self.too_large = _raw_response(
-            431, "Request Header Fields Too Large", "INVALID_ARGUMENT",
-            f"the request line and headers exceed {max_header_bytes} bytes")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> GuardedHttpToolsProtocol:
-        return GuardedHttpToolsProtocol(self, *args, **kwargs)
-
-    def watch(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
-        """Sweep ``connections`` on ``loop`` from now on (once per loop)."""
-        if self._sweeping is not loop:
-            self._sweeping = loop
-            loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
-
-    def _sweep(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
-        if loop.is_closed():
-            return
-        too_old = loop.time() - self.header_timeout_s
-        for protocol in list(connections):
-            since = getattr(protocol, "header_since", None)
-            if since is not None and since < too_old and not protocol.transport.is_closing():
-                log.info("closing a connection whose request headers did not arrive in "
-                         "%.1f s", self.header_timeout_s)
-                protocol.transport.close()
-        loop.call_later(self.header_timeout_s / 4, self._sweep, loop, connections)
-
-
-#: the ASGI scope's ``extensions`` key of a request's HeadHeldTransport (api/routes/stream.py
-#: watches its connection for a stalled reader and, when it is a plain socket (``fd`` not
-#: None), api/push.py writes a stream's frames on it from another thread)
-SOCKET_EXTENSION = "hourglass.socket"
+if TYPE_CHECKING:
+    from api.transport.limits import ConnectionLimits
 
 
 class HeadHeldTransport:
@@ -232,7 +183,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
-            held = HeadHeldTransport(self.transport, self._fd, cycle)  # the cycle writes here
+            # the cycle writes here; the response sees it as its Connection
+            held: Connection = HeadHeldTransport(self.transport, self._fd, cycle)
             # (a new dict: beside, not into, any the server set)
             extensions: dict[str, Any] = {**(self.scope.get("extensions") or {}),
                                           SOCKET_EXTENSION: held}
