@@ -22,9 +22,10 @@ from storage._msgpack cimport (Item, _body_tags_keys, _int, _put_u32be, _str, _s
                                _w_head, _w_int, _w_raw, _w_str)
 
 # --- pull: LogRecord payload -> the Delivered document (api/schemas.py) in msgpack ---------
-# The keys this module writes come from api/schemas.py: api/native.py builds them from the
-# Structs' fields at import and hands them over (``use_keys``), after checking that the
-# Structs list their fields in the order written here. Until then every encoder refuses.
+# The keys this module writes come from api/schemas.py: api/wire_keys.py builds them from the
+# Structs' fields, and this module takes them at import (at the end of this file), after
+# checking that the Structs list their fields in the order written here (else ImportError:
+# api/native.py then runs the pure-Python twins).
 #: ``Received``'s fields (``Delivered``'s and a lease's three), in the order ``_delivered``
 #: writes them
 DELIVERED_FIELDS = ("offset", "msg_id", "topic", "tags", "keys", "properties", "body_base64",
@@ -35,50 +36,36 @@ PULL_FIELDS = ("messages", "next_offset")
 #: ``SendResult``'s that ``scheduled_answer`` writes (``cancel`` is left out: unset)
 SEND_FIELDS = ("msg_id", "topic", "deliver_at", "status", "cancel_handle", "duplicate")
 
-cdef bint _ready = False
 cdef bytes _K_OFFSET, _K_MSGID, _K_TOPIC, _K_TAGS, _K_KEYS, _K_PROPS, _K_B64, _K_BODY
 cdef bytes _K_BORN, _K_DELIVER, _K_STORED, _K_RECEIPT, _K_COUNT, _K_RECONSUMED
 cdef bytes _PULL_HEAD, _K_NEXT
 # the send answer's fixed pieces, msgpack and JSON (see use_keys)
-cdef bytes _S_HEAD, _S_ID, _S_TOPIC, _S_AT, _S_STATUS, _S_DUP
-cdef bytes _J_HEAD, _J_ID, _J_TOPIC, _J_AT, _J_STATUS, _J_DUP, _J_TAIL
-cdef Py_ssize_t _send_bound = 0
 # a Delivered document's bytes besides its payload's (2n): the keys, the header and ints
 cdef Py_ssize_t _room = 0
 
 
-def use_keys(tuple delivered, bytes pull_head, bytes next_offset, tuple send_msgpack,
-             tuple send_json):
-    """The encoded keys, from api/native.py: ``delivered``: one per DELIVERED_FIELDS (its
+cdef _use_keys(tuple delivered, bytes pull_head, bytes next_offset, tuple send_msgpack,
+               tuple send_json):
+    """The encoded keys, from api/wire_keys.py: ``delivered``: one per DELIVERED_FIELDS (its
     msgpack str); ``pull_head``: ``{"messages": `` in msgpack (the map's header and its
     first key); ``next_offset``: the second key; ``send_msgpack`` (6) and ``send_json`` (7):
-    the fixed pieces of the send answer between its values (see scheduled_answer)."""
-    global _ready, _K_OFFSET, _K_MSGID, _K_TOPIC, _K_TAGS, _K_KEYS, _K_PROPS, _K_B64, _K_BODY
+    the fixed pieces of the send answer between its values, which must be the ones
+    ``scheduled_answer`` writes (SEND_MSGPACK, SEND_JSON)."""
+    global _K_OFFSET, _K_MSGID, _K_TOPIC, _K_TAGS, _K_KEYS, _K_PROPS, _K_B64, _K_BODY
     global _K_BORN, _K_DELIVER, _K_STORED, _K_RECEIPT, _K_COUNT, _K_RECONSUMED
-    global _PULL_HEAD, _K_NEXT, _send_bound, _room
-    global _S_HEAD, _S_ID, _S_TOPIC, _S_AT, _S_STATUS, _S_DUP
-    global _J_HEAD, _J_ID, _J_TOPIC, _J_AT, _J_STATUS, _J_DUP, _J_TAIL
-    if len(delivered) != len(DELIVERED_FIELDS) or len(send_msgpack) != 6 or len(
-            send_json) != 7:
-        raise ValueError("one key per field")
-    for key in delivered + send_msgpack + send_json:
+    global _PULL_HEAD, _K_NEXT, _room
+    if len(delivered) != len(DELIVERED_FIELDS):
+        raise ImportError("one key per field")
+    if send_msgpack != SEND_MSGPACK or send_json != SEND_JSON:
+        raise ImportError("the send answer's keys are not the schemas' (api/wire_keys.py)")
+    for key in delivered:
         if type(key) is not bytes or len(key) > 40:
-            raise ValueError("a key is bytes of at most 40")
+            raise ImportError("a key is bytes of at most 40")
     (_K_OFFSET, _K_MSGID, _K_TOPIC, _K_TAGS, _K_KEYS, _K_PROPS, _K_B64, _K_BODY, _K_BORN,
      _K_DELIVER, _K_STORED, _K_RECEIPT, _K_COUNT, _K_RECONSUMED) = delivered
-    _S_HEAD, _S_ID, _S_TOPIC, _S_AT, _S_STATUS, _S_DUP = send_msgpack
-    _J_HEAD, _J_ID, _J_TOPIC, _J_AT, _J_STATUS, _J_DUP, _J_TAIL = send_json
     _PULL_HEAD = pull_head
     _K_NEXT = next_offset
-    _send_bound = 64 + max(sum(len(k) for k in send_msgpack), sum(len(k) for k in send_json))
     _room = 64 + sum(len(k) for k in delivered)
-    _ready = True
-
-
-cdef inline int _check_ready() except -1:
-    if not _ready:
-        raise RuntimeError("api._native: no keys yet (api/native.py hands them over)")
-    return 0
 
 
 cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
@@ -190,7 +177,6 @@ def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint 
     cdef const char* receipt = NULL
     cdef int64_t delivery_count = 0, qo = 0
     cdef bint leased = receipts is not None
-    _check_ready()
     if leased and (counts is None or PyList_GET_SIZE(receipts) != count
                    or PyList_GET_SIZE(counts) != count):
         raise ValueError("receipts and counts: one of each per payload")
@@ -225,7 +211,6 @@ def pull_frame(list payloads, bint once=False):
     cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size
     cdef int64_t qo = 0
     cdef uint8_t* o
-    _check_ready()
     if count == 0:
         return None
     size = 16 + PyBytes_GET_SIZE(_PULL_HEAD) + PyBytes_GET_SIZE(_K_NEXT)
@@ -301,6 +286,17 @@ cdef inline Py_ssize_t _w_dec(uint8_t* o, int64_t v) noexcept:
     return k
 
 
+# The fixed pieces of the send answer, as scheduled_answer writes them below: C literals of a
+# known length (a memcpy of a constant size: a move or two), which a key taken at run time
+# would make ~10 % slower. Not a second definition left to drift: this module does not load
+# unless api/wire_keys.py builds exactly these from the schemas (_use_keys), and
+# tests/api/test_plain_send.py compares the answers with msgspec's.
+SEND_MSGPACK = (b"\x81\xa7results", b"\x86\xa5msgId", b"\xa5topic", b"\xa9deliverAt",
+                b"\xa6status\xa9SCHEDULED\xaccancelHandle", b"\xa9duplicate\xc2")
+SEND_JSON = (b'{"results":[', b'{"msgId":"', b'","topic":"', b'","deliverAt":',
+             b',"status":"SCHEDULED","cancelHandle":"', b'","duplicate":false}', b"]}")
+
+
 def scheduled_answer(list msg_ids, str topic, list deliver_ats, list timer_keys, bint msgpack):
     """The send answer ``{"results": [SendResult, ...]}`` of messages just SCHEDULED (none a
     duplicate), as msgspec encodes it: msgpack, or JSON. None when a string would need
@@ -311,49 +307,58 @@ def scheduled_answer(list msg_ids, str topic, list deliver_ats, list timer_keys,
     cdef char hdl[808]
     cdef Py_ssize_t hn
     cdef uint8_t* o
-    _check_ready()
     if not msgpack and not _json_safe(t, tn):
         return None
-    bound = 16 + (PyBytes_GET_SIZE(_S_HEAD) if msgpack else PyBytes_GET_SIZE(_J_HEAD)
-                  + PyBytes_GET_SIZE(_J_TAIL))
+    bound = 16
     for k in range(count):
-        bound += _send_bound + tn + 2 * len(<str>PyList_GET_ITEM(msg_ids, k)) + 4 * len(
+        bound += 160 + tn + 2 * len(<str>PyList_GET_ITEM(msg_ids, k)) + 4 * len(
             <bytes>PyList_GET_ITEM(timer_keys, k))
     out = PyBytes_FromStringAndSize(NULL, bound)
     o = <uint8_t*>PyBytes_AS_STRING(out)
     if msgpack:
-        w = _w_key(o, _S_HEAD)
+        w = _w_lit(o, b"\x81\xa7results", 9)
         w += _w_head(o + w, count, 0x90, 15, 0, 0xDC, 0xDD)
     else:
-        w = _w_key(o, _J_HEAD)
+        w = _w_lit(o, b'{"results":[', 12)
     for k in range(count):
         s = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(msg_ids, k), &n)
         hn = _handle(hdl, <object>PyList_GET_ITEM(timer_keys, k))
         if msgpack:
-            w += _w_key(o + w, _S_ID)
+            w += _w_lit(o + w, b"\x86\xa5msgId", 7)
             w += _w_str(o + w, s, n)
-            w += _w_key(o + w, _S_TOPIC)
+            w += _w_lit(o + w, b"\xa5topic", 6)
             w += _w_str(o + w, t, tn)
-            w += _w_key(o + w, _S_AT)
+            w += _w_lit(o + w, b"\xa9deliverAt", 10)
             w += _w_int(o + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
-            w += _w_key(o + w, _S_STATUS)
+            w += _w_lit(o + w, b"\xa6status\xa9SCHEDULED\xaccancelHandle", 30)
             w += _w_str(o + w, hdl, hn)
-            w += _w_key(o + w, _S_DUP)
+            w += _w_lit(o + w, b"\xa9duplicate\xc2", 11)
         else:
             if not _json_safe(s, n):
                 return None
             if k:
                 o[w] = 44
                 w += 1
-            w += _w_key(o + w, _J_ID)
+            w += _w_lit(o + w, b'{"msgId":"', 10)
             w += _w_lit(o + w, s, n)
-            w += _w_key(o + w, _J_TOPIC)
+            w += _w_lit(o + w, b'","topic":"', 11)
             w += _w_lit(o + w, t, tn)
-            w += _w_key(o + w, _J_AT)
+            w += _w_lit(o + w, b'","deliverAt":', 14)
             w += _w_dec(o + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
-            w += _w_key(o + w, _J_STATUS)
+            w += _w_lit(o + w, b',"status":"SCHEDULED","cancelHandle":"', 38)
             w += _w_lit(o + w, hdl, hn)
-            w += _w_key(o + w, _J_DUP)
+            w += _w_lit(o + w, b'","duplicate":false}', 20)
     if not msgpack:
-        w += _w_key(o + w, _J_TAIL)
+        w += _w_lit(o + w, b"]}", 2)
     return out[:w]
+
+
+# --- the keys, from the schemas ----------------------------------------------------------------
+from api.wire_keys import key_table as _key_table
+
+_table = _key_table()
+if not _table.fits(DELIVERED_FIELDS, PULL_FIELDS, SEND_FIELDS):
+    raise ImportError("api/schemas.py lists a document's fields otherwise than api/_native.pyx "
+                      "writes them")
+_use_keys(_table.keys[0], _table.keys[1], _table.keys[2], _table.keys[3], _table.keys[4])
+del _table

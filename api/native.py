@@ -1,94 +1,18 @@
 """The HTTP layer's compiled wire encoders, when they were built: ``native`` is api/_native
-(Cython, built by pip from source; see setup.py) or None (not built, or
-``HOURGLASS_PURE_PYTHON=1``: storage/native.py).
+(Cython, built by pip from source; see setup.py) or None (not built, ``HOURGLASS_PURE_PYTHON=1``:
+storage/native.py, or the schemas list a document's fields otherwise than it writes them:
+api/wire_keys.py).
 
 Every function there has a pure-Python twin next to its caller (api/routes/consume.py,
 api/routes/groups.py, api/routes/messages.py) that gives the same bytes
-(tests/api/test_native.py). The keys they write are built here, from api/schemas.py's
-Structs, and handed to the extension at import: a renamed field changes both paths alike.
-The extension states the order it writes each document's fields in; a schema that lists
-them otherwise leaves it unused (``native`` None), as a test checks.
+(tests/api/test_native.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
 
-import msgspec
-
-from api import schemas
 from storage.native import pure_python
-from storage.records import MessageStatus
-
-_mp = msgspec.msgpack.encode
-_js = msgspec.json.encode
-
-
-def _names(struct: type[msgspec.Struct]) -> dict[str, str]:
-    """Field name -> its name on the wire, in the Struct's order."""
-    return {f.name: f.encode_name for f in msgspec.structs.fields(struct)}
-
-
-def _map_header(n: int) -> bytes:
-    assert n < 16
-    return bytes((0x80 | n,))
-
-
-_pull = _names(schemas.PullResult)
-#: the start of a pull answer in msgpack, ``{"messages": `` (the map's header and first key)
-PULL_HEAD = _map_header(len(_pull)) + _mp(_pull["messages"])
-#: its second key, ``nextOffset``
-NEXT_OFFSET = _mp(_pull["next_offset"])
-
-
-@dataclass(frozen=True)
-class KeyTable:
-    """What api/_native.pyx writes, from the schemas: each document's fields in the
-    schema's order (to compare with the extension's), and ``use_keys``'s arguments."""
-
-    delivered_fields: tuple[str, ...]
-    pull_fields: tuple[str, ...]
-    send_fields: tuple[str, ...]
-    keys: tuple[tuple[bytes, ...], bytes, bytes, tuple[bytes, ...], tuple[bytes, ...]]
-
-    def fits(self, compiled: ModuleType) -> bool:
-        """Whether the extension writes the fields in the schemas' order."""
-        return (self.delivered_fields == compiled.DELIVERED_FIELDS
-                and self.pull_fields == compiled.PULL_FIELDS
-                and self.send_fields == compiled.SEND_FIELDS)
-
-
-def key_table() -> KeyTable:
-    """The keys api/_native.pyx writes, built from the schemas."""
-    received = _names(schemas.Received)
-    send = _names(schemas.SendResult)
-    results = _names(schemas.BatchResult)["results"]
-    scheduled = MessageStatus.SCHEDULED
-    written = ("msg_id", "topic", "deliver_at", "status", "cancel_handle", "duplicate")
-    send_msgpack = (
-        _map_header(len(_names(schemas.BatchResult))) + _mp(results),
-        _map_header(len(written)) + _mp(send["msg_id"]),
-        _mp(send["topic"]),
-        _mp(send["deliver_at"]),
-        _mp(send["status"]) + _mp(scheduled) + _mp(send["cancel_handle"]),
-        _mp(send["duplicate"]) + _mp(False),
-    )
-    send_json = (
-        b"{" + _js(results) + b":[",
-        b"{" + _js(send["msg_id"]) + b':"',
-        b'",' + _js(send["topic"]) + b':"',
-        b'",' + _js(send["deliver_at"]) + b":",
-        b"," + _js(send["status"]) + b":" + _js(scheduled) + b"," + _js(send["cancel_handle"])
-        + b':"',
-        b'",' + _js(send["duplicate"]) + b":" + _js(False) + b"}",
-        b"]}",
-    )
-    return KeyTable(
-        delivered_fields=tuple(received), pull_fields=tuple(_pull),
-        send_fields=tuple(f for f in send if f in written),
-        keys=(tuple(_mp(wire) for wire in received.values()), PULL_HEAD, NEXT_OFFSET,
-              send_msgpack, send_json))
 
 
 def _load() -> ModuleType | None:
@@ -98,10 +22,6 @@ def _load() -> ModuleType | None:
         from api import _native  # type: ignore[attr-defined]
     except ImportError:
         return None
-    table = key_table()
-    if not table.fits(_native):
-        return None  # the schemas list their fields otherwise than it writes them
-    _native.use_keys(*table.keys)
     return _native
 
 

@@ -16,9 +16,10 @@ from api.answers import PIECEWISE_FROM, PiecewiseAnswer
 from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_bool, query_int, respond
-from api.native import NEXT_OFFSET, PULL_HEAD, native
+from api.native import native
 from api.openapi import operation, query_parameter
 from api.schemas import TOPIC_PARAMETER, Topic
+from api.wire_keys import NEXT_OFFSET, PULL_HEAD
 from storage.constants import GROUP_PATTERN, GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.errors import InvalidArgument
 from storage.records import LogRecord, decode_log_records, log_record_offsets
