@@ -13,14 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api import schemas
 from api.native import native
 from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
 from api.routes.groups import _receive_msgpack_native, receive_msgpack_py
+from api.wire_keys import NEXT_OFFSET, PULL_HEAD, key_table
 from scheduler.groups import AckResult, Received, ReceiveResult
 from storage.errors import CorruptionError, HourglassError
 from storage.native import PURE_PYTHON_ENV
 from storage.records import (
     LogRecord,
+    MessageStatus,
     decode_log_record,
     encode_log_record,
 )
@@ -144,3 +147,52 @@ def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease
     ack = None if acked is None else AckResult(acked=acked[0], stale=acked[1])
     assert outcome(_receive_msgpack_native, result, ack, once) == outcome(
         receive_msgpack_py, result, ack, once)
+
+
+# --- the keys: one definition, the schemas ----------------------------------------------------
+def test_the_keys_are_the_schemas() -> None:
+    """api/wire_keys.py builds every key the encoders write from the Structs: the pull
+    answer's head and tail are msgspec's bytes of a PullResult, each Delivered/Received key
+    is its field's name on the wire, and the send answer's pieces are the ones msgspec
+    writes around a SendResult's values."""
+    table = key_table()
+    empty = msgspec.msgpack.encode(schemas.PullResult(messages=[], next_offset=5))
+    assert empty == PULL_HEAD + b"\x90" + NEXT_OFFSET + b"\x05"
+    assert table.keys[0] == tuple(msgspec.msgpack.encode(f.encode_name)
+                                  for f in msgspec.structs.fields(schemas.Received))
+    result = schemas.BatchResult(results=[schemas.SendResult(
+        msg_id="I", topic="T", deliver_at=7, status=MessageStatus.SCHEDULED,
+        cancel_handle="H", duplicate=False)])
+    assert answer(table.keys[3], (b"\xa1I", b"\xa1T", b"\x07", b"\xa1H"),
+                  b"\x91") == msgspec.msgpack.encode(result)
+    assert answer(table.keys[4], (b"I", b"T", b"7", b"H")) == msgspec.json.encode(result)
+
+
+def answer(pieces: tuple[bytes, ...], values: tuple[bytes, ...], array: bytes = b"") -> bytes:
+    """The send answer of one result as scheduled_answer writes it: the pieces with the
+    values between them (``array``: msgpack's array header after the first)."""
+    head, first, *rest = pieces
+    out = head + array + first
+    for value, piece in zip(values, rest, strict=False):  # (JSON: its tail is left)
+        out += value + piece
+    return out + b"".join(rest[len(values):])
+
+
+def test_a_schema_listing_its_fields_otherwise_keeps_the_extension_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extension writes each document's fields in an order of its own; were a Struct to
+    list them otherwise, its keys would no longer fit it, and it does not load
+    (api/_native.pyx checks ``fits`` at import, api/native.py then runs the twins)."""
+    table = key_table()
+    order = (table.delivered_fields, table.pull_fields, table.send_fields)
+    if native is not None:
+        assert order == (native.DELIVERED_FIELDS, native.PULL_FIELDS, native.SEND_FIELDS)
+        assert (native.SEND_MSGPACK, native.SEND_JSON) == table.keys[3:]
+
+    class Swapped(msgspec.Struct, rename="camel", kw_only=True):
+        msg_id: str
+        offset: int
+
+    monkeypatch.setattr(schemas, "Received", Swapped)
+    assert not key_table().fits(*order)
+    assert table.fits(*order)

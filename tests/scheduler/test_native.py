@@ -24,8 +24,11 @@ from scheduler.codec import (
     split_due_py,
 )
 from scheduler.group_state import receipt_offsets_py
+from scheduler.levels import DelayLevels
 from scheduler.native import native
 from scheduler.timeline import _per_second_py
+from scheduler.timing import resolve_timing
+from storage.constants import MSG_ID_PATTERN
 from storage.errors import CorruptionError, HourglassError
 from storage.keys import encode_timer_key
 from storage.native import PURE_PYTHON_ENV
@@ -195,3 +198,74 @@ def test_receipt_offsets(prefix: str, rows: list[tuple[bool, str]]) -> None:
         assert got == [int(s, 16) for _, s in rows]
     else:
         assert got is None
+
+
+# --- the rules C keeps its own copy of, held equal to their one definition in Python --------
+@needs_native
+def test_the_msg_id_rule_is_msg_id_pattern() -> None:
+    """plain_requests and plain_msgpack check a msgId in C (``_msg_id_ok``); it accepts
+    exactly what storage.constants.MSG_ID_PATTERN matches: every character alone, at the
+    edges of the allowed lengths, and in longer ids."""
+    assert native is not None
+
+    def c_accepts(msg_id: str) -> bool:
+        try:
+            return bool(native.msg_id_ok(msg_id))
+        except UnicodeEncodeError:  # a lone surrogate: C leaves it to the general path
+            return False
+
+    samples = [chr(c) for c in range(0x3000)] + ["\U0001f600", "\ud800", "\x00"]
+    samples += [c * n for c in ("a", ":", "-", "é", " ") for n in (0, 1, 2, 127, 128, 129, 300)]
+    samples += [f"order-{c}-42" for c in map(chr, range(0x80))]
+    wrong = [s for s in samples if c_accepts(s) != bool(MSG_ID_PATTERN.match(s))]
+    assert wrong == []
+
+
+NOW = 1_800_000_000_000
+MAX_DELAY = 40 * 86_400_000
+LEVELS = DelayLevels.parse("1s 5s")
+AT_SAMPLES = [None, -1, 0, 1, NOW - 1, NOW, NOW + 1, NOW + MAX_DELAY - 1, NOW + MAX_DELAY,
+              NOW + MAX_DELAY + 1, (1 << 63) - 1, 1 << 63, 1 << 64, True, False, 1.5, "5"]
+DELAY_SAMPLES = [None, -1, 0, 1, 999, MAX_DELAY - 1, MAX_DELAY, MAX_DELAY + 1,
+                 (1 << 63) - 1, 1 << 63, True, 1.0, "1"]
+
+
+def python_due_later(at: object, delay: object) -> int:
+    """What the general path (scheduler.timing.resolve_timing) makes of a deliverAt and a
+    delayMs: the deliverAt of a message the plain path may take (one of the two given, due
+    later), else -1."""
+    if (at is None) == (delay is None):  # neither (due now) or both (refused)
+        return -1
+    try:
+        timing = resolve_timing(now_ms=NOW, levels=LEVELS, max_delay_ms=MAX_DELAY,
+                                deliver_at=at, delay_ms=delay)  # type: ignore[arg-type]
+    except HourglassError:
+        return -1
+    return timing.deliver_at if timing.deliver_at > NOW else -1
+
+
+def c_due_later(at: object, delay: object) -> int:
+    assert native is not None
+    try:
+        return int(native.due_later(at, delay, None, NOW, MAX_DELAY))
+    except OverflowError:  # past int64: the plain paths catch it and leave the message
+        return -1
+
+
+@needs_native
+def test_the_timing_rule_is_resolve_timing() -> None:
+    """A plain message's deliverAt, computed in C (``_due_later``), is the general path's
+    (resolve_timing), and C takes no message that path would refuse or deliver at once."""
+    wrong = [(at, delay, c_due_later(at, delay), python_due_later(at, delay))
+             for at in AT_SAMPLES for delay in DELAY_SAMPLES
+             if c_due_later(at, delay) != python_due_later(at, delay)]
+    assert wrong == []
+
+
+@needs_native
+@settings(max_examples=300)
+@given(at=st.none() | st.integers(-(1 << 64), 1 << 65)
+       | st.integers(NOW - 10, NOW + MAX_DELAY + 10),
+       delay=st.none() | st.integers(-(1 << 64), 1 << 65) | st.integers(-10, MAX_DELAY + 10))
+def test_the_timing_rule_on_any_ints(at: int | None, delay: int | None) -> None:
+    assert c_due_later(at, delay) == python_due_later(at, delay)
