@@ -16,7 +16,7 @@ their Python definitions by tests/scheduler/test_native.py (``msg_id_ok``, ``due
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
 from scheduler._handles cimport _handle

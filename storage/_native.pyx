@@ -14,7 +14,7 @@ are in storage/_msgpack.pxd.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t
 from libc.string cimport memcmp, memcpy
 
 from storage._msgpack cimport Item, _body_tags_keys, _int, _str, _str_map
