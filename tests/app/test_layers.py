@@ -25,7 +25,8 @@ FORBIDDEN = {
 
 #: Cython's imports (``import``, ``cimport``, ``from X import``/``cimport``): .pyx and .pxd are
 #: not Python, so their lines are read, not parsed (a multi-line import's first line names it)
-CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\b|c?import\s+([\w.]+(?:\s*,\s*[\w.]+)*))")
+CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\b"
+                           r"|c?import\s+([\w.]+(?:\s*,\s*[\w.]+)*))")
 
 
 def imported_packages(path: Path) -> list[tuple[int, str]]:
