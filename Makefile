@@ -10,7 +10,9 @@ PY := $(VENV)/bin/python
 TEST_EXTRAS := analysis,bench,dev
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test-$(TEST_EXTRAS)
-SOURCES := pyproject.toml setup.py storage/_native.pyx
+# every compiled hot path's source (setup.py): a change to one rebuilds them
+SOURCES := pyproject.toml setup.py storage/_native.pyx storage/_msgpack.pxd \
+	scheduler/_native.pyx scheduler/_handles.pxd api/_native.pyx
 
 .PHONY: run test test-fast lint bench clean
 
@@ -45,4 +47,6 @@ bench: $(TEST_STAMP)
 	$(VENV)/bin/hourglass bench all
 
 clean:
-	rm -rf $(VENV) build *.egg-info storage/_native.c storage/_native.*.so
+	rm -rf $(VENV) build *.egg-info
+	rm -f storage/_native.c scheduler/_native.c api/_native.c \
+		storage/_native.*.so scheduler/_native.*.so api/_native.*.so

@@ -1,6 +1,7 @@
 """``hourglass bench native``: the compiled hot paths against their pure-Python twins.
 
-CPU µs per message of the stages storage/_native.pyx takes over, in one process, on the same
+CPU µs per message of the stages the compiled hot paths (storage/_native.pyx,
+scheduler/_native.pyx, api/_native.pyx) take over, in one process, on the same
 engine, the two implementations taking turns batch by batch (paired: the machine's drift
 hits both alike):
 
@@ -9,7 +10,7 @@ commit       a delivery commit of 1000 due messages (key split, log payloads, fr
 pull         a pull of 1000: consume queue, log reads with their CRC32C checks, decoding
 msgpack pull a pull of 1000 answered in msgpack (read + answer bytes)
 
-Needs the extension (pip install -e . builds it); ``HOURGLASS_PURE_PYTHON=1`` makes a
+Needs the extensions (pip install -e . builds them); ``HOURGLASS_PURE_PYTHON=1`` makes a
 server use the twins instead.
 """
 
@@ -95,6 +96,8 @@ def measure(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from api.native import native as api_native
+    from scheduler.native import native as scheduler_native
     from storage.native import native
 
     ap = argparse.ArgumentParser(prog="hourglass bench native", description=__doc__,
@@ -102,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=40, help="batches of 1000 per stage")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
-    if native is None:
-        print("hourglass bench native: storage/_native is not built or HOURGLASS_PURE_PYTHON "
-              "is set (pip install -e . builds it)", file=sys.stderr)
+    if None in (native, scheduler_native, api_native):
+        print("hourglass bench native: the compiled hot paths (storage/, scheduler/, "
+              "api/_native) are not built or HOURGLASS_PURE_PYTHON is set (pip install -e . "
+              "builds them)", file=sys.stderr)
         return 2
     if args.rounds < 2:
         ap.error("--rounds must be at least 2")

@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
+from scheduler.native import native
 from storage.constants import PROP_DELAY_LEVEL, PROP_TIMER_PREFIX
-from storage.native import native
 from storage.records import (
     FLAG_LEVEL_SHIFT,
     FORMAT_VERSION,
@@ -67,7 +67,7 @@ def scheduled_values_py(messages: Sequence[Any],
 
 def _scheduled_values_native(messages: Sequence[Any],
                              at: int) -> list[tuple[bytes, bytes] | None]:
-    """The same, in C (storage/_native.pyx), for a batch without properties; any other
+    """The same, in C (scheduler/_native.pyx), for a batch without properties; any other
     batch (properties, a value past int64, a string that cannot be encoded) is done by
     ``scheduled_values_py``, which raises where it must."""
     assert native is not None
@@ -126,7 +126,7 @@ def log_payloads_py(values: list[bytes], topics: list[str], msg_ids: list[str],
 def _log_payloads_native(values: list[bytes], topics: list[str], msg_ids: list[str],
                          queue_offsets: list[int], deliver_ats: list[int],
                          stored_at: int) -> list[bytes]:
-    """The same, in C (storage/_native.pyx); what it leaves (None: a message with
+    """The same, in C (scheduler/_native.pyx); what it leaves (None: a message with
     properties, or a value not exactly as written) is done by ``log_payload_from_value``,
     which also raises for a value that cannot be decoded."""
     assert native is not None

@@ -20,6 +20,7 @@ from itertools import filterfalse, repeat
 
 import msgspec
 
+from scheduler.native import native
 from storage.constants import (
     GROUP_PATTERN,
     META_GROUP_ACK_PREFIX,
@@ -33,7 +34,6 @@ from storage.constants import (
 )
 from storage.errors import InvalidArgument, NotFound
 from storage.keys import SEP
-from storage.native import native
 from storage.records import LogRecord
 
 RECEIPTS_MAX = 1000
@@ -56,7 +56,7 @@ _OFFSETS = re.compile(r"(?:(?:0|[1-9a-f][0-9a-f]{0,15})\n)+")
 
 
 # (receipt_offsets: the offsets of receipts that share one prefix, in C; receipts of version 1
-# had their offset last behind a prefix per lease. Kept for storage/_native.pyx's tests.)
+# had their offset last behind a prefix per lease. Kept for scheduler/_native.pyx's tests.)
 def receipt_offsets_py(receipts: Sequence[str], prefix: str) -> list[int] | None:
     """The offsets of receipts that all start with ``prefix`` (a lease's), each followed by
     an offset in hex as receipts write it; None when one is otherwise."""
@@ -70,7 +70,7 @@ def receipt_offsets_py(receipts: Sequence[str], prefix: str) -> list[int] | None
 
 
 def _receipt_offsets_native(receipts: Sequence[str], prefix: str) -> list[int] | None:
-    """The same in C (storage/_native.pyx) for a list of str."""
+    """The same in C (scheduler/_native.pyx) for a list of str."""
     assert native is not None
     if type(receipts) is not list:
         receipts = list(receipts)

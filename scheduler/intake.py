@@ -20,6 +20,7 @@ import msgspec
 from scheduler.codec import cancel_handles, message_value
 from scheduler.levels import DelayLevels
 from scheduler.model import SendRequest, SendResult
+from scheduler.native import native
 from scheduler.timing import resolve_timing
 from storage.constants import (
     MSG_ID_PATTERN,
@@ -29,7 +30,6 @@ from storage.constants import (
 )
 from storage.errors import InvalidArgument, PayloadTooLarge, TopicInvalid
 from storage.keys import SEP, pack_u64, topic_shard
-from storage.native import native
 from storage.records import FLAG_LEVEL_SHIFT, MessageRecord, MessageStatus
 
 
@@ -186,7 +186,7 @@ class Intake:
 
     def plain(self, topic: str, messages: list[Any] | bytes, now_ms: int,
               unset: object = None, *, max_count: int = 0) -> PlainBatch | None:
-        """The columns of a batch of plain messages (``storage._native.plain_batch``: bodies
+        """The columns of a batch of plain messages (``scheduler._native.plain_batch``: bodies
         due later, no tags, keys, properties nor level) to a topic sent to before, as
         ``prepare`` would make them at ``now_ms``: from the decoded request (a list of
         api.schemas.MessageIn, ``unset`` marking an absent field), from a msgpack request

@@ -40,8 +40,8 @@ from itertools import repeat
 from operator import floordiv
 from typing import Any, Literal
 
+from scheduler.native import native
 from storage.errors import InvalidArgument
-from storage.native import native
 
 RESOLUTION_MS = 1_000  # counts are per second of deliverAt
 SECOND, MINUTE, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000
@@ -268,7 +268,7 @@ def _per_second_py(deliver_ats: list[int]) -> Mapping[int, int]:
 
 
 def _per_second_native(deliver_ats: list[int]) -> Mapping[int, int]:
-    """The same counts, in C (storage/_native.pyx), one pass over runs of equal seconds."""
+    """The same counts, in C (scheduler/_native.pyx), one pass over runs of equal seconds."""
     assert native is not None
     try:
         counts: dict[int, int] = native.per_second(deliver_ats, RESOLUTION_MS)

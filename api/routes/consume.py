@@ -16,11 +16,12 @@ from api.answers import PIECEWISE_FROM, PiecewiseAnswer
 from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_bool, query_int, respond
+from api.native import native
 from api.openapi import operation, query_parameter
 from api.schemas import TOPIC_PARAMETER, Topic
+from api.wire_keys import NEXT_OFFSET, PULL_HEAD
 from storage.constants import GROUP_PATTERN, GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.errors import InvalidArgument
-from storage.native import native
 from storage.records import LogRecord, decode_log_records, log_record_offsets
 
 Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Consumer group.")]
@@ -50,7 +51,7 @@ def pull_msgpack_py(payloads: list[bytes], offset: int, once: bool = False) -> b
 
 
 def _pull_msgpack_native(payloads: list[bytes], offset: int, once: bool = False) -> bytes:
-    """The same bytes, each message transcoded from its payload in C (storage/_native.pyx)
+    """The same bytes, each message transcoded from its payload in C (api/_native.pyx)
     without building it in Python; the messages it leaves (None) are done as in
     ``pull_result`` (which raises CorruptionError for a payload that cannot be decoded)."""
     assert native is not None
@@ -59,7 +60,7 @@ def _pull_msgpack_native(payloads: list[bytes], offset: int, once: bool = False)
         return frame
     parts, offsets = _msgpack_parts(payloads, once)
     next_offset = offsets[-1] + 1 if parts else offset
-    return b"".join((_PULL_HEAD, msgpack_array_header(len(parts)), *parts, _NEXT_OFFSET,
+    return b"".join((PULL_HEAD, msgpack_array_header(len(parts)), *parts, NEXT_OFFSET,
                      _msgpack.encode(next_offset)))
 
 
@@ -107,8 +108,6 @@ def msgpack_array_header(n: int) -> bytes:
     return b"\xdc" + n.to_bytes(2, "big") if n < 0x10000 else b"\xdd" + n.to_bytes(4, "big")
 
 
-_PULL_HEAD = b"\x82\xa8messages"  # {"messages": [...], "nextOffset": n}
-_NEXT_OFFSET = b"\xaanextOffset"
 _msgpack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
 pull_msgpack = pull_msgpack_py if native is None else _pull_msgpack_native

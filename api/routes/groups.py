@@ -21,6 +21,7 @@ from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
 from api.longpoll import woken_by
+from api.native import native
 from api.openapi import operation, query_parameter
 from api.routes.consume import (
     MAX_OFFSET,
@@ -33,7 +34,6 @@ from api.routes.consume import (
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler.groups import AckResult, Received, ReceiveResult
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
-from storage.native import native
 from storage.records import LogRecord
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -79,7 +79,7 @@ def receive_msgpack_py(result: ReceiveResult, acked: AckResult | None,
 def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None,
                             once: bool = False) -> bytes:
     """The same bytes; each message shown as stored is transcoded from its LogRecord bytes
-    in C with its receipt and counts (storage/_native.pyx, see api/routes/consume.py); the
+    in C with its receipt and counts (api/_native.pyx, see api/routes/consume.py); the
     others (retries shown as their original, and what C leaves) are encoded from their
     document."""
     assert native is not None

@@ -22,6 +22,7 @@ from api.bodies import (
 )
 from api.context import ApiContext, Authenticated, respond
 from api.errors import Forbidden
+from api.native import native
 from api.openapi import operation
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
@@ -29,7 +30,6 @@ from scheduler.intake import PlainBatch, check_msg_id
 from scheduler.listing import MAX_PAGE
 from storage.constants import MAX_BATCH_MESSAGES, MSG_ID_REGEX
 from storage.errors import InvalidArgument
-from storage.native import native
 
 #: RFC 7240's ``Prefer`` request header, as sendBatch reads it (api.bodies.prefers_minimal)
 PREFER = {"name": "Prefer", "in": "header", "required": False,

@@ -227,16 +227,20 @@ def freeze_source(rev: str, workroot: Path) -> tuple[Path, str]:
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     log(f"hourglass server code frozen at {commit[:12]} in {dest}")
-    # git archive holds no build products: the working tree's compiled hot path goes along
-    # when it was built from the same source, else the frozen server runs the pure Python twins
-    pyx = Path("storage") / "_native.pyx"
-    built = sorted((REPO / "storage").glob("_native.*.so"))
-    if built and (dest / pyx).is_file() and (dest / pyx).read_bytes() == (REPO / pyx).read_bytes():
-        for so in built:
-            shutil.copy2(so, dest / "storage" / so.name)
-    else:
-        log("storage/_native differs from the working tree's build (or is not built): the "
-            "frozen server runs pure Python")
+    # git archive holds no build products: the working tree's compiled hot paths (one per
+    # layer, setup.py) go along when they were built from the same sources, else the frozen
+    # server runs their pure-Python twins
+    for layer in ("storage", "scheduler", "api"):
+        sources = [Path(layer) / "_native.pyx", Path("storage") / "_msgpack.pxd",
+                   Path("scheduler") / "_handles.pxd"]
+        built = sorted((REPO / layer).glob("_native.*.so"))
+        if built and all((dest / s).is_file() and (dest / s).read_bytes()
+                         == (REPO / s).read_bytes() for s in sources):
+            for so in built:
+                shutil.copy2(so, dest / layer / so.name)
+        else:
+            log(f"{layer}/_native differs from the working tree's build (or is not built): "
+                "the frozen server runs its pure Python twins")
     return dest, commit
 
 

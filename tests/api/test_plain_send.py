@@ -1,6 +1,6 @@
 """The send path's common case, a batch of plain messages (bodies due later, nothing else),
 is stored from columns built in C (``Intake.plain``, ``WritePaths.submit_plain``) and answered
-from them (``storage._native.scheduled_answer``). It must store, count and answer exactly what
+from them (``api._native.scheduled_answer``). It must store, count and answer exactly what
 the general path (``Intake.prepare``, ``WritePaths.submit``) does, and leave every other batch
 to it: checked column by column, answer by answer, and through two live servers, one with the
 plain path and one without, fed the same requests on the same fake clock."""
@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET
 
+from api.native import native as api_native
 from api.schemas import BatchIn, MessageIn
 from scheduler import model
 from scheduler.broker import Broker
@@ -28,13 +29,14 @@ from scheduler.codec import cancel_handles, scheduled_values
 from scheduler.intake import Intake
 from scheduler.levels import DelayLevels
 from scheduler.model import SendRequest
+from scheduler.native import native
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, timer_cf
-from storage.native import native
 from storage.records import MessageStatus
 from tests.support.engine import make_config, read_topic
 from tests.support.live import ADMIN, T0, Live, serve_twins
 
-needs_native = pytest.mark.skipif(native is None, reason="storage/_native is not built")
+needs_native = pytest.mark.skipif(native is None or api_native is None,
+                                  reason="scheduler/_native or api/_native is not built")
 
 NOW = 1_800_000_000_000
 MAX_DELAY = 40 * 86_400_000
@@ -186,19 +188,19 @@ def test_the_answer_is_what_respond_writes(rows: list[tuple[str, int, bytes]],
         model.SendResult(msg_id=i, topic=topic, deliver_at=at, status=MessageStatus.SCHEDULED,
                          cancel_handle=h)
         for i, at, h in zip(ids, ats, cancel_handles(keys), strict=True)]}
-    assert native.scheduled_answer(ids, topic, ats, keys, True) == msgspec.msgpack.encode(
+    assert api_native.scheduled_answer(ids, topic, ats, keys, True) == msgspec.msgpack.encode(
         results)
-    assert native.scheduled_answer(ids, topic, ats, keys, False) == msgspec.json.encode(
+    assert api_native.scheduled_answer(ids, topic, ats, keys, False) == msgspec.json.encode(
         results)
 
 
 @needs_native
 @pytest.mark.parametrize("msg_id", ['quote"d', "back\\slash", "new\nline", "é"])
 def test_a_string_json_would_escape_is_left_to_msgspec(msg_id: str) -> None:
-    assert native.scheduled_answer([msg_id], "t", [1], [b"k"], False) is None
-    assert native.scheduled_answer(["ok"], msg_id, [1], [b"k"], False) is None
+    assert api_native.scheduled_answer([msg_id], "t", [1], [b"k"], False) is None
+    assert api_native.scheduled_answer(["ok"], msg_id, [1], [b"k"], False) is None
     # msgpack needs no escaping
-    assert msgpack.unpackb(native.scheduled_answer([msg_id], "t", [1], [b"k"], True)) == {
+    assert msgpack.unpackb(api_native.scheduled_answer([msg_id], "t", [1], [b"k"], True)) == {
         "results": [{"msgId": msg_id, "topic": "t", "deliverAt": 1, "status": "SCHEDULED",
                      "cancelHandle": cancel_handles([b"k"])[0], "duplicate": False}]}
 

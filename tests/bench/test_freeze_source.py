@@ -22,3 +22,19 @@ def test_frozen_copy_takes_the_built_extension_along(tmp_path: Path) -> None:
                          capture_output=True, env={"PYTHONPATH": str(dest)}).stdout.split()
     assert out[1] == str(dest / "storage" / "__init__.py")  # the frozen code, not the tree's
     assert out[0] == str(bool(built))  # compiled when the working tree has it built
+
+
+LAYERS_PROBE = ("from storage.native import native as s; from scheduler.native import native as c; "
+                "from api.native import native as a; print(s is not None, c is not None, "
+                "a is not None)")
+
+
+def test_frozen_copy_takes_every_layers_extension_along(tmp_path: Path) -> None:
+    """The compiled hot paths are one extension per layer (setup.py): each goes along when
+    the working tree built it from the frozen sources."""
+    built = [bool(sorted((REPO / layer).glob("_native.*.so")))
+             for layer in ("storage", "scheduler", "api")]
+    dest, _ = freeze_source("HEAD", tmp_path)
+    out = subprocess.run([sys.executable, "-c", LAYERS_PROBE], cwd=dest, check=True, text=True,
+                         capture_output=True, env={"PYTHONPATH": str(dest)}).stdout.split()
+    assert out == [str(b) for b in built]

@@ -12,10 +12,12 @@ import json
 import sys
 from pathlib import Path
 
+from api.native import native as api_native
 from api.routes.consume import pull_msgpack, pull_result
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
+from scheduler.native import native as scheduler_native
 from storage.constants import COMMITLOG_DIR
 from storage.native import native
 from tests.support.engine import make_config
@@ -65,8 +67,10 @@ def main(data_dir: Path) -> None:
     log = hashlib.sha256()
     for segment in sorted((data_dir / COMMITLOG_DIR).glob("0*")):
         log.update(segment.read_bytes().rstrip(b"\0"))
-    print(json.dumps({"native": native is not None, "pulled": pulled, "log": log.hexdigest(),
-                      "pulls": answers.hexdigest()}))
+    # every layer's extension in use (True), none (False), or some ("some")
+    compiled = {m is not None for m in (native, scheduler_native, api_native)}
+    print(json.dumps({"native": compiled.pop() if len(compiled) == 1 else "some",
+                      "pulled": pulled, "log": log.hexdigest(), "pulls": answers.hexdigest()}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,364 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""Compiled twins of the HTTP layer's wire encoders: delivered messages (pulls, receives)
+transcoded from their LogRecord payloads to msgpack, a pull's whole answer in one buffer,
+the send answer of a batch just scheduled (msgpack or JSON).
+
+Built from source by pip (setup.py) when a C compiler is there; api/native.py picks these
+or the pure-Python functions (api/routes/consume.py, api/routes/groups.py,
+api/routes/messages.py) and hands over the keys, built from api/schemas.py's Structs;
+tests/api/test_native.py checks that both give the same bytes. What it does not recognise
+exactly it leaves to the Python path (``None``).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+from scheduler._handles cimport _handle
+from storage._msgpack cimport (Item, _body_tags_keys, _int, _put_u32be, _str, _str_map, _utf8,
+                               _w_head, _w_int, _w_raw, _w_str)
+
+# --- pull: LogRecord payload -> the Delivered document (api/schemas.py) in msgpack ---------
+# The keys this module writes come from api/schemas.py: api/wire_keys.py builds them from the
+# Structs' fields, and this module takes them at import (at the end of this file), after
+# checking that the Structs list their fields in the order written here (else ImportError:
+# api/native.py then runs the pure-Python twins).
+#: ``Received``'s fields (``Delivered``'s and a lease's three), in the order ``_delivered``
+#: writes them
+DELIVERED_FIELDS = ("offset", "msg_id", "topic", "tags", "keys", "properties", "body_base64",
+                    "body", "born_at", "deliver_at", "stored_at", "receipt", "delivery_count",
+                    "reconsume_times")
+#: ``PullResult``'s, as ``pull_frame`` writes them
+PULL_FIELDS = ("messages", "next_offset")
+#: ``SendResult``'s that ``scheduled_answer`` writes (``cancel`` is left out: unset)
+SEND_FIELDS = ("msg_id", "topic", "deliver_at", "status", "cancel_handle", "duplicate")
+
+cdef bytes _K_OFFSET, _K_MSGID, _K_TOPIC, _K_TAGS, _K_KEYS, _K_PROPS, _K_B64, _K_BODY
+cdef bytes _K_BORN, _K_DELIVER, _K_STORED, _K_RECEIPT, _K_COUNT, _K_RECONSUMED
+cdef bytes _PULL_HEAD, _K_NEXT
+# the send answer's fixed pieces, msgpack and JSON (see use_keys)
+# a Delivered document's bytes besides its payload's (2n): the keys, the header and ints
+cdef Py_ssize_t _room = 0
+
+
+cdef _use_keys(tuple delivered, bytes pull_head, bytes next_offset, tuple send_msgpack,
+               tuple send_json):
+    """The encoded keys, from api/wire_keys.py: ``delivered``: one per DELIVERED_FIELDS (its
+    msgpack str); ``pull_head``: ``{"messages": `` in msgpack (the map's header and its
+    first key); ``next_offset``: the second key; ``send_msgpack`` (6) and ``send_json`` (7):
+    the fixed pieces of the send answer between its values, which must be the ones
+    ``scheduled_answer`` writes (SEND_MSGPACK, SEND_JSON)."""
+    global _K_OFFSET, _K_MSGID, _K_TOPIC, _K_TAGS, _K_KEYS, _K_PROPS, _K_B64, _K_BODY
+    global _K_BORN, _K_DELIVER, _K_STORED, _K_RECEIPT, _K_COUNT, _K_RECONSUMED
+    global _PULL_HEAD, _K_NEXT, _room
+    if len(delivered) != len(DELIVERED_FIELDS):
+        raise ImportError("one key per field")
+    if send_msgpack != SEND_MSGPACK or send_json != SEND_JSON:
+        raise ImportError("the send answer's keys are not the schemas' (api/wire_keys.py)")
+    for key in delivered:
+        if type(key) is not bytes or len(key) > 40:
+            raise ImportError("a key is bytes of at most 40")
+    (_K_OFFSET, _K_MSGID, _K_TOPIC, _K_TAGS, _K_KEYS, _K_PROPS, _K_B64, _K_BODY, _K_BORN,
+     _K_DELIVER, _K_STORED, _K_RECEIPT, _K_COUNT, _K_RECONSUMED) = delivered
+    _PULL_HEAD = pull_head
+    _K_NEXT = next_offset
+    _room = 64 + sum(len(k) for k in delivered)
+
+
+cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
+    memcpy(o, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    return PyBytes_GET_SIZE(key)
+
+
+cdef int64_t _INT64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+cdef Py_ssize_t _delivered(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint once, bint leased,
+                           const char* receipt, Py_ssize_t receipt_size,
+                           int64_t delivery_count, int64_t* queue_offset) noexcept:
+    """Write the ``Delivered`` document of the LogRecord payload ``p[:n]`` (with ``leased``,
+    the ``Received`` one) at ``o``, which has room for 2n + _room bytes (+ receipt_size + 64
+    when leased); returns its length and sets ``queue_offset``, or -1 for a payload the
+    Python path must do."""
+    cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
+    cdef Py_ssize_t i, w, keys_end, props_end
+    cdef bint text
+    # [version, topic, msg_id, queue_offset, body, tags, keys, properties, born_at,
+    #  deliver_at, stored_at, flags], as written
+    if n < 1 or p[0] != 0x9C:
+        return -1
+    i = _int(p, n, 1, &it)
+    if i < 0:
+        return -1
+    i = _str(p, n, i, &topic)
+    if i < 0:
+        return -1
+    i = _str(p, n, i, &msg_id)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &qo)
+    if i < 0:
+        return -1
+    i = _body_tags_keys(p, n, i, &body, &tags, &keys)
+    if i < 0:
+        return -1
+    keys_end = i
+    i = _str_map(p, n, i, &props, 16)
+    if i < 0:
+        return -1
+    props_end = i
+    i = _int(p, n, i, &born)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &deliver)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &stored)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &it)  # flags
+    if i != n:
+        return -1
+    text = _utf8(p + body.data, body.size)
+    # 10 fields and ``body`` if text (once: one of the two bodies); a leased message's 3 more
+    o[0] = 0x80 | ((11 if text and not once else 10) + (3 if leased else 0))
+    w = 1
+    w += _w_key(o + w, _K_OFFSET)
+    w += _w_int(o + w, qo.value)
+    w += _w_key(o + w, _K_MSGID)
+    w += _w_raw(o + w, p, msg_id.start, msg_id.data + msg_id.size)
+    w += _w_key(o + w, _K_TOPIC)
+    w += _w_raw(o + w, p, topic.start, topic.data + topic.size)
+    w += _w_key(o + w, _K_TAGS)
+    w += _w_raw(o + w, p, tags.start, keys.start)
+    w += _w_key(o + w, _K_KEYS)
+    w += _w_raw(o + w, p, keys.start, keys_end)
+    w += _w_key(o + w, _K_PROPS)
+    w += _w_raw(o + w, p, props.start, props_end)
+    if not (once and text):
+        w += _w_key(o + w, _K_B64)
+        w += _w_raw(o + w, p, body.start, body.data + body.size)
+    if text:
+        w += _w_key(o + w, _K_BODY)
+        w += _w_str(o + w, <const char*>p + body.data, body.size)
+    w += _w_key(o + w, _K_BORN)
+    w += _w_int(o + w, born.value)
+    w += _w_key(o + w, _K_DELIVER)
+    w += _w_int(o + w, deliver.value)
+    w += _w_key(o + w, _K_STORED)
+    w += _w_int(o + w, stored.value)
+    if leased:
+        w += _w_key(o + w, _K_RECEIPT)
+        w += _w_str(o + w, receipt, receipt_size)
+        w += _w_key(o + w, _K_COUNT)
+        w += _w_int(o + w, delivery_count)
+        w += _w_key(o + w, _K_RECONSUMED)
+        o[w] = 0
+        w += 1
+    queue_offset[0] = qo.value
+    return w
+
+
+def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint once=False):
+    """For each LogRecord payload: the msgpack of its ``Delivered`` document (what
+    ``msgspec.msgpack.encode(api.routes.consume.delivered(decode_log_record(p), once))``
+    gives), or None where the Python path must do it; and the queue offset of each. With
+    ``receipts`` and ``counts`` (one each per payload): a leased message's ``Received``
+    document instead, its receipt, delivery count and ``reconsumeTimes`` 0 after the
+    fields of ``Delivered`` (scheduler/groups.py, a message shown as stored). ``once``: the
+    body only once, as ``body`` when it is UTF-8 text, else as ``bodyBase64``
+    (``Prefer: body=once``, api/schemas.py ``body_fields``)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, receipt_size = 0
+    cdef list out = [None] * count
+    cdef list queue_offsets = [None] * count
+    cdef const char* receipt = NULL
+    cdef int64_t delivery_count = 0, qo = 0
+    cdef bint leased = receipts is not None
+    if leased and (counts is None or PyList_GET_SIZE(receipts) != count
+                   or PyList_GET_SIZE(counts) != count):
+        raise ValueError("receipts and counts: one of each per payload")
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            continue
+        if leased:
+            r = <object>PyList_GET_ITEM(receipts, k)
+            c = <object>PyList_GET_ITEM(counts, k)
+            if type(r) is not str or type(c) is not int or not 0 <= c < (1 << 63):
+                continue
+            receipt = PyUnicode_AsUTF8AndSize(r, &receipt_size)
+            delivery_count = c
+        n = PyBytes_GET_SIZE(payload)
+        buf = PyBytes_FromStringAndSize(NULL, 2 * n + _room + (receipt_size + 64 if leased else 0))
+        w = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), n,
+                       <uint8_t*>PyBytes_AS_STRING(buf), once, leased, receipt, receipt_size,
+                       delivery_count, &qo)
+        if w < 0:
+            continue
+        out[k] = buf[:w]
+        queue_offsets[k] = qo
+    return out, queue_offsets
+
+
+def pull_frame(list payloads, bint once=False):
+    """The msgpack of a pull answer of ``payloads`` (``{"messages": [...], "nextOffset":
+    n}``, the bytes api/routes/consume.py ``pull_msgpack_py`` gives) written into one
+    buffer: no bytes object per message, no join. None when there are none, or when any
+    payload is one ``delivered_msgpack`` leaves to Python (the caller then goes that way)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size
+    cdef int64_t qo = 0
+    cdef uint8_t* o
+    if count == 0:
+        return None
+    size = 16 + PyBytes_GET_SIZE(_PULL_HEAD) + PyBytes_GET_SIZE(_K_NEXT)
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            return None
+        size += 2 * PyBytes_GET_SIZE(payload) + _room
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(buf)
+    w = _w_key(o, _PULL_HEAD)
+    if count < 16:  # the array header as msgspec writes it
+        o[w] = 0x90 | count
+        w += 1
+    elif count < 0x10000:
+        o[w] = 0xDC
+        o[w + 1] = (count >> 8) & 0xFF
+        o[w + 2] = count & 0xFF
+        w += 3
+    else:
+        o[w] = 0xDD
+        _put_u32be(o + w + 1, <uint32_t>count)
+        w += 5
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        n = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                       o + w, once, False, NULL, 0, 0, &qo)
+        if n < 0:
+            return None
+        w += n
+    if qo == _INT64_MAX:  # the next offset would not be an int64 (msgspec: a uint64)
+        return None
+    w += _w_key(o + w, _K_NEXT)
+    w += _w_int(o + w, qo + 1)
+    return buf[:w]
+
+
+cdef bint _json_safe(const char* s, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    cdef uint8_t ch
+    for i in range(n):
+        ch = <uint8_t>s[i]
+        if ch < 0x20 or ch >= 0x7F or ch == 0x22 or ch == 0x5C:
+            return False
+    return True
+
+
+cdef inline Py_ssize_t _w_lit(uint8_t* o, const char* s, Py_ssize_t n) noexcept:
+    memcpy(o, s, n)
+    return n
+
+
+cdef inline Py_ssize_t _w_dec(uint8_t* o, int64_t v) noexcept:
+    cdef char tmp[24]
+    cdef Py_ssize_t n = 0, k
+    cdef uint64_t u
+    cdef bint neg = v < 0
+    u = <uint64_t>(-(v + 1)) + 1 if neg else <uint64_t>v
+    while True:
+        tmp[n] = 48 + <char>(u % 10)
+        n += 1
+        u //= 10
+        if u == 0:
+            break
+    k = 0
+    if neg:
+        o[0] = 45
+        k = 1
+    while n:
+        n -= 1
+        o[k] = tmp[n]
+        k += 1
+    return k
+
+
+# The fixed pieces of the send answer, as scheduled_answer writes them below: C literals of a
+# known length (a memcpy of a constant size: a move or two), which a key taken at run time
+# would make ~10 % slower. Not a second definition left to drift: this module does not load
+# unless api/wire_keys.py builds exactly these from the schemas (_use_keys), and
+# tests/api/test_plain_send.py compares the answers with msgspec's.
+SEND_MSGPACK = (b"\x81\xa7results", b"\x86\xa5msgId", b"\xa5topic", b"\xa9deliverAt",
+                b"\xa6status\xa9SCHEDULED\xaccancelHandle", b"\xa9duplicate\xc2")
+SEND_JSON = (b'{"results":[', b'{"msgId":"', b'","topic":"', b'","deliverAt":',
+             b',"status":"SCHEDULED","cancelHandle":"', b'","duplicate":false}', b"]}")
+
+
+def scheduled_answer(list msg_ids, str topic, list deliver_ats, list timer_keys, bint msgpack):
+    """The send answer ``{"results": [SendResult, ...]}`` of messages just SCHEDULED (none a
+    duplicate), as msgspec encodes it: msgpack, or JSON. None when a string would need
+    escaping in JSON (never for the API's msgIds and topics): the caller encodes the Structs."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(msg_ids), k, n, tn, w = 0, bound
+    cdef const char* t = PyUnicode_AsUTF8AndSize(topic, &tn)
+    cdef const char* s
+    cdef char hdl[808]
+    cdef Py_ssize_t hn
+    cdef uint8_t* o
+    if not msgpack and not _json_safe(t, tn):
+        return None
+    bound = 16
+    for k in range(count):
+        bound += 160 + tn + 2 * len(<str>PyList_GET_ITEM(msg_ids, k)) + 4 * len(
+            <bytes>PyList_GET_ITEM(timer_keys, k))
+    out = PyBytes_FromStringAndSize(NULL, bound)
+    o = <uint8_t*>PyBytes_AS_STRING(out)
+    if msgpack:
+        w = _w_lit(o, b"\x81\xa7results", 9)
+        w += _w_head(o + w, count, 0x90, 15, 0, 0xDC, 0xDD)
+    else:
+        w = _w_lit(o, b'{"results":[', 12)
+    for k in range(count):
+        s = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(msg_ids, k), &n)
+        hn = _handle(hdl, <object>PyList_GET_ITEM(timer_keys, k))
+        if msgpack:
+            w += _w_lit(o + w, b"\x86\xa5msgId", 7)
+            w += _w_str(o + w, s, n)
+            w += _w_lit(o + w, b"\xa5topic", 6)
+            w += _w_str(o + w, t, tn)
+            w += _w_lit(o + w, b"\xa9deliverAt", 10)
+            w += _w_int(o + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
+            w += _w_lit(o + w, b"\xa6status\xa9SCHEDULED\xaccancelHandle", 30)
+            w += _w_str(o + w, hdl, hn)
+            w += _w_lit(o + w, b"\xa9duplicate\xc2", 11)
+        else:
+            if not _json_safe(s, n):
+                return None
+            if k:
+                o[w] = 44
+                w += 1
+            w += _w_lit(o + w, b'{"msgId":"', 10)
+            w += _w_lit(o + w, s, n)
+            w += _w_lit(o + w, b'","topic":"', 11)
+            w += _w_lit(o + w, t, tn)
+            w += _w_lit(o + w, b'","deliverAt":', 14)
+            w += _w_dec(o + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
+            w += _w_lit(o + w, b',"status":"SCHEDULED","cancelHandle":"', 38)
+            w += _w_lit(o + w, hdl, hn)
+            w += _w_lit(o + w, b'","duplicate":false}', 20)
+    if not msgpack:
+        w += _w_lit(o + w, b"]}", 2)
+    return out[:w]
+
+
+# --- the keys, from the schemas ----------------------------------------------------------------
+from api.wire_keys import key_table as _key_table
+
+_table = _key_table()
+if not _table.fits(DELIVERED_FIELDS, PULL_FIELDS, SEND_FIELDS):
+    raise ImportError("api/schemas.py lists a document's fields otherwise than api/_native.pyx "
+                      "writes them")
+_use_keys(_table.keys[0], _table.keys[1], _table.keys[2], _table.keys[3], _table.keys[4])
+del _table

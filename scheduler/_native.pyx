@@ -1,0 +1,673 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""Compiled twins of the scheduler's per-message loops: the send path's intake (a plain
+batch straight from the request), the codec (stored value -> log payload, index entries,
+cancel handles), a commit's columns, receipts, the due timeline's counts.
+
+Built from source by pip (setup.py) when a C compiler is there; scheduler/native.py picks
+these or the pure-Python functions (scheduler/codec.py, scheduler/intake.py,
+scheduler/group_state.py, scheduler/timeline.py), and tests/scheduler/test_native.py checks
+that both give the same bytes. What it does not recognise exactly it leaves to the Python
+path (``None``), which then decodes with every check and raises where it must. The rules
+it needs its own copy of (the msgId pattern, a plain message's timing) are held equal to
+their Python definitions by tests/scheduler/test_native.py (``msg_id_ok``, ``due_later``).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.string cimport memcmp, memcpy
+
+from scheduler._handles cimport _handle
+from storage._msgpack cimport (K_ARRAY, K_BIN, K_MAP, Item, _be, _body_tags_keys, _head, _int,
+                               _same, _str, _w_bin, _w_head, _w_int, _w_raw, _w_str)
+
+# --- delivery: stored MessageRecord value -> LogRecord payload -----------------------------
+def log_payloads(list values, list topics, list msg_ids, list offsets, list deliver_ats,
+                 int64_t stored_at):
+    """For each stored MessageRecord value (== scheduler.codec.log_payload_from_value):
+    its LogRecord payload, or None where the Python path must do it (properties to filter,
+    or anything not exactly as msgspec writes it)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(values), k, n, i, tsize, msize, end_keys
+    cdef list out = [None] * count
+    cdef const uint8_t* p
+    cdef const char* t
+    cdef const char* m
+    cdef Item it, body, tags, keys, born, flags
+    cdef uint8_t* o
+    cdef Py_ssize_t w
+    cdef int64_t offset, deliver_at
+    for k in range(count):
+        value = <object>PyList_GET_ITEM(values, k)
+        if type(value) is not bytes:
+            continue
+        p = <const uint8_t*>PyBytes_AS_STRING(value)
+        n = PyBytes_GET_SIZE(value)
+        # [version, body, tags, keys, properties, born_at, deliver_at, flags], as written
+        if n < 1 or p[0] != 0x98:
+            continue
+        i = _int(p, n, 1, &it)  # version: any int
+        if i < 0:
+            continue
+        i = _body_tags_keys(p, n, i, &body, &tags, &keys)
+        if i < 0:
+            continue
+        end_keys = i
+        if i >= n or p[i] != 0x80:  # properties: only none here (delivered_properties)
+            continue
+        i = _int(p, n, i + 1, &born)
+        if i < 0:
+            continue
+        i = _int(p, n, i, &it)  # the stored deliver_at: the key's is the one used
+        if i < 0:
+            continue
+        i = _int(p, n, i, &flags)
+        if i != n:
+            continue
+        t = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(topics, k), &tsize)
+        m = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(msg_ids, k), &msize)
+        offset = <object>PyList_GET_ITEM(offsets, k)
+        deliver_at = <object>PyList_GET_ITEM(deliver_ats, k)
+        buf = PyBytes_FromStringAndSize(NULL, n + tsize + msize + 64)
+        o = <uint8_t*>PyBytes_AS_STRING(buf)
+        o[0] = 0x9C  # 12 fields
+        o[1] = 0x01  # FORMAT_VERSION
+        w = 2
+        w += _w_str(o + w, t, tsize)
+        w += _w_str(o + w, m, msize)
+        w += _w_int(o + w, offset)
+        w += _w_raw(o + w, p, body.start, end_keys)  # body, tags, keys as stored
+        o[w] = 0x80
+        w += 1
+        w += _w_int(o + w, born.value)
+        w += _w_int(o + w, deliver_at)
+        w += _w_int(o + w, stored_at)
+        w += _w_int(o + w, flags.value)
+        out[k] = buf[:w]
+    return out
+
+
+def receipt_offsets(list receipts, str prefix):
+    """== scheduler.group_state.receipt_offsets_py: the offsets of receipts that all start
+    with ``prefix``, each followed by an offset in lowercase hex (``0``, or 1-16 digits
+    without a leading zero); None when one is otherwise (or not a str)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(receipts), k, n, plen, i
+    cdef const char* pre = PyUnicode_AsUTF8AndSize(prefix, &plen)
+    cdef const char* r
+    cdef list out = [None] * count
+    cdef uint64_t u
+    cdef char ch
+    for k in range(count):
+        item = <object>PyList_GET_ITEM(receipts, k)
+        if type(item) is not str:
+            return None
+        r = PyUnicode_AsUTF8AndSize(item, &n)
+        if n <= plen or n - plen > 16 or memcmp(r, pre, plen) != 0:
+            return None
+        if r[plen] == 48 and n - plen > 1:  # a leading zero
+            return None
+        u = 0
+        for i in range(plen, n):
+            ch = r[i]
+            if 48 <= ch <= 57:
+                u = (u << 4) | <uint64_t>(ch - 48)
+            elif 97 <= ch <= 102:
+                u = (u << 4) | <uint64_t>(ch - 87)
+            else:
+                return None
+        out[k] = u
+    return out
+
+
+def split_due(list items):
+    """(index keys, values, deliverAts, topics, msgIds) of scanned (timer key, value) pairs,
+    as scheduler/committer.py's ``_split_due_py`` gives them; None when a key is not
+    ``deliverAt(8) + topic + NUL + msgId`` (that path then raises)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(items), k, n, j
+    cdef list ikeys = [None] * count, values = [None] * count, ats = [None] * count
+    cdef list topics = [None] * count, msg_ids = [None] * count
+    cdef const uint8_t* p
+    cdef const uint8_t* nul
+    cdef uint64_t at
+    cdef bytes last_raw = None
+    cdef object last_topic = None
+    for k in range(count):
+        pair = <object>PyList_GET_ITEM(items, k)
+        key = pair[0]
+        if type(key) is not bytes:
+            return None
+        p = <const uint8_t*>PyBytes_AS_STRING(key)
+        n = PyBytes_GET_SIZE(key)
+        if n < 9:
+            return None
+        nul = NULL
+        for j in range(8, n):
+            if p[j] == 0:
+                nul = p + j
+                break
+        if nul == NULL:
+            return None
+        _be(p, 8, &at)
+        ats[k] = at
+        ikeys[k] = PyBytes_FromStringAndSize(<const char*>p + 8, n - 8)
+        values[k] = pair[1]
+        j = nul - p
+        if last_raw is None or PyBytes_GET_SIZE(last_raw) != j - 8 or not _same(
+                <const uint8_t*>PyBytes_AS_STRING(last_raw), p + 8, j - 8):
+            last_raw = PyBytes_FromStringAndSize(<const char*>p + 8, j - 8)
+            last_topic = PyUnicode_DecodeUTF8(<const char*>p + 8, j - 8, "strict")
+        topics[k] = last_topic
+        msg_ids[k] = PyUnicode_DecodeUTF8(<const char*>nul + 1, n - j - 1, "strict")
+    return ikeys, values, ats, topics, msg_ids
+
+
+def delivered_index_values(list deliver_ats, int64_t updated_at, list offsets,
+                           list positions):
+    """== [scheduler.codec.index_value("DELIVERED", at, updated_at, offset, position)
+    for ...] (no transaction id); None where a value does not fit int64."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(deliver_ats), k, w
+    cdef list out = [None] * count
+    cdef uint8_t tmp[64]
+    try:
+        _index_values(deliver_ats, updated_at, offsets, positions, out, count, tmp)
+    except OverflowError:  # a value past int64: msgspec writes it as uint64 (Python path)
+        return None
+    return out
+
+
+cdef _index_values(list deliver_ats, int64_t updated_at, list offsets, list positions,
+                   list out, Py_ssize_t count, uint8_t* tmp):
+    cdef Py_ssize_t k, w
+    for k in range(count):
+        tmp[0] = 0x97
+        tmp[1] = 0x01
+        memcpy(tmp + 2, b"\xa9DELIVERED", 10)
+        w = 12
+        w += _w_int(tmp + w, <int64_t>(<object>PyList_GET_ITEM(deliver_ats, k)))
+        w += _w_int(tmp + w, updated_at)
+        w += _w_int(tmp + w, <int64_t>(<object>PyList_GET_ITEM(offsets, k)))
+        w += _w_int(tmp + w, <int64_t>(<object>PyList_GET_ITEM(positions, k)))
+        tmp[w] = 0xC0
+        out[k] = PyBytes_FromStringAndSize(<const char*>tmp, w + 1)
+
+
+# --- send path: stored values, cancel handles ----------------------------------------------
+cdef inline Py_ssize_t _w_opt_str(uint8_t* o, object s) except -1:
+    cdef const char* u
+    cdef Py_ssize_t n
+    if s is None:
+        o[0] = 0xC0
+        return 1
+    if type(s) is not str:
+        raise TypeError("str expected")
+    u = PyUnicode_AsUTF8AndSize(s, &n)
+    return _w_str(o, u, n)
+
+
+cdef Py_ssize_t _str_bound(object s) except -1:
+    """Bytes that ``_w_opt_str`` may write for ``s``."""
+    if s is None:
+        return 1
+    if type(s) is not str:
+        raise TypeError("str expected")
+    return 5 + 4 * len(<str>s)
+
+
+def scheduled_values(list messages, int64_t at):
+    """== scheduler.codec.scheduled_values for messages without properties; raises
+    (TypeError, OverflowError, UnicodeEncodeError) for anything else, and that path then
+    does the whole batch."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, j, w, bound, nkeys
+    cdef list out = [None] * count
+    cdef int64_t deliver_at
+    cdef uint8_t* o
+    cdef tuple keys
+    cdef bytes body
+    cdef uint8_t index[80]
+    for k in range(count):
+        m = <object>PyList_GET_ITEM(messages, k)
+        deliver_at = m.deliver_at
+        if deliver_at <= at:
+            continue
+        if m.properties:
+            raise TypeError("properties: the Python path encodes them")
+        body = m.body
+        keys = m.keys
+        tags = m.tags
+        nkeys = len(keys)
+        bound = 64 + PyBytes_GET_SIZE(body) + _str_bound(tags)
+        for j in range(nkeys):
+            bound += _str_bound(keys[j])
+        value = PyBytes_FromStringAndSize(NULL, bound)
+        o = <uint8_t*>PyBytes_AS_STRING(value)
+        o[0] = 0x98
+        o[1] = 0x01
+        w = 2 + _w_bin(o + 2, <const uint8_t*>PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body))
+        w += _w_opt_str(o + w, tags)
+        w += _w_head(o + w, nkeys, 0x90, 15, 0, 0xDC, 0xDD)
+        for j in range(nkeys):
+            w += _w_opt_str(o + w, keys[j])
+        o[w] = 0x80
+        w += 1
+        w += _w_int(o + w, m.born_at)
+        w += _w_int(o + w, deliver_at)
+        w += _w_int(o + w, m.flags)
+        index[0] = 0x97
+        index[1] = 0x01
+        memcpy(index + 2, b"\xa9SCHEDULED", 10)
+        j = 12
+        j += _w_int(index + j, deliver_at)
+        j += _w_int(index + j, at)
+        index[j] = 0xC0
+        index[j + 1] = 0xC0
+        j += 2
+        tx_id = m.tx_id
+        if tx_id is None:
+            index[j] = 0xC0
+            entry = PyBytes_FromStringAndSize(<const char*>index, j + 1)
+        else:
+            entry = PyBytes_FromStringAndSize(<const char*>index, j) + _str_value(tx_id)
+        out[k] = (value[:w], entry)
+    return out
+
+
+cdef bytes _str_value(object s):
+    cdef uint8_t tmp[8]
+    cdef const char* u
+    cdef Py_ssize_t n, h
+    if type(s) is not str:
+        raise TypeError("str expected")
+    u = PyUnicode_AsUTF8AndSize(s, &n)
+    h = _w_head(tmp, n, 0xA0, 31, 0xD9, 0xDA, 0xDB)
+    return PyBytes_FromStringAndSize(<const char*>tmp, h) + PyBytes_FromStringAndSize(u, n)
+
+
+
+def cancel_handles(list timer_keys):
+    """== [scheduler.codec.cancel_handle(k) for k in timer_keys]: URL-safe base64 of the
+    version byte 1 + the timer key, without padding."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(timer_keys), k, w
+    cdef list out = [None] * count
+    cdef char dst[808]
+    for k in range(count):
+        w = _handle(dst, <object>PyList_GET_ITEM(timer_keys, k))
+        out[k] = PyUnicode_DecodeUTF8(dst, w, NULL)
+    return out
+
+
+# --- send path: a plain batch, straight from the decoded request ---------------------------
+cdef const char* _HEX = b"0123456789ABCDEF"
+
+
+cdef class _Plain:
+    """The columns of a plain batch as they are built (``plain_batch``, ``plain_msgpack``)."""
+    cdef list msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given
+    cdef bytes prefix
+    cdef int64_t now
+    cdef char idbuf[28]
+    cdef object counter
+
+    def __cinit__(self, Py_ssize_t count, bytes prefix, int64_t now, str id_prefix,
+                  object counter):
+        cdef Py_ssize_t n
+        cdef const char* idp = PyUnicode_AsUTF8AndSize(id_prefix, &n)
+        if n != 20:
+            raise ValueError("a msgId prefix is 20 characters")
+        memcpy(self.idbuf, idp, 20)
+        self.msg_ids = [None] * count
+        self.deliver_ats = [None] * count
+        self.timer_keys = [None] * count
+        self.index_keys = [None] * count
+        self.values = [None] * count
+        self.entries = [None] * count
+        self.given = []
+        self.prefix = prefix
+        self.now = now
+        self.counter = counter
+
+    cdef add(self, Py_ssize_t k, const char* body, Py_ssize_t n, int64_t at, object msg_id):
+        """Message ``k``: its body, deliverAt and msgId (None: a new one, generated)."""
+        cdef Py_ssize_t plen = PyBytes_GET_SIZE(self.prefix), idlen, w
+        cdef const char* idp
+        cdef uint64_t c
+        cdef uint8_t* o
+        cdef uint8_t entry[48]
+        cdef int j
+        cdef int64_t now = self.now
+        if msg_id is None:
+            c = <uint64_t>(next(self.counter)) & 0xFFFFFFFF
+            for j in range(8):
+                self.idbuf[27 - j] = _HEX[(c >> (4 * j)) & 15]
+            msg_id = PyUnicode_DecodeUTF8(self.idbuf, 28, NULL)
+            idp = self.idbuf
+            idlen = 28
+        else:
+            idp = PyUnicode_AsUTF8AndSize(msg_id, &idlen)
+        idkey = PyBytes_FromStringAndSize(NULL, plen + idlen)
+        o = <uint8_t*>PyBytes_AS_STRING(idkey)
+        memcpy(o, PyBytes_AS_STRING(self.prefix), plen)
+        memcpy(o + plen, idp, idlen)
+        if idp != self.idbuf:
+            self.given.append(idkey)
+        tkey = PyBytes_FromStringAndSize(NULL, 8 + plen + idlen)
+        o = <uint8_t*>PyBytes_AS_STRING(tkey)
+        for j in range(8):
+            o[j] = (<uint64_t>at >> (56 - 8 * j)) & 0xFF
+        memcpy(o + 8, PyBytes_AS_STRING(idkey), plen + idlen)
+        value = PyBytes_FromStringAndSize(NULL, n + 48)
+        o = <uint8_t*>PyBytes_AS_STRING(value)
+        o[0] = 0x98
+        o[1] = 0x01
+        w = 2 + _w_bin(o + 2, <const uint8_t*>body, n)
+        o[w] = 0xC0  # tags
+        o[w + 1] = 0x90  # keys
+        o[w + 2] = 0x80  # properties
+        w += 3
+        w += _w_int(o + w, now)  # bornAt
+        w += _w_int(o + w, at)
+        o[w] = 0x00  # flags
+        entry[0] = 0x97
+        entry[1] = 0x01
+        memcpy(entry + 2, b"\xa9SCHEDULED", 10)
+        j = 12
+        j += _w_int(entry + j, at)
+        j += _w_int(entry + j, now)
+        entry[j] = 0xC0
+        entry[j + 1] = 0xC0
+        entry[j + 2] = 0xC0
+        self.msg_ids[k] = msg_id
+        self.deliver_ats[k] = at
+        self.timer_keys[k] = tkey
+        self.index_keys[k] = idkey
+        self.values[k] = value[:w + 1]
+        self.entries[k] = PyBytes_FromStringAndSize(<const char*>entry, j + 3)
+
+    cdef tuple columns(self):
+        return (self.msg_ids, self.deliver_ats, self.timer_keys, self.index_keys, self.values,
+                self.entries, self.given)
+
+
+cdef int64_t _due_later(object given_at, object given_delay, object absent, int64_t now,
+                        int64_t max_delay) except? -2:
+    """The deliverAt of a plain message from its deliverAt or its delayMs (``absent``: the
+    value of the one not given): after ``now`` and at most ``max_delay`` ahead. -1 when it
+    is not plain: both or neither given (neither: due now, which the general path delivers
+    at once), not an int, out of range, or due by now. OverflowError past int64."""
+    cdef int64_t at, delay
+    if given_at is not absent:
+        if given_delay is not absent or type(given_at) is not int:
+            return -1
+        at = given_at
+        if at < 0 or at > now + max_delay:
+            return -1
+    elif given_delay is not absent:
+        if type(given_delay) is not int:
+            return -1
+        delay = given_delay
+        if delay < 0 or delay > max_delay:
+            return -1
+        at = now + delay
+    else:
+        return -1
+    return at if at > now else -1
+
+
+def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
+                Py_ssize_t max_body, object unset, str id_prefix, object counter):
+    """The columns a send batch stores, built from the decoded request (api.schemas.MessageIn:
+    ``unset`` for an absent field) when every message in it is *plain*: a body (text or
+    base64) of at most ``max_body`` bytes; no tags, keys, properties nor delay level; due
+    after ``now`` by ``deliverAt`` (at most ``max_delay`` ahead) or ``delayMs`` (at most
+    ``max_delay``); a msgId or none. None for any other batch: the general path
+    (scheduler.intake.Intake.prepare) takes it and says what is wrong, if anything.
+
+    ``prefix``: the topic's index-key part (topic NUL); ``id_prefix`` and ``counter``: the
+    engine's msgId generator (scheduler.intake.MessageIdGenerator) for messages without one.
+    Returns (msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given): the
+    stored value (== scheduler.codec.message_value) and the SCHEDULED index entry at ``now``
+    (== scheduler.codec.index_value) of each message, born at ``now``; ``given``: the index
+    keys of the msgIds the client chose (the ones to look up for idempotency)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, n
+    cdef const char* u
+    cdef int64_t at
+    cdef _Plain out = _Plain(count, prefix, now, id_prefix, counter)
+    try:
+        for k in range(count):
+            m = <object>PyList_GET_ITEM(messages, k)
+            if (m.tags is not unset or m.delay_level is not unset
+                    or (m.keys is not unset and len(m.keys))
+                    or (m.properties is not unset and len(m.properties))):
+                return None
+            text = m.body
+            raw = m.body_base64
+            if text is not unset:
+                if raw is not unset or type(text) is not str:
+                    return None
+                u = PyUnicode_AsUTF8AndSize(text, &n)
+            elif type(raw) is bytes:
+                u = PyBytes_AS_STRING(raw)
+                n = PyBytes_GET_SIZE(raw)
+            else:
+                return None
+            if n > max_body:
+                return None
+            at = _due_later(m.deliver_at, m.delay_ms, unset, now, max_delay)
+            if at < 0:
+                return None
+            msg_id = m.msg_id
+            if msg_id is unset:
+                msg_id = None
+            elif type(msg_id) is not str:
+                return None
+            out.add(k, u, n, at, msg_id)
+    except (OverflowError, UnicodeEncodeError):  # past int64, a lone surrogate: not plain
+        return None
+    return out.columns()
+
+
+def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
+                   Py_ssize_t max_body, str id_prefix, object counter):
+    """``plain_batch`` for the engine's own requests (scheduler.model.SendRequest: bytes
+    body; None, () or {} for an absent field): the in-process ``Broker.send_batch``. Their
+    topics may differ, each one sent to before (``known``: topic -> (key prefix, shard), as
+    scheduler.intake.Intake caches them). A msgId must match storage.constants.MSG_ID_REGEX
+    here (the API's decoder has not checked it); None for anything else, as there. Returns
+    the columns and, when the batch holds more than one topic, each message's topic and
+    shard (else None, None)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(requests), k, n
+    cdef const char* u
+    cdef int64_t at
+    cdef _Plain out
+    cdef list topics = None, shards = None
+    if count == 0:
+        return None
+    first = (<object>PyList_GET_ITEM(requests, 0)).topic
+    if type(first) is not str:
+        return None
+    entry = known.get(first)
+    if entry is None:
+        return None
+    out = _Plain(count, entry[0], now, id_prefix, counter)
+    shard = entry[1]
+    current = first
+    try:
+        for k in range(count):
+            m = <object>PyList_GET_ITEM(requests, k)
+            if (m.tags is not None or m.delay_level is not None or len(m.keys)
+                    or len(m.properties)):
+                return None
+            t = m.topic
+            if t is not current and t != current:
+                entry = known.get(t)
+                if entry is None:
+                    return None
+                if topics is None:
+                    topics = [first] * k
+                    shards = [shard] * k
+                out.prefix = entry[0]
+                shard = entry[1]
+                current = t
+            if topics is not None:
+                topics.append(current)
+                shards.append(shard)
+            body = m.body
+            if type(body) is not bytes:
+                return None
+            n = PyBytes_GET_SIZE(body)
+            if n > max_body:
+                return None
+            at = _due_later(m.deliver_at, m.delay_ms, None, now, max_delay)
+            if at < 0:
+                return None
+            msg_id = m.msg_id
+            if msg_id is not None:
+                if type(msg_id) is not str:
+                    return None
+                u = PyUnicode_AsUTF8AndSize(msg_id, &n)
+                if not _msg_id_ok(<const uint8_t*>u, n):
+                    return None
+            out.add(k, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), at, msg_id)
+    except (OverflowError, UnicodeEncodeError, TypeError):  # (TypeError: a topic not a str)
+        return None
+    return out.columns(), topics, shards
+
+
+cdef bint _msg_id_ok(const uint8_t* s, Py_ssize_t n) noexcept:
+    """storage.constants.MSG_ID_REGEX: 1-128 of [A-Za-z0-9_.:-]."""
+    cdef Py_ssize_t i
+    cdef uint8_t c
+    if n < 1 or n > 128:
+        return False
+    for i in range(n):
+        c = s[i]
+        if not ((48 <= c <= 58) or (65 <= c <= 90) or (97 <= c <= 122) or c == 95 or c == 46
+                or c == 45):
+            return False
+    return True
+
+
+def msg_id_ok(str msg_id):
+    """``_msg_id_ok`` on ``msg_id``'s UTF-8 (tests hold it equal to
+    storage.constants.MSG_ID_PATTERN)."""
+    cdef Py_ssize_t n
+    cdef const char* u = PyUnicode_AsUTF8AndSize(msg_id, &n)
+    return _msg_id_ok(<const uint8_t*>u, n)
+
+
+def due_later(given_at, given_delay, absent, int64_t now, int64_t max_delay):
+    """``_due_later`` (tests hold it equal to scheduler.intake's timing rules)."""
+    return _due_later(given_at, given_delay, absent, now, max_delay)
+
+
+cdef enum:
+    F_BODY = 1
+    F_B64 = 2
+    F_ID = 4
+    F_AT = 8
+    F_DELAY = 16
+
+
+def plain_msgpack(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
+                  int64_t max_delay, Py_ssize_t max_body, str id_prefix, object counter):
+    """``plain_batch`` straight from a msgpack request body (``{"messages": [...]}``, at
+    most ``max_count`` of them), without decoding it into MessageIn first. Takes only what
+    is plain and written as msgpack writes it (canonical headers; per message the keys
+    ``body`` (str) or ``bodyBase64`` (bin), ``msgId`` (a valid one), ``deliverAt`` or
+    ``delayMs`` (ints >= 0), each once); None for anything else, which the schema's decoder
+    then reads and checks."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw), i, k, count, fields, f, j
+    cdef Item it, key, body, msg_id, num
+    cdef int seen, flag
+    cdef int64_t at
+    cdef _Plain out
+    if n < 10 or p[0] != 0x81 or memcmp(p + 1, b"\xa8messages", 9) != 0:
+        return None
+    i = _head(p, n, 10, &it)
+    if i < 0 or it.kind != K_ARRAY or it.size < 1 or it.size > max_count:
+        return None
+    count = it.size
+    out = _Plain(count, prefix, now, id_prefix, counter)
+    for k in range(count):
+        i = _head(p, n, i, &it)
+        if i < 0 or it.kind != K_MAP:
+            return None
+        fields = it.size
+        seen = 0
+        for f in range(fields):
+            j = _str(p, n, i, &key)
+            if j < 0:
+                return None
+            i = j
+            flag = 0
+            if key.size == 4 and memcmp(p + key.data, b"body", 4) == 0:
+                flag = F_BODY
+                i = _str(p, n, i, &body)
+            elif key.size == 10 and memcmp(p + key.data, b"bodyBase64", 10) == 0:
+                flag = F_B64
+                i = _head(p, n, i, &body)
+                if i >= 0 and (body.kind != K_BIN or i + body.size > n):
+                    i = -1
+                elif i >= 0:
+                    body.data = i
+                    i += body.size
+            elif key.size == 5 and memcmp(p + key.data, b"msgId", 5) == 0:
+                flag = F_ID
+                i = _str(p, n, i, &msg_id)
+                if i >= 0 and not _msg_id_ok(p + msg_id.data, msg_id.size):
+                    i = -1
+            elif key.size == 9 and memcmp(p + key.data, b"deliverAt", 9) == 0:
+                flag = F_AT
+                i = _int(p, n, i, &num)
+            elif key.size == 7 and memcmp(p + key.data, b"delayMs", 7) == 0:
+                flag = F_DELAY
+                i = _int(p, n, i, &num)
+            if flag == 0 or i < 0 or seen & flag:
+                return None
+            seen |= flag
+        if (seen & (F_BODY | F_B64)) not in (F_BODY, F_B64):
+            return None
+        if (seen & (F_AT | F_DELAY)) not in (F_AT, F_DELAY) or num.value < 0:
+            return None
+        if body.size > max_body:
+            return None
+        if seen & F_AT:
+            at = num.value
+            if at > now + max_delay:
+                return None
+        else:
+            if num.value > max_delay:
+                return None
+            at = now + num.value
+        if at <= now:
+            return None
+        out.add(k, <const char*>p + body.data, body.size, at,
+                PyUnicode_DecodeUTF8(<const char*>p + msg_id.data, msg_id.size, NULL)
+                if seen & F_ID else None)
+    if i != n:
+        return None
+    return out.columns()
+
+
+# --- the due timeline: counts per second ---------------------------------------------------
+def per_second(list deliver_ats, int64_t resolution):
+    """== scheduler.timeline._per_second (as a dict): how many values fall in each
+    ``resolution`` (floor division); OverflowError past int64 (that path then counts)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(deliver_ats), k
+    cdef dict out = {}
+    cdef int64_t v, second, run_second = 0
+    cdef Py_ssize_t run = 0
+    for k in range(count):
+        v = <object>PyList_GET_ITEM(deliver_ats, k)
+        second = v // resolution if v >= 0 else -((-v + resolution - 1) // resolution)
+        if run and second == run_second:
+            run += 1
+            continue
+        if run:
+            out[run_second] = out.get(run_second, 0) + run
+        run_second = second
+        run = 1
+    if run:
+        out[run_second] = out.get(run_second, 0) + run
+    return out

@@ -1,0 +1,27 @@
+"""The scheduler's compiled hot paths, when they were built: ``native`` is scheduler/_native
+(Cython, built by pip from source; see setup.py) or None (not built, or
+``HOURGLASS_PURE_PYTHON=1``: storage/native.py).
+
+Every function there has a pure-Python twin next to its caller (scheduler/codec.py,
+scheduler/intake.py, scheduler/group_state.py, scheduler/timeline.py) that gives the same
+bytes (tests/scheduler/test_native.py).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from storage.native import pure_python
+
+
+def _load() -> ModuleType | None:
+    if pure_python():
+        return None
+    try:
+        from scheduler import _native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _native
+
+
+native: ModuleType | None = _load()

@@ -1,0 +1,198 @@
+"""The HTTP layer's compiled wire encoders (api/_native.pyx) give exactly what their
+pure-Python twins give, and leave to them (None) whatever they do not recognise exactly;
+the keys they write are the schemas'."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api import schemas
+from api.native import native
+from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
+from api.routes.groups import _receive_msgpack_native, receive_msgpack_py
+from api.wire_keys import NEXT_OFFSET, PULL_HEAD, key_table
+from scheduler.groups import AckResult, Received, ReceiveResult
+from storage.errors import CorruptionError, HourglassError
+from storage.native import PURE_PYTHON_ENV
+from storage.records import (
+    LogRecord,
+    MessageStatus,
+    decode_log_record,
+    encode_log_record,
+)
+from tests.support.native_strategies import (
+    fits_int64,
+    log_records,
+    mutations,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+needs_native = pytest.mark.skipif(native is None, reason="api/_native is not built")
+
+
+def test_the_extension_is_built() -> None:
+    """pip builds it (setup.py); without it hourglass runs, slower, on the twins."""
+    if os.environ.get(PURE_PYTHON_ENV):
+        pytest.skip(f"{PURE_PYTHON_ENV} is set: the pure-Python twins are in use")
+    assert native is not None, ("api/_native is not built: pip install -e . (needs a C "
+                                "compiler; Cython is fetched by the build)")
+
+
+def python_delivered(payload: bytes, once: bool = False) -> bytes | None:
+    try:
+        return msgspec.msgpack.encode(delivered(decode_log_record(payload), once))
+    except HourglassError:
+        return None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(record=log_records, data=st.data(), once=st.booleans())
+def test_delivered_msgpack(record: LogRecord, data: st.DataObject, once: bool) -> None:
+    """``once``: ``Prefer: body=once`` (one body: the text, else the bytes)."""
+    assert native is not None
+    payload = encode_log_record(record)
+    payloads = [payload, data.draw(mutations(payload))]
+    out, offsets = native.delivered_msgpack(payloads, once=once)
+    if len(record.properties) <= 16 and fits_int64(
+            record.queue_offset, record.born_at, record.deliver_at, record.stored_at,
+            record.flags):
+        assert out[0] == python_delivered(payload, once) is not None
+        assert offsets[0] == record.queue_offset
+    else:
+        assert out[0] is None
+    if out[1] is not None:
+        assert out[1] == python_delivered(payloads[1], once)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40),
+       once=st.booleans())
+def test_pull_answer(records: list[LogRecord], offset: int, once: bool) -> None:
+    payloads = [encode_log_record(r) for r in records]
+    assert outcome(_pull_msgpack_native, payloads, offset, once) == outcome(
+        pull_msgpack_py, payloads, offset, once)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(records=st.lists(log_records, min_size=1, max_size=20), data=st.data(),
+       once=st.booleans())
+def test_pull_frame_in_one_buffer(records: list[LogRecord], data: st.DataObject,
+                                  once: bool) -> None:
+    """The whole answer written by C in one buffer is Python's answer, byte for byte; a
+    payload C leaves to Python anywhere (here: one damaged) leaves the whole frame to it."""
+    assert native is not None
+    payloads = [encode_log_record(r) for r in records]
+    frame = native.pull_frame(payloads, once)
+    if all(len(r.properties) <= 16 and fits_int64(r.queue_offset, r.born_at, r.deliver_at,
+                                                   r.stored_at, r.flags) for r in records) \
+            and records[-1].queue_offset < (1 << 63) - 1:
+        assert frame == pull_msgpack_py(payloads, 0, once)
+    else:
+        assert frame is None
+    k = data.draw(st.integers(0, len(payloads) - 1))
+    damaged = [*payloads[:k], data.draw(mutations(payloads[k])), *payloads[k + 1:]]
+    frame = native.pull_frame(damaged, once)
+    if frame is not None:
+        assert frame == pull_msgpack_py(damaged, 0, once)
+    assert native.pull_frame([], once) is None
+
+
+def outcome(fn: Callable[..., bytes], *args: object) -> bytes | type[BaseException]:
+    """What ``fn`` returns, or the type of what it raises (a next offset past uint64)."""
+    try:
+        return fn(*args)
+    except (OverflowError, HourglassError) as exc:
+        return type(exc)
+
+
+@needs_native
+def test_pull_answer_of_many_messages() -> None:
+    """array16 header past 15 messages, and a payload C leaves to Python."""
+    payloads = [encode_log_record(LogRecord(topic="t", msg_id=f"m{i}", queue_offset=i,
+                                            body=b"x" * i, properties={"p": "q"} if i % 5
+                                            else {str(k): "v" for k in range(20)}))
+                for i in range(40)]
+    assert _pull_msgpack_native(payloads, 0) == pull_msgpack_py(payloads, 0)
+    with pytest.raises(CorruptionError):
+        _pull_msgpack_native([payloads[0][:-1]], 0)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(rows=st.lists(st.tuples(log_records, st.booleans(), st.text(max_size=20),
+                               st.integers(1, 50), st.just(0) | st.integers(0, 16)),
+                     max_size=20),
+       lease_until=st.integers(0, 1 << 62),
+       acked=st.none() | st.tuples(st.integers(0, 1000), st.lists(st.text(max_size=10),
+                                                                  max_size=3)),
+       once=st.booleans())
+def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease_until: int,
+                        acked: tuple[int, list[str]] | None, once: bool) -> None:
+    """A receive's msgpack answer: messages shown as stored (their bytes transcoded in C)
+    mixed with retries shown as their original (no bytes: encoded from the document)."""
+    result = ReceiveResult(lease_until=lease_until, messages=[
+        Received(receipt, count, times, encode_log_record(record)) if stored
+        else Received(receipt, count, times, shown=record)
+        for record, stored, receipt, count, times in rows])
+    ack = None if acked is None else AckResult(acked=acked[0], stale=acked[1])
+    assert outcome(_receive_msgpack_native, result, ack, once) == outcome(
+        receive_msgpack_py, result, ack, once)
+
+
+# --- the keys: one definition, the schemas ----------------------------------------------------
+def test_the_keys_are_the_schemas() -> None:
+    """api/wire_keys.py builds every key the encoders write from the Structs: the pull
+    answer's head and tail are msgspec's bytes of a PullResult, each Delivered/Received key
+    is its field's name on the wire, and the send answer's pieces are the ones msgspec
+    writes around a SendResult's values."""
+    table = key_table()
+    empty = msgspec.msgpack.encode(schemas.PullResult(messages=[], next_offset=5))
+    assert empty == PULL_HEAD + b"\x90" + NEXT_OFFSET + b"\x05"
+    assert table.keys[0] == tuple(msgspec.msgpack.encode(f.encode_name)
+                                  for f in msgspec.structs.fields(schemas.Received))
+    result = schemas.BatchResult(results=[schemas.SendResult(
+        msg_id="I", topic="T", deliver_at=7, status=MessageStatus.SCHEDULED,
+        cancel_handle="H", duplicate=False)])
+    assert answer(table.keys[3], (b"\xa1I", b"\xa1T", b"\x07", b"\xa1H"),
+                  b"\x91") == msgspec.msgpack.encode(result)
+    assert answer(table.keys[4], (b"I", b"T", b"7", b"H")) == msgspec.json.encode(result)
+
+
+def answer(pieces: tuple[bytes, ...], values: tuple[bytes, ...], array: bytes = b"") -> bytes:
+    """The send answer of one result as scheduled_answer writes it: the pieces with the
+    values between them (``array``: msgpack's array header after the first)."""
+    head, first, *rest = pieces
+    out = head + array + first
+    for value, piece in zip(values, rest, strict=False):  # (JSON: its tail is left)
+        out += value + piece
+    return out + b"".join(rest[len(values):])
+
+
+def test_a_schema_listing_its_fields_otherwise_keeps_the_extension_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extension writes each document's fields in an order of its own; were a Struct to
+    list them otherwise, its keys would no longer fit it, and it does not load
+    (api/_native.pyx checks ``fits`` at import, api/native.py then runs the twins)."""
+    table = key_table()
+    order = (table.delivered_fields, table.pull_fields, table.send_fields)
+    if native is not None:
+        assert order == (native.DELIVERED_FIELDS, native.PULL_FIELDS, native.SEND_FIELDS)
+        assert (native.SEND_MSGPACK, native.SEND_JSON) == table.keys[3:]
+
+    class Swapped(msgspec.Struct, rename="camel", kw_only=True):
+        msg_id: str
+        offset: int
+
+    monkeypatch.setattr(schemas, "Received", Swapped)
+    assert not key_table().fits(*order)
+    assert table.fits(*order)

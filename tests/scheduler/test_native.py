@@ -1,0 +1,271 @@
+"""The scheduler's compiled hot paths (scheduler/_native.pyx: the codec and intake loops) give
+exactly what their pure-Python twins give, and leave to them (None) whatever they do not
+recognise exactly; the rules it keeps its own copy of equal their Python definitions."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.codec import (
+    cancel_handles_py,
+    delivered_index_values_py,
+    log_payload_from_value,
+    log_payloads_py,
+    message_value,
+    scheduled_values_py,
+    split_due_py,
+)
+from scheduler.group_state import receipt_offsets_py
+from scheduler.levels import DelayLevels
+from scheduler.native import native
+from scheduler.timeline import _per_second_py
+from scheduler.timing import resolve_timing
+from storage.constants import MSG_ID_PATTERN
+from storage.errors import CorruptionError, HourglassError
+from storage.keys import encode_timer_key
+from storage.native import PURE_PYTHON_ENV
+from storage.records import (
+    MessageRecord,
+    encode_message,
+)
+from tests.support.native_strategies import (
+    fits_int64,
+    ids,
+    ints,
+    messages,
+    mutations,
+    props,
+    texts,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+needs_native = pytest.mark.skipif(native is None, reason="scheduler/_native is not built")
+
+
+def test_the_extension_is_built() -> None:
+    """pip builds it (setup.py); without it hourglass runs, slower, on the twins."""
+    if os.environ.get(PURE_PYTHON_ENV):
+        pytest.skip(f"{PURE_PYTHON_ENV} is set: the pure-Python twins are in use")
+    assert native is not None, ("scheduler/_native is not built: pip install -e . (needs a C "
+                                "compiler; Cython is fetched by the build)")
+
+
+def python_payload(value: bytes, at: int) -> bytes | None:
+    try:
+        return log_payload_from_value(value, "topic", "id", 7, at, at + 1)
+    except HourglassError:
+        return None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(record=messages, at=st.integers(0, 1 << 62), data=st.data())
+def test_log_payloads(record: MessageRecord, at: int, data: st.DataObject) -> None:
+    """Valid values: the same bytes, or None (properties). Damaged ones: the same bytes,
+    or None where the Python path raises (a poison value) or could decide otherwise."""
+    assert native is not None
+    value = encode_message(record)
+    values = [value, data.draw(mutations(value)), data.draw(mutations(value))]
+    out = native.log_payloads(values, ["topic"] * 3, ["id"] * 3, [7] * 3, [at] * 3, at + 1)
+    if record.properties or not fits_int64(record.born_at, record.deliver_at, record.flags):
+        assert out[0] is None  # left to Python: properties to filter, a uint64 past int64
+    else:
+        assert out[0] == python_payload(value, at) is not None
+    for value, payload in zip(values, out, strict=True):
+        if payload is not None:
+            assert payload == python_payload(value, at)
+
+
+@needs_native
+def test_log_payloads_fills_in_what_c_leaves() -> None:
+    """The committer's entry point: C where it can, Python for the rest, same list."""
+    from scheduler.codec import _log_payloads_native
+
+    values = [message_value(b"a", None, (), {}, 1, 2, 0),
+              message_value(b"b", "t", ("k",), {"DELAY": "3", "x": "y"}, 1, 2, 0)]
+    args = (values, ["t1", "t2"], ["i1", "i2"], [0, 1], [5, 6], 9)
+    assert _log_payloads_native(*args) == log_payloads_py(*args)
+    with pytest.raises(CorruptionError):
+        _log_payloads_native([b"\x98junk"], ["t"], ["i"], [0], [5], 9)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(keys=st.lists(st.tuples(st.integers(0, (1 << 64) - 1), st.sampled_from(["t", "tö", "u"]),
+                               ids), max_size=30),
+       junk=st.sampled_from([b"", b"short", b"\x00" * 8 + b"no-nul", b"\x00" * 8 + b"t\x00\xff"]))
+def test_split_due(keys: list[tuple[int, str, str]], junk: bytes) -> None:
+    assert native is not None
+    items = [(encode_timer_key(at, topic, msg_id), b"v%d" % i)
+             for i, (at, topic, msg_id) in enumerate(keys)]
+    assert native.split_due(items) == split_due_py(items)
+    bad = [*items, (junk, b"v")]
+    if junk.endswith(b"\xff"):  # a msgId that is not UTF-8: both raise
+        with pytest.raises(UnicodeDecodeError):
+            split_due_py(bad)
+        with pytest.raises(UnicodeDecodeError):
+            native.split_due(bad)
+    else:  # not deliverAt + topic + NUL + msgId: C hands it to Python, which raises
+        with pytest.raises((ValueError, struct.error)):
+            split_due_py(bad)
+        assert native.split_due(bad) is None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(rows=st.lists(st.tuples(ints, ints, ints), max_size=30), now=st.integers(0, 1 << 62))
+def test_delivered_index_values(rows: list[tuple[int, int, int]], now: int) -> None:
+    assert native is not None
+    ats, offsets, positions = ([r[i] for r in rows] for i in range(3))
+    got = native.delivered_index_values(ats, now, offsets, positions)
+    expected = delivered_index_values_py(ats, now, offsets, positions, [None] * len(rows))
+    if fits_int64(*ats, *offsets, *positions):
+        assert got == expected
+    else:
+        assert got is None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(keys=st.lists(st.binary(max_size=200), max_size=20))
+def test_cancel_handles(keys: list[bytes]) -> None:
+    assert native is not None
+    assert native.cancel_handles(keys) == cancel_handles_py(keys)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(ats=st.lists(st.integers(-(1 << 40), 1 << 62), max_size=60)
+       | st.lists(st.sampled_from([0, 999, 1000, 1001, -1, -1000, -1001, 5_000_000]),
+                  max_size=60))
+def test_per_second(ats: list[int]) -> None:
+    """Counts per second (floor division, also below zero), runs or spread."""
+    assert native is not None
+    assert native.per_second(ats, 1000) == dict(_per_second_py(ats))
+    assert native.per_second(sorted(ats), 1000) == dict(_per_second_py(sorted(ats)))
+
+
+prepared = st.builds(
+    SimpleNamespace, body=st.binary(max_size=300), tags=st.none() | texts,
+    keys=st.lists(texts, max_size=20).map(tuple), properties=st.just({}) | props,
+    born_at=ints, deliver_at=st.integers(0, 1 << 62), flags=st.integers(0, 1 << 20),
+    tx_id=st.none() | texts)
+
+
+@needs_native
+@settings(max_examples=300)
+@given(messages=st.lists(prepared, max_size=8), at=st.integers(0, 1 << 62))
+def test_scheduled_values(messages: list[SimpleNamespace], at: int) -> None:
+    """The same values, or a refusal (properties, a value past int64) that sends the batch
+    to the Python path."""
+    assert native is not None
+    expected = scheduled_values_py(messages, at)
+    try:
+        got = native.scheduled_values(messages, at)
+    except (TypeError, OverflowError):
+        assert any(m.properties or not fits_int64(m.born_at) for m in messages
+                   if m.deliver_at > at)
+    else:
+        assert got == expected
+
+
+suffixes = st.one_of(
+    st.integers(0, (1 << 64) - 1).map(lambda v: f"{v:x}"),  # as receipts write them
+    st.text("0123456789abcdefABCDEF_\n x", max_size=18),  # anything near it
+)
+
+
+@needs_native
+@settings(max_examples=300)
+@given(prefix=st.from_regex(r"\A1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.\Z"),
+       rows=st.lists(st.tuples(st.booleans(), suffixes), min_size=1, max_size=12))
+def test_receipt_offsets(prefix: str, rows: list[tuple[bool, str]]) -> None:
+    """A lease's receipts (``prefix`` + offset in hex), or some of another lease, or with an
+    offset written otherwise: C and Python agree on the offsets, or on None."""
+    assert native is not None
+    receipts = [(prefix if own else "10ab.000000000000.") + suffix for own, suffix in rows]
+    got = native.receipt_offsets(receipts, prefix)
+    assert got == receipt_offsets_py(receipts, prefix)
+    if all(own and re.fullmatch(r"0|[1-9a-f][0-9a-f]{0,15}", s) for own, s in rows):
+        assert got == [int(s, 16) for _, s in rows]
+    else:
+        assert got is None
+
+
+# --- the rules C keeps its own copy of, held equal to their one definition in Python --------
+@needs_native
+def test_the_msg_id_rule_is_msg_id_pattern() -> None:
+    """plain_requests and plain_msgpack check a msgId in C (``_msg_id_ok``); it accepts
+    exactly what storage.constants.MSG_ID_PATTERN matches: every character alone, at the
+    edges of the allowed lengths, and in longer ids."""
+    assert native is not None
+
+    def c_accepts(msg_id: str) -> bool:
+        try:
+            return bool(native.msg_id_ok(msg_id))
+        except UnicodeEncodeError:  # a lone surrogate: C leaves it to the general path
+            return False
+
+    samples = [chr(c) for c in range(0x3000)] + ["\U0001f600", "\ud800", "\x00"]
+    samples += [c * n for c in ("a", ":", "-", "é", " ") for n in (0, 1, 2, 127, 128, 129, 300)]
+    samples += [f"order-{c}-42" for c in map(chr, range(0x80))]
+    wrong = [s for s in samples if c_accepts(s) != bool(MSG_ID_PATTERN.match(s))]
+    assert wrong == []
+
+
+NOW = 1_800_000_000_000
+MAX_DELAY = 40 * 86_400_000
+LEVELS = DelayLevels.parse("1s 5s")
+AT_SAMPLES = [None, -1, 0, 1, NOW - 1, NOW, NOW + 1, NOW + MAX_DELAY - 1, NOW + MAX_DELAY,
+              NOW + MAX_DELAY + 1, (1 << 63) - 1, 1 << 63, 1 << 64, True, False, 1.5, "5"]
+DELAY_SAMPLES = [None, -1, 0, 1, 999, MAX_DELAY - 1, MAX_DELAY, MAX_DELAY + 1,
+                 (1 << 63) - 1, 1 << 63, True, 1.0, "1"]
+
+
+def python_due_later(at: object, delay: object) -> int:
+    """What the general path (scheduler.timing.resolve_timing) makes of a deliverAt and a
+    delayMs: the deliverAt of a message the plain path may take (one of the two given, due
+    later), else -1."""
+    if (at is None) == (delay is None):  # neither (due now) or both (refused)
+        return -1
+    try:
+        timing = resolve_timing(now_ms=NOW, levels=LEVELS, max_delay_ms=MAX_DELAY,
+                                deliver_at=at, delay_ms=delay)  # type: ignore[arg-type]
+    except HourglassError:
+        return -1
+    return timing.deliver_at if timing.deliver_at > NOW else -1
+
+
+def c_due_later(at: object, delay: object) -> int:
+    assert native is not None
+    try:
+        return int(native.due_later(at, delay, None, NOW, MAX_DELAY))
+    except OverflowError:  # past int64: the plain paths catch it and leave the message
+        return -1
+
+
+@needs_native
+def test_the_timing_rule_is_resolve_timing() -> None:
+    """A plain message's deliverAt, computed in C (``_due_later``), is the general path's
+    (resolve_timing), and C takes no message that path would refuse or deliver at once."""
+    wrong = [(at, delay, c_due_later(at, delay), python_due_later(at, delay))
+             for at in AT_SAMPLES for delay in DELAY_SAMPLES
+             if c_due_later(at, delay) != python_due_later(at, delay)]
+    assert wrong == []
+
+
+@needs_native
+@settings(max_examples=300)
+@given(at=st.none() | st.integers(-(1 << 64), 1 << 65)
+       | st.integers(NOW - 10, NOW + MAX_DELAY + 10),
+       delay=st.none() | st.integers(-(1 << 64), 1 << 65) | st.integers(-10, MAX_DELAY + 10))
+def test_the_timing_rule_on_any_ints(at: int | None, delay: int | None) -> None:
+    assert c_due_later(at, delay) == python_due_later(at, delay)
