@@ -176,7 +176,10 @@ class GroupManager:
         self._per_topic: dict[str, int] = {}  # groups of each topic
         self._labelled = 0  # groups with their own label in /metrics
         self._groups_lock = threading.Lock()
-        self._receipt_key = self._load_receipt_key(store)
+        # made by the first receive, not at open: a store no group used holds no key, and a
+        # node that only applies a replicated stream never writes one of its own
+        key = store.get(CF_META, META_GROUP_RECEIPT_KEY)
+        self._receipt_key = key if key is not None and len(key) == RECEIPT_KEY_BYTES else None
         # lease ids: unique across restarts (a receipt's lease is compared by equality)
         self._lease_ids = itertools.count(secrets.randbits(62))
         for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
@@ -184,17 +187,19 @@ class GroupManager:
             topic, group = key[len(META_GROUP_STATE_PREFIX):].decode().split("\0", 1)
             self._group(topic, group, create=True, limit=False)
 
-    @staticmethod
-    def _load_receipt_key(store: RocksStore) -> bytes:
-        """The key receipts are sealed with: made once per data directory, kept in RocksDB
-        (receipts stay valid across restarts)."""
-        key = store.get(CF_META, META_GROUP_RECEIPT_KEY)
-        if key is None or len(key) != RECEIPT_KEY_BYTES:
+    def _seal(self, topic: str, group: str, *, kept: bool) -> Seal:
+        """The seal of a group's receipts, under the key made once per data directory and
+        kept in RocksDB (receipts stay valid across restarts). A group shown but not kept
+        (a read) has issued no receipt: a throwaway key, so none verifies."""
+        key = self._receipt_key
+        if key is None:
             key = secrets.token_bytes(RECEIPT_KEY_BYTES)
-            batch = store.batch()
-            batch.put(CF_META, META_GROUP_RECEIPT_KEY, key)
-            store.write(batch)
-        return key
+            if kept:  # under _groups_lock: one key, made once
+                batch = self._store.batch()
+                batch.put(CF_META, META_GROUP_RECEIPT_KEY, key)
+                self._store.write(batch)
+                self._receipt_key = key
+        return Seal(key, topic, group)
 
     # --- the groups ----------------------------------------------------------------------
     def _find(self, topic: str, group: str) -> Group | None:
@@ -216,7 +221,7 @@ class GroupManager:
         check_topic(topic, allow_system=True)
         check_group(group)
         if not create:
-            return self._load(topic, group)
+            return self._load(topic, group, kept=False)
         with self._groups_lock:
             found = self._groups.get((topic, group))
             if found is None:
@@ -224,7 +229,7 @@ class GroupManager:
                 if limit and count >= self._max_groups:
                     raise Conflict(f"topic {topic!r} has {count} consumer groups, the most it "
                                    f"may have (max_groups_per_topic)")
-                found = self._load(topic, group)
+                found = self._load(topic, group, kept=True)
                 if self._labelled < self._metric_labels:
                     self._labelled += 1
                 else:
@@ -233,7 +238,7 @@ class GroupManager:
                 self._groups[(topic, group)] = found
         return found
 
-    def _load(self, topic: str, group: str) -> Group:
+    def _load(self, topic: str, group: str, *, kept: bool) -> Group:
         store = self._store
         retry = retry_topic(topic, group)
         dlq = dlq_topic(topic, group)
@@ -243,7 +248,7 @@ class GroupManager:
             streams=(self._load_stream(topic, group), self._load_stream(retry, group)),
             dlq_topic=dlq, dlq_cursor=self._offset(dlq, group),
             retrying=0 if state is None else unpack_u64(state), registered=state is not None,
-            seal=Seal(self._receipt_key, topic, group), label=f"{topic}/{group}",
+            seal=self._seal(topic, group, kept=kept), label=f"{topic}/{group}",
             quick=float(self._quick_burst), quick_at=self._clock.now_ms())
 
     def _offset(self, log_topic: str, group: str) -> int:
