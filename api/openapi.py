@@ -38,6 +38,8 @@ _ERROR_TEXT = {
     403: "The token's role or topic patterns do not allow this (FORBIDDEN).",
     404: "Unknown message, handle or transaction (NOT_FOUND).",
     409: "The state forbids it (ALREADY_DELIVERED, CONFLICT).",
+    410: "OFFSET_EXPIRED: the offset lies below the topic's firstOffset (deleted by the log's "
+         "retention); the problem document carries `firstOffset`.",
     413: "Body or request too large (PAYLOAD_TOO_LARGE).",
     503: "Storage cannot take the request now; nothing was stored (UNAVAILABLE).",
 }

@@ -67,6 +67,12 @@ class EngineConfig:
     #                                                   its leases and unfilled acks, per log)
     disk_reserve_bytes: int = 64 << 20  #               bytes; less free on RocksDB's filesystem ->
     #                                                   writes refused (503) before ENOSPC; 0 = off
+    commitlog_retention_ms: int = 72 * 3600 * 1000  #   ms; a CommitLog segment whose newest record
+    #                                                   is older is deleted (RocketMQ's
+    #                                                   fileReservedTime; scheduler/retention.py)
+    disk_clean_ratio: float = 0.85  #                   used / size of the data directory's file
+    #                                                   system past which the oldest segments go
+    #                                                   early (diskMaxUsedSpaceRatio); 1.0 = never
     disk_retry_interval_ms: int = 1_000  #              ms between free-space re-checks (and RocksDB
     #                                                   reopens) while writes are refused
 
@@ -90,6 +96,10 @@ class EngineConfig:
         for name in ("retention_ms", "scan_interval_ms"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"engine setting {name} must be >= 0")
+        ratio = self.disk_clean_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 1:
+            raise InvalidArgument(f"engine setting disk_clean_ratio must be a number in (0, 1], "
+                                  f"got {ratio!r}")
         if self.max_record_bytes < self.max_body_bytes:
             raise InvalidArgument(
                 f"segment_size={self.segment_size} cannot hold a message of max_body_bytes="
@@ -105,4 +115,5 @@ class EngineConfig:
 _POSITIVE = ("timer_shards", "scan_batch_size", "delivery_queue_batches", "delivery_batch_max",
              "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms", "compact_after_deletes",
              "cleanup_interval_ms", "flush_interval_ms", "group_lease_window",
-             "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels")
+             "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels",
+             "commitlog_retention_ms")

@@ -59,6 +59,7 @@ from scheduler.model import GroupStats, SendRequest, SendResult
 from storage.constants import (
     CF_META,
     MAX_PULL_MESSAGES,
+    META_GROUP_EXPIRED_PREFIX,
     META_GROUP_STATE_PREFIX,
     PROP_ORIGIN_BORN_AT,
     PROP_ORIGIN_MESSAGE_ID,
@@ -124,6 +125,7 @@ class GroupState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     leased: int
     retrying: int
     dead_lettered: int
+    expired: int = 0  # messages lost to CommitLog retention (``catch_up``)
 
 
 class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -155,6 +157,10 @@ class GroupManager:
             gauge.set_label_function(self._gauge(name))
         self._groups: dict[tuple[str, str], Group] = {}
         self._groups_lock = threading.Lock()
+        # CommitLog retention (``catch_up``): a log's first offset (the Broker sets it), and
+        # per group the messages it lost, as stored
+        self.first_offset: Callable[[str], int] = lambda _topic: 0
+        self._expired: dict[tuple[str, str], int] = {}
         # lease ids: unique across restarts (a receipt's lease is compared by equality)
         self._lease_ids = itertools.count(secrets.randbits(62))
         for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
@@ -219,6 +225,7 @@ class GroupManager:
             self._expire(g, now)
             if not g.registered:  # the group shows in stats from now on, also after a restart
                 self._write_state(g, g.retrying)
+            self._catch_up(g)
             for kind in (RETRY, MAIN):
                 stream = g.streams[kind]
                 room = max_messages - len(out)
@@ -393,10 +400,12 @@ class GroupManager:
         topic = g.topic
         with g.lock:
             self._expire(g, self._clock.now_ms())
+            committed, lost = self._behind(g)
             return GroupState(
-                committed_offset=g.streams[MAIN].committed,
+                committed_offset=committed,
                 end_offset=self._end_offset(topic), leased=g.leased, retrying=g.retrying,
-                dead_lettered=self._end_offset(g.dlq_topic) - g.dlq_cursor)
+                dead_lettered=self._end_offset(g.dlq_topic) - g.dlq_cursor,
+                expired=self._stored_expired(g) + lost)
 
     def set_offset(self, topic: str, group: str, offset: int) -> int:
         """Move the committed offset (skip or replay): acks above it are forgotten and every
@@ -466,6 +475,88 @@ class GroupManager:
             g.dlq_cursor, g.retrying, g.registered = cursor, retrying, True
         return len(messages)
 
+    # --- CommitLog retention (scheduler/retention.py) -------------------------------------------
+    def catch_up(self, topic: str, group: str) -> int:
+        """Move the group past what retention deleted (``_catch_up``); returns its committed
+        offset in the topic's log (a pull or stream by group starts there)."""
+        self._check_running()
+        g = self._group(topic, group)
+        with g.lock:
+            self._catch_up(g)
+            return g.streams[MAIN].committed
+
+    def _catch_up(self, g: Group) -> None:
+        """A stream whose committed offset fell below its log's first offset continues from
+        that first offset: the offsets in between that it had not acknowledged count as
+        ``expired`` (stored, and in /metrics per group), its acks and leases below go. One
+        write; the memory follows only once it succeeded. Under the group's lock."""
+        moves: list[tuple[Stream, int, dict[int, int]]] = []
+        lost = 0
+        batch: Batch | None = None
+        for stream in g.streams:
+            first = self.first_offset(stream.log_topic)
+            if stream.committed >= first:
+                continue
+            acked = sum(1 for o in stream.acked if o < first)
+            lost += first - stream.committed - acked
+            if batch is None:
+                batch = self._store.batch()
+            ConsumeQueue.put_group_offset(batch, stream.log_topic, g.group, first)
+            prefix = ack_prefix(stream.log_topic, g.group)
+            runs = {}
+            for start, end in stream.runs.items():
+                if start < first:
+                    batch.delete(CF_META, prefix + pack_u64(start))
+                    if end > first:  # a run across the first offset: kept from there
+                        batch.put(CF_META, prefix + pack_u64(first),
+                                  b"" if end == first + 1 else pack_u64(end))
+                        runs[first] = end
+                else:
+                    runs[start] = end
+            moves.append((stream, first, runs))
+        if batch is None:
+            return
+        expired = self._stored_expired(g) + lost
+        batch.put(CF_META, expired_key(g.topic, g.group), pack_u64(expired))
+        self._store.write(batch)
+        self._expired[(g.topic, g.group)] = expired
+        if lost:
+            self._metrics.group_expired.labels(g.name).inc(lost)
+        for stream, first, runs in moves:
+            for offset, lease in list(stream.leases.items()):
+                if offset < first:
+                    del stream.leases[offset]
+                    lease.held -= 1
+            stream.returned = [o for o in stream.returned if o >= first]
+            heapq.heapify(stream.returned)
+            stream.counts = {o: n for o, n in stream.counts.items() if o >= first}
+            stream.acked = {o for o in stream.acked if o >= first}
+            stream.runs = runs
+            stream.committed = first
+            stream.handed = max(stream.handed, first)
+
+    def _behind(self, g: Group) -> tuple[int, int]:
+        """(the main stream's committed offset as the next read will see it, the messages
+        the streams will count as expired then), without writing: reading a group never
+        creates or changes it. Under the group's lock."""
+        lost = 0
+        committed = g.streams[MAIN].committed
+        for kind, stream in enumerate(g.streams):
+            first = self.first_offset(stream.log_topic)
+            if stream.committed < first:
+                lost += first - stream.committed - sum(1 for o in stream.acked if o < first)
+                if kind == MAIN:
+                    committed = first
+        return committed, lost
+
+    def _stored_expired(self, g: Group) -> int:
+        key = (g.topic, g.group)
+        found = self._expired.get(key)
+        if found is None:
+            raw = self._store.get(CF_META, expired_key(g.topic, g.group))
+            found = self._expired[key] = 0 if raw is None else unpack_u64(raw)
+        return found
+
     # --- stats and metrics ---------------------------------------------------------------------
     def stats(self) -> dict[str, GroupStats]:
         """Per group ("topic/group"): backlog (end - committed offset), leased, retrying,
@@ -491,6 +582,11 @@ class GroupManager:
         batch.put(CF_META, state_key(g.topic, g.group), pack_u64(retrying))
         self._store.write(batch)
         g.registered = True
+
+
+def expired_key(topic: str, group: str) -> bytes:
+    """CF_META key of the messages ``group`` of ``topic`` lost to CommitLog retention."""
+    return META_GROUP_EXPIRED_PREFIX + topic.encode() + b"\0" + group.encode()
 
 
 def read_payloads(read_many: Callable[[list[int]], list[bytes]],

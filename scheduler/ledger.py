@@ -168,5 +168,25 @@ class DeliveryLedger:
                 limit = EXPIRE_SCAN
         return dropped
 
+    def drop_below(self, batch: Batch, position: int) -> int:
+        """Add to ``batch`` the removal of the entries of scans whose records start below the
+        log ``position`` (CommitLog retention deleted them: scheduler/retention.py); their
+        messages answer DELIVERED without an offset. A shard's entries are in log order, so
+        those are a prefix. Returns how many."""
+        dropped = 0
+        for shard in range(self._shards):
+            lower, upper = _shard_bounds(shard)
+            start = lower
+            while True:
+                rows = list(self._store.scan(CF_META, start, upper, limit=EXPIRE_SCAN))
+                old = [key for key, value in rows if _VALUE.unpack(value)[0] < position]
+                if old:
+                    batch.delete_many(CF_META, old)
+                    dropped += len(old)
+                if len(old) < len(rows) or len(rows) < EXPIRE_SCAN:
+                    break
+                start = old[-1] + b"\x00"
+        return dropped
+
 
 __all__ = ["DeliveryLedger", "ledger_key"]

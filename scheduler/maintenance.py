@@ -1,4 +1,5 @@
-"""Background upkeep on the engine clock: status retention and the delivered prefix.
+"""Background upkeep on the engine clock: status retention, the delivered prefix, and the
+CommitLog's retention (scheduler/retention.py: ``LogRetention.run_once`` each round).
 
 - Retention: a final state (DELIVERED, CANCELLED, ...) stays readable for ``retention_ms``.
   Whoever writes a final state also writes ``expiry`` key = 8-byte expiresAt + topic NUL
@@ -30,6 +31,7 @@ from scheduler.codec import decode_keys
 from scheduler.intake import EXPIRY_GROUP_MARK
 from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
+from scheduler.retention import LogRetention
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, decode_index_key, time_bound, unpack_u64
@@ -45,7 +47,7 @@ class Maintenance(threading.Thread):
     def __init__(
         self, *, store: RocksStore, ledger: DeliveryLedger, clock: Clock,
         metrics: EngineMetrics, retention_ms: int, compact_after_deletes: int,
-        cleanup_interval_ms: int,
+        cleanup_interval_ms: int, retention: LogRetention | None = None,
     ) -> None:
         super().__init__(name="maintenance", daemon=True)
         self._store = store
@@ -55,6 +57,7 @@ class Maintenance(threading.Thread):
         self._retention_ms = retention_ms
         self._compact_after = compact_after_deletes
         self._cleanup_interval = cleanup_interval_ms
+        self._retention = retention  # CommitLog retention (scheduler/retention.py)
         self._halt = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -86,6 +89,8 @@ class Maintenance(threading.Thread):
                 return
             try:
                 next_at = min(self.expire_due(), self.cleanup_prefixes())
+                if self._retention is not None:
+                    next_at = min(next_at, self._retention.run_once())
                 failures = 0
             except Exception:
                 failures += 1
