@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="CommitLog segment size (64MiB)")
     parser.add_argument("--retention", default=None,
                         help='commitlog_retention_ms, e.g. "5m" (default: the server\'s, 72h)')
+    parser.add_argument("--status-retention", default=None,
+                        help='retention_ms (final statuses, their index and ledger entries), '
+                             'e.g. "5m" (default: the server\'s, 72h)')
     parser.add_argument("--max-data-growth-mib", type=float, default=None,
                         help="with --retention: allowed growth of the data directory, last "
                              "third vs first third (default: not judged)")
@@ -46,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                         workdir=workdir, small_buffers=args.rocksdb_buffers == "small",
                         settings={"segment_size": args.segment_size,
                                   **({"commitlog_retention_ms": args.retention}
-                                     if args.retention else {})},
+                                     if args.retention else {}),
+                                  **({"retention_ms": args.status_retention}
+                                     if args.status_retention else {})},
                         max_data_growth_mib=args.max_data_growth_mib)
     print(f"soak for {args.minutes:g} min at {args.rate} msgs/s in {workdir}", flush=True)
     report = run(config, progress=lambda line: print(line, flush=True))
