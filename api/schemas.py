@@ -275,7 +275,7 @@ class NackResult(msgspec.Struct, rename="camel", kw_only=True):
     stale: list[str]
 
 
-class GroupState(msgspec.Struct, rename="camel", kw_only=True):
+class GroupState(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
     committed_offset: Offset
     end_offset: Offset
     leased: Annotated[int, Meta(ge=0)]
@@ -283,7 +283,7 @@ class GroupState(msgspec.Struct, rename="camel", kw_only=True):
     dead_lettered: Annotated[int, Meta(ge=0)]
     expired: Annotated[int, Meta(ge=0, description=(
         "Messages the group lost to the log's retention: its committed offset fell below the "
-        "topic's firstOffset and it went on from there."))] = 0
+        "topic's firstOffset and it went on from there (left out while 0)."))] = 0
 
 
 class DeadLetter(Delivered, kw_only=True):

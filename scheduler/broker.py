@@ -246,7 +246,8 @@ class Broker:
             store=store, log=log_, queues=self._queues, ledger=ledger, clock=self.clock,
             metrics=self.metrics, retention_ms=cfg.commitlog_retention_ms,
             disk_clean_ratio=cfg.disk_clean_ratio, data_dir=data,
-            applied=lambda: self._committer.applied_position)
+            applied=lambda: self._committer.applied_position,
+            interval_ms=cfg.cleanup_interval_ms)
 
     def close(self) -> None:
         """Stop intake, stop the scanners, hand back queued batches (they are still in

@@ -67,7 +67,8 @@ from storage.rocks import RocksStore
 log = logging.getLogger(__name__)
 
 TOPICS_PAGE = 1000  # topics listed per seek page while trimming
-IDLE_CHECK_MS = 10_000  # longest sleep between rounds (disk ratio, idle pages)
+IDLE_CHECK_MS = 10_000  # longest sleep between rounds (disk ratio, idle pages); shorter
+#                        when cleanup_interval_ms is
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,7 @@ class LogRetention:
         ledger: DeliveryLedger, clock: Clock, metrics: EngineMetrics, retention_ms: int,
         disk_clean_ratio: float, data_dir: Path, applied: Callable[[], int],
         used_ratio: Callable[[Path], float] = disk_used_ratio,
+        interval_ms: int = IDLE_CHECK_MS,
     ) -> None:
         self._store = store
         self._log = log
@@ -108,6 +110,7 @@ class LogRetention:
         self._data_dir = data_dir
         self._applied = applied
         self._used_ratio = used_ratio
+        self._interval_ms = max(1, min(interval_ms, IDLE_CHECK_MS))
         self.deletions: list[Deletion] = []  # the last few (tests, the log line)
         self._lock = threading.RLock()  # one round at a time (the upkeep thread, tests)
 
@@ -121,7 +124,7 @@ class LogRetention:
     def _run_once(self) -> int:
         self.resume()
         now = self._clock.now_ms()
-        next_at = min(now + IDLE_CHECK_MS, MAX_U64)
+        next_at = min(now + self._interval_ms, MAX_U64)
         cut, due_at = self._cut_by_age(now)
         if cut > self._log.first_position:
             self.delete_below(cut, "retention")
