@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -647,12 +648,21 @@ class Broker:
         store, _ = self._live()
         transactions, truncated = waiting_transactions(store, self.clock.now_ms())
         data = self.config.data_dir
+        delivered = delivered_by_topic(store, self._queues.end_offset)
+        try:
+            st = os.statvfs(data)
+            ratio: float | None = disk_used_ratio(data)
+            free: int | None = st.f_bavail * st.f_frsize
+        except OSError:
+            ratio = free = None
         return Overview(
             pending_by_topic=self._backlog.by_topic(),
-            delivered_by_topic=delivered_by_topic(store, self._queues.end_offset),
+            delivered_by_topic=delivered,
             transactions=transactions, transactions_truncated=truncated,
             disk_bytes={"rocksdb": disk_bytes(data / ROCKSDB_DIR),
-                        "commitlog": disk_bytes(data / COMMITLOG_DIR)})
+                        "commitlog": disk_bytes(data / COMMITLOG_DIR)},
+            first_by_topic={t: self._queues.first_offset(t) for t in delivered},
+            disk_used_ratio=ratio, disk_free_bytes=free)
 
     def _positions(self) -> dict[str, Any]:
         """The log's positions, as the stats and a snapshot's manifest name them."""

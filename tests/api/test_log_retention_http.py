@@ -75,6 +75,12 @@ def test_get_topic_and_the_410_below_its_first_offset(live_small: Live) -> None:
         assert c.get("/v1/topics/orders.none").json()["endOffset"] == 0
     with live.client(CONSUMER) as c:  # another role's topic: 403
         assert c.get("/v1/topics/payments").status_code == 403
+    # the dashboard's overview shows first and end offsets, and the file system's use
+    with live.client() as c:
+        overview = c.get("/v1/admin/overview").json()
+        row = next(t for t in overview["topics"] if t["topic"] == TOPIC)
+        assert (row["firstOffset"], row["delivered"]) == (first, 240)
+        assert 0 < overview["disk"]["usedRatio"] <= 1 and overview["disk"]["freeBytes"] > 0
     # the message whose record went: DELIVERED, without an offset
     with live.client() as c:
         info = c.get(f"/v1/topics/{TOPIC}/messages/m0").json()
