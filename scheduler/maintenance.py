@@ -41,6 +41,7 @@ from storage.rocks import RocksStore
 log = logging.getLogger(__name__)
 
 EXPIRY_BATCH = 1000
+ROUND_MS = 1000  # rounds of this thread start at least this far apart (or cleanup_interval_ms)
 
 
 class Maintenance(threading.Thread):
@@ -58,6 +59,8 @@ class Maintenance(threading.Thread):
         self._compact_after = compact_after_deletes
         self._cleanup_interval = cleanup_interval_ms
         self._retention = retention  # CommitLog retention (scheduler/retention.py)
+        self._round_ms = min(ROUND_MS, cleanup_interval_ms)
+        self._expiry_floor = b""  # every expiry key below it was removed (by this thread)
         self._halt = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -88,9 +91,14 @@ class Maintenance(threading.Thread):
             if self._halt.is_set():
                 return
             try:
+                started = self._clock.now_ms()
                 next_at = min(self.expire_due(), self.cleanup_prefixes())
                 if self._retention is not None:
-                    next_at = min(next_at, self._retention.run_once())
+                    next_at = min(next_at, self._retention.run_if_due())
+                # a steady flow has an expiry due every few ms: one round a ROUND_MS at most
+                # (each round scans, and writes its own batch: measured, a round per commit
+                # kept this thread at 100 % of a core and grew the heap without bound)
+                next_at = max(next_at, started + self._round_ms)
                 failures = 0
             except Exception:
                 failures += 1
@@ -104,13 +112,19 @@ class Maintenance(threading.Thread):
         store = self._store
         while True:
             now = self._clock.now_ms()
-            due = list(store.scan(CF_EXPIRY, b"", time_bound(now + 1), EXPIRY_BATCH))
+            # from the floor: the keys removed before it are tombstones until a compaction,
+            # and a scan from the start of the CF would wade through all of them
+            due = list(store.scan(CF_EXPIRY, self._expiry_floor, time_bound(now + 1),
+                                  EXPIRY_BATCH))
             if due:
                 self._expire(due)
+                # (not above a second ago: a key written meanwhile expires in the future,
+                # unless the retention is 0, when it may expire now)
+                self._expiry_floor = min(due[-1][0] + b"\x00", time_bound(max(now - 1000, 0)))
             if len(due) < EXPIRY_BATCH:
                 break
         self._ledger.expire(now - self._retention_ms)
-        first = list(store.scan(CF_EXPIRY, b"", None, 1))
+        first = list(store.scan(CF_EXPIRY, self._expiry_floor, None, 1))
         if first:
             return unpack_u64(first[0][0])
         # nothing pending: anything written from now on expires after now + retention

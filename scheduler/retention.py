@@ -113,8 +113,16 @@ class LogRetention:
         self._interval_ms = max(1, min(interval_ms, IDLE_CHECK_MS))
         self.deletions: list[Deletion] = []  # the last few (tests, the log line)
         self._lock = threading.RLock()  # one round at a time (the upkeep thread, tests)
+        self._next_at = 0  # when ``run_if_due`` runs the next round
 
     # --- the round ------------------------------------------------------------------------
+    def run_if_due(self) -> int:
+        """``run_once`` when the round it planned is due (the upkeep thread asks every
+        round of its own); returns when the next one is due."""
+        if self._clock.now_ms() >= self._next_at:
+            self._next_at = self.run_once()
+        return self._next_at
+
     def run_once(self) -> int:
         """Delete what is due (by age, then by disk use); returns when the next round is
         due (engine ms)."""

@@ -264,18 +264,20 @@ class ConsumeQueue:
             rows = self._store.read_range(CF_CQ, start, stop, REBUILD_BATCH)
             done = len(rows) < REBUILD_BATCH
             for key, value in rows:
-                entries = run_entries(key, value, cut)
-                if entries[0][1] >= position:
+                start_offset = _run_start(key, value, cut)
+                if VALUE.unpack_from(value)[0] >= position:
                     done = True
                     break
                 batch.delete(CF_CQ, key)
-                kept = [e for e in entries if e[1] >= position]
-                if kept:
-                    self.put_many(batch, topic, kept)
-                    first = kept[0][0]
-                    done = True
-                    break
-                first = entries[-1][0] + 1
+                count = len(value) // VALUE.size
+                if VALUE.unpack_from(value, len(value) - VALUE.size)[0] < position:
+                    first = start_offset + count  # all of it below (no tuple per entry)
+                    continue
+                kept = [e for e in run_entries(key, value, cut) if e[1] >= position]
+                self.put_many(batch, topic, kept)
+                first = kept[0][0]
+                done = True
+                break
             if rows:
                 start = rows[-1][0] + b"\x00"
         if first is not None:
