@@ -63,6 +63,7 @@ class Maintenance(threading.Thread):
         self._expiry_floor = b""  # every expiry key below it was removed (by this thread)
         self._halt = threading.Event()
         self._wake = threading.Event()
+        self._asked = False  # a wake-up asked for (not a clock moving)
         self._lock = threading.Lock()
         self._deleted: dict[int, int] = {}  # shard -> keys delivered since its last clean-up
         self._first: dict[int, int] = {}  # shard -> when the first of those was noted (ms)
@@ -82,12 +83,14 @@ class Maintenance(threading.Thread):
             if first:
                 self._first[shard] = self._clock.now_ms()
         if total >= self._compact_after or first:  # first: plan the timed clean-up
+            self._asked = True
             self._wake.set()
 
     def run(self) -> None:
         failures = 0
         while not self._halt.is_set():
             self._wake.clear()
+            self._asked = False
             if self._halt.is_set():
                 return
             try:
@@ -105,7 +108,17 @@ class Maintenance(threading.Thread):
                 self._metrics.storage_errors.inc()
                 log.exception("maintenance failed (%d in a row)", failures)
                 next_at = self._clock.now_ms() + min(failures * 1000, 60_000)
+            self._sleep_until(next_at)
+
+    def _sleep_until(self, next_at: int) -> None:
+        """Until ``next_at``, or a wake-up someone asked for (``note_delivered``, ``stop``);
+        a clock that wakes its waiters whenever it moves (FakeClock) does not start a round
+        early."""
+        while not self._halt.is_set():
             self._clock.wait(self._wake, next_at)
+            if self._asked or self._halt.is_set() or self._clock.now_ms() >= next_at:
+                return
+            self._wake.clear()
 
     def expire_due(self) -> int:
         """Remove every due expiry; returns when the next one is due (or a bound on it)."""

@@ -6,6 +6,7 @@ store that opens and verifies. Real RocksDB, real segment files, a FakeClock."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -390,3 +391,29 @@ def test_disk_above_the_ratio_deletes_early_oldest_first(
     assert broker.metrics.log_segments_deleted.labels("disk").value == 2
     assert broker.topic("a").first_offset > 0
     assert START_MS  # (the records are fresh: only the disk made them go)
+
+
+def test_the_upkeep_thread_runs_a_round_a_second_at_most(harness: Harness,
+                                                         clock: FakeClock) -> None:
+    """Under a steady flow an expiry falls due every few ms; a round per due expiry kept the
+    thread at 100 % of a core (the retention soak). Here one falls due each fake ms while
+    fake time moves on by 1 ms steps for half a fake second: one round, not hundreds."""
+    broker = _open(harness, upkeep=True, retention_ms=10_000, cleanup_interval_ms=60_000)
+    maintenance = broker._maintenance
+    assert maintenance is not None
+    for i in range(1_500):  # their expiries fall due one a millisecond
+        broker.send(SendRequest(topic="e", body=b"x", msg_id=f"e{i}"))
+        clock.advance(1)
+    rounds = [0]
+    real = maintenance.expire_due
+
+    def counted() -> int:
+        rounds[0] += 1
+        return real()
+
+    maintenance.expire_due = counted  # type: ignore[method-assign]
+    clock.advance(10_000 - 1_500 + 10)  # to 10 ms past the first expiry
+    for _ in range(500):
+        clock.advance(1)
+        time.sleep(0.001)
+    assert 1 <= rounds[0] <= 2, rounds[0]
