@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak for {args.minutes:g} min at {args.rate} msgs/s in {workdir}", flush=True)
     report = run(config, progress=lambda line: print(line, flush=True))
     png = args.plot or workdir / "soak.png"
-    plot(report, png, f"hourglass soak: {args.minutes:g} min at {args.rate:,} msgs/s "
+    kept = (f", {args.segment_size} segments, {args.retention} retention" if args.retention
+            else "")
+    plot(report, png, f"hourglass soak: {args.minutes:g} min at {args.rate:,} msgs/s{kept} "
                       f"(2 cores, shared)")
     (workdir / "soak.json").write_text(json.dumps(
         {**asdict(report), "ok": report.ok}, indent=1, default=str))
