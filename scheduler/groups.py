@@ -67,7 +67,7 @@ from storage.constants import (
     PROP_RECONSUME_TIME,
 )
 from storage.consume_queue import ConsumeQueue
-from storage.errors import InvalidArgument, NotFound
+from storage.errors import InvalidArgument, NotFound, OffsetExpired
 from storage.keys import pack_u64, unpack_u64
 from storage.records import (
     LogRecord,
@@ -238,7 +238,7 @@ class GroupManager:
                 offsets: list[int] = []
                 records: list[LogRecord] = []
                 try:
-                    payloads = self._read(stream.log_topic, taken)
+                    payloads = self._read_kept(stream.log_topic, taken)
                     if kind == MAIN:  # shown as stored: only the offsets are read here
                         offsets = log_record_offsets(payloads)
                     else:
@@ -534,6 +534,15 @@ class GroupManager:
             stream.runs = runs
             stream.committed = first
             stream.handed = max(stream.handed, first)
+
+    def _read_kept(self, log_topic: str, offsets: Sequence[int]) -> list[bytes]:
+        """``_read``, or nothing when retention deleted a segment between this receive's
+        ``_catch_up`` and its read: the offsets are handed out again, and the next receive
+        moves past what went."""
+        try:
+            return self._read(log_topic, offsets)
+        except OffsetExpired:
+            return []
 
     def _behind(self, g: Group) -> tuple[int, int]:
         """(the main stream's committed offset as the next read will see it, the messages
