@@ -138,6 +138,7 @@ def test_segments_age_out_with_what_points_into_them(harness: Harness,
     report = verify(data)
     assert report.problem_count == 0, report.problems
     assert report.log_first > 0
+    assert report.entries == report.log_records  # one entry per record kept, none more
 
 
 def test_the_upkeep_thread_deletes_within_a_round_of_falling_due(
