@@ -404,7 +404,8 @@ class GroupManager:
             return GroupState(
                 committed_offset=committed,
                 end_offset=self._end_offset(topic), leased=g.leased, retrying=g.retrying,
-                dead_lettered=self._end_offset(g.dlq_topic) - g.dlq_cursor,
+                dead_lettered=self._end_offset(g.dlq_topic) - max(
+                    g.dlq_cursor, self.first_offset(g.dlq_topic)),  # (retention deletes some)
                 expired=self._stored_expired(g) + lost)
 
     def set_offset(self, topic: str, group: str, offset: int) -> int:
@@ -443,7 +444,11 @@ class GroupManager:
             raise InvalidArgument("offset must be >= 0")
         self._check_running()
         g = self._group(topic, group)
-        start = g.dlq_cursor if offset is None else offset
+        first = self.first_offset(g.dlq_topic)  # (retention deletes dead letters too)
+        if offset is not None and offset < first:
+            raise OffsetExpired(f"dead letter {offset} was deleted by retention; the "
+                                f"dead-letter log starts at {first}", first_offset=first)
+        start = max(g.dlq_cursor, first) if offset is None else offset
         end = min(self._end_offset(g.dlq_topic), start + max_messages)
         records = decode_log_records(self._read(g.dlq_topic, range(start, end)))
         return DeadLetters(messages=[as_original(topic, r) for r in records],
@@ -458,8 +463,9 @@ class GroupManager:
         g = self._group(topic, group)
         with g.lock:
             now = self._clock.now_ms()
-            end = min(self._end_offset(g.dlq_topic), g.dlq_cursor + max_messages)
-            records = decode_log_records(self._read(g.dlq_topic, range(g.dlq_cursor, end)))
+            cursor = max(g.dlq_cursor, self.first_offset(g.dlq_topic))  # (retention)
+            end = min(self._end_offset(g.dlq_topic), cursor + max_messages)
+            records = decode_log_records(self._read(g.dlq_topic, range(cursor, end)))
             if not records:
                 return 0
             cursor = records[-1].queue_offset + 1

@@ -285,9 +285,17 @@ class ConsumeQueue:
         return first
 
     def moved_first(self, topic: str, first: int) -> None:
-        """``topic``'s first offset is ``first`` from now on (retention, before its write)."""
+        """``topic``'s first offset is ``first`` from now on (retention, before its write);
+        the tail in memory no longer answers for the offsets below it."""
         with self._ends_lock:
             self._firsts[topic] = max(first, self._firsts.get(topic, 0))
+            tail = self._tails.get(topic)
+            if tail is not None and tail[0] < first:
+                cut = (first - tail[0]) * VALUE.size
+                if cut >= len(tail[1]):
+                    del self._tails[topic]
+                else:  # (replaced, never changed in place: module doc)
+                    self._tails[topic] = (first, tail[1][cut:])
 
     def topics(self, after: str | None = None, limit: int = 1000) -> list[str]:
         """Up to ``limit`` topics with consume-queue entries, in name order, after ``after``:

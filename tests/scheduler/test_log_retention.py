@@ -422,3 +422,38 @@ def test_the_upkeep_thread_runs_a_round_a_second_at_most(harness: Harness,
         clock.advance(1)
         time.sleep(0.001)
     assert 1 <= rounds[0] <= 2, rounds[0]
+
+
+def test_retry_and_dead_letter_topics_fall_under_the_same_retention(
+        harness: Harness, clock: FakeClock) -> None:
+    broker = _open(harness, max_reconsume_times=1)
+    groups = broker.groups
+    _send_now(broker, clock, 6, topics=("jobs",))
+    got = groups.receive("jobs", "w", 6, 30_000)
+    assert groups.nack("jobs", "w", [m.receipt for m in got.messages],
+                       delay_ms=1_000).retrying == 6
+    clock.advance(1_000)
+    broker.drain()
+    again = groups.receive("jobs", "w", 6, 30_000)  # the retries, from the retry topic
+    assert len(again.messages) == 6
+    assert groups.nack("jobs", "w", [m.receipt for m in again.messages[:4]]).dead_lettered == 4
+    groups.ack("jobs", "w", [m.receipt for m in again.messages[4:]])
+    retry, dlq = groups._group("jobs", "w").streams[1].log_topic, \
+        groups._group("jobs", "w").dlq_topic
+    assert broker.topic(retry).end_offset == 6 and broker.topic(dlq).end_offset == 4
+    assert groups.state("jobs", "w").dead_lettered == 4
+    _send_now(broker, clock, 150, start=100, topics=("other",), step_ms=10)
+    clock.advance(2 * RETENTION_MS)
+    _send_now(broker, clock, 70, start=300, topics=("other",), step_ms=10)
+    _retention(broker).run_once()
+    for topic, end in ((retry, 6), (dlq, 4), ("jobs", 6)):
+        info = broker.topic(topic)
+        assert info.first_offset == info.end_offset == end, topic
+    # the dead letters went with their segment: none left to list or to count
+    assert groups.dead_letters("jobs", "w", None, 10).messages == []
+    with pytest.raises(OffsetExpired) as caught:
+        groups.dead_letters("jobs", "w", 0, 10)
+    assert caught.value.first_offset == 4
+    assert groups.redrive("jobs", "w", 10) == 0
+    state = groups.state("jobs", "w")
+    assert state.dead_lettered == 0 and state.expired == 0  # it had handled them all
