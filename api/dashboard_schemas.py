@@ -50,7 +50,10 @@ class TopicOverview(_Out, kw_only=True):
     topic: str
     pending: Count
     oldest_pending_at: EpochMs | UnsetType = UNSET
-    delivered: Annotated[int, Meta(ge=0, description="Messages in the topic's log.")]
+    delivered: Annotated[int, Meta(ge=0, description="Messages in the topic's log: its end "
+                                                     "offset.")]
+    first_offset: Annotated[int, Meta(ge=0, description=(
+        "The first offset the log still holds (its retention deleted those below)."))] = 0
 
 
 class GroupOverview(_Out, kw_only=True):
@@ -72,6 +75,10 @@ class WaitingTransactions(_Out, kw_only=True):
 class DiskUse(_Out, kw_only=True):
     rocksdb_bytes: Count
     commitlog_bytes: Count
+    used_ratio: Annotated[float, Meta(ge=0, le=1, description=(
+        "Used / size of the data directory's file system; past disk_clean_ratio the oldest "
+        "CommitLog segments are deleted early."))] | UnsetType = UNSET
+    free_bytes: Count | UnsetType = UNSET
 
 
 class Overview(_Out, kw_only=True):

@@ -38,6 +38,8 @@ _ERROR_TEXT = {
     403: "The token's role or topic patterns do not allow this (FORBIDDEN).",
     404: "Unknown message, handle or transaction (NOT_FOUND).",
     409: "The state forbids it (ALREADY_DELIVERED, CONFLICT).",
+    410: "OFFSET_EXPIRED: the offset lies below the topic's firstOffset (deleted by the log's "
+         "retention); the problem document carries `firstOffset`.",
     413: "Body or request too large (PAYLOAD_TOO_LARGE).",
     429: "Past a rate bound or a limit of the caller's (TOO_MANY_REQUESTS): e.g. a group's quick "
          "retries, or its token's long polls and streams at once (max_long_polls_per_token); "

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from msgspec import UNSET
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -42,6 +43,7 @@ CODES: dict[str, tuple[int, str]] = {
     "NOT_FOUND": (404, "Not found"),
     "ALREADY_DELIVERED": (409, "Already delivered"),
     "CONFLICT": (409, "Conflict"),
+    "OFFSET_EXPIRED": (410, "Offset expired"),
     "UNAUTHORIZED": (401, "Unauthorized"),
     "FORBIDDEN": (403, "Forbidden"),
     "TOO_MANY_REQUESTS": (429, "Too many requests"),
@@ -64,17 +66,20 @@ def without_paths(detail: str) -> str:
     return _FILE_PATH.sub("<path>", detail)
 
 
-def problem_body(code: str, detail: str, status: int | None = None) -> tuple[int, bytes]:
-    """(status, encoded problem document)."""
+def problem_body(code: str, detail: str, status: int | None = None, *,
+                 first_offset: int | None = None) -> tuple[int, bytes]:
+    """(status, encoded problem document); ``first_offset``: OFFSET_EXPIRED's extension."""
     default_status, title = CODES.get(code, CODES["INTERNAL"])
     status = status or default_status
     return status, _encode(Problem(type=TYPE_PREFIX + code.lower().replace("_", "-"),
-                                   title=title, status=status, detail=detail, code=code))
+                                   title=title, status=status, detail=detail, code=code,
+                                   firstOffset=UNSET if first_offset is None else first_offset))
 
 
 def problem_response(code: str, detail: str, *, status: int | None = None,
-                     retry_after_s: int | None = None) -> Response:
-    status, body = problem_body(code, detail, status)
+                     retry_after_s: int | None = None,
+                     first_offset: int | None = None) -> Response:
+    status, body = problem_body(code, detail, status, first_offset=first_offset)
     headers = {"WWW-Authenticate": 'Bearer realm="hourglass"'} if status == 401 else {}
     if retry_after_s is not None:
         headers["Retry-After"] = str(retry_after_s)
@@ -100,7 +105,8 @@ def known_problem(exc: Exception) -> Response | None:
         if status >= 500:
             log.warning("%s: %s", exc.code, exc.detail or type(exc).__name__)
             detail = without_paths(detail)
-        return problem_response(exc.code, detail, retry_after_s=getattr(exc, "retry_after_s", None))
+        return problem_response(exc.code, detail, retry_after_s=getattr(exc, "retry_after_s", None),
+                                first_offset=getattr(exc, "first_offset", None))
     if isinstance(exc, OSError):  # disk full, I/O error: nothing acknowledged, try again later
         log.error("storage fault: %s", exc)
         return problem_response("UNAVAILABLE",

@@ -196,6 +196,16 @@ class GroupOffset(_Out, kw_only=True):
     offset: Offset
 
 
+class TopicInfo(_Out, kw_only=True):
+    """A topic's log: offsets [firstOffset, endOffset) can be read; below firstOffset the
+    log's retention deleted them (a read there is 410 OFFSET_EXPIRED)."""
+
+    topic: Annotated[str, Meta(examples=["orders"])]
+    first_offset: Offset
+    end_offset: Offset
+    pending: Annotated[int, Meta(ge=0, description="Messages waiting to be delivered to it.")]
+
+
 # --- consumer groups with competing members (api/routes/groups.py) ---------------------------
 Receipt = Annotated[str, Meta(min_length=1, max_length=64, description="Opaque, from a receive.")]
 Receipts = Annotated[list[Receipt], Meta(min_length=1, max_length=RECEIPTS_MAX)]
@@ -265,12 +275,15 @@ class NackResult(msgspec.Struct, rename="camel", kw_only=True):
     stale: list[str]
 
 
-class GroupState(msgspec.Struct, rename="camel", kw_only=True):
+class GroupState(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
     committed_offset: Offset
     end_offset: Offset
     leased: Annotated[int, Meta(ge=0)]
     retrying: Annotated[int, Meta(ge=0)]
     dead_lettered: Annotated[int, Meta(ge=0)]
+    expired: Annotated[int, Meta(ge=0, description=(
+        "Messages the group lost to the log's retention: its committed offset fell below the "
+        "topic's firstOffset and it went on from there (left out while 0)."))] = 0
 
 
 class DeadLetter(Delivered, kw_only=True):
@@ -347,7 +360,7 @@ class Health(_Out, kw_only=True):
     status: Annotated[str, Meta(examples=["ok"])]
 
 
-class Problem(msgspec.Struct, kw_only=True):
+class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An RFC 9457 problem document."""
 
     type: Annotated[str, Meta(examples=["urn:hourglass:problem:invalid-argument"])]
@@ -355,13 +368,15 @@ class Problem(msgspec.Struct, kw_only=True):
     status: Annotated[int, Meta(examples=[400])]
     detail: Annotated[str, Meta(examples=["exactly one of body and bodyBase64 is required"])]
     code: Annotated[str, Meta(examples=["INVALID_ARGUMENT"])]
+    firstOffset: Annotated[int, Meta(ge=0, description=(
+        "OFFSET_EXPIRED only: the topic's first offset still in the log."))] | UnsetType = UNSET
 
 
 #: Every Struct that appears in the OpenAPI document (the rest are reached through these).
 COMPONENTS: tuple[Any, ...] = (
     MessageIn, BatchIn, TransactionIn, GroupOffsetIn, CancelOutcome, SendResult, BatchResult,
     BatchSummary, CancelResult,
-    MessageInfo, ScheduledPage, PullResult, GroupOffset, TransactionResult,
+    MessageInfo, ScheduledPage, PullResult, GroupOffset, TopicInfo, TransactionResult,
     TransactionChecks, Snapshot, Health, Problem, ReceiveIn, AckIn, NackIn, RedriveIn,
     ReceiveResult, AckResult, NackResult, GroupState, DeadLetterPage, RedriveResult,
     ParkedMessages, Redriven,

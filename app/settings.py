@@ -129,6 +129,23 @@ def parse_bool(value: Any) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+def parse_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"expected a number, got {value!r}")
+
+
+def _ratio(value: float) -> str | None:
+    return None if 0 < value <= 1 else "must be a number in (0, 1]"
+
+
 def parse_str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
@@ -217,7 +234,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
 )
 
 _ENGINE_CHECKS: dict[str, Check] = {"flush_policy": _flush_policy,
-                                    "disk_reserve_bytes": _non_negative}
+                                    "disk_reserve_bytes": _non_negative,
+                                    "disk_clean_ratio": _ratio}
 
 
 def _engine_options() -> tuple[Option, ...]:
@@ -233,6 +251,8 @@ def _engine_options() -> tuple[Option, ...]:
             parse = parse_str_tuple
         elif kind is bool:
             parse = parse_bool
+        elif kind is float:
+            parse = parse_float
         elif kind is int and f.name.endswith("_ms"):
             parse, check = parse_duration_ms, check or _non_negative
         elif kind is int and f.name.endswith(("_size", "_bytes")) and "batch" not in f.name:

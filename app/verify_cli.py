@@ -5,8 +5,11 @@ beside a live server) and checks:
 
 1. the CommitLog: every record's framing and CRC32C (``CommitLog.verify``);
 2. the applied position recorded in RocksDB is not past the log's end;
-3. the consume queues: each topic's offsets run 0, 1, 2, ... without a gap, and each entry
-   points at a log record of that topic with that queue offset and the recorded size.
+3. the consume queues: each topic's offsets run from its first offset (0, or where the log's
+   retention moved it: scheduler/retention.py) without a gap, and each entry points at a log
+   record of that topic with that queue offset and the recorded size: none points below the
+   log's first position (a log that starts past position 0 is a log whose oldest segments
+   were deleted).
 
 Exit code 0 when everything is consistent, 1 when a problem was found, 2 on bad usage.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from storage.commitlog import CommitLog
 from storage.constants import CF_CQ, CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR
-from storage.consume_queue import run_entries
+from storage.consume_queue import run_entries, topic_first_key
 from storage.errors import HourglassError
 from storage.keys import decode_cq_key, unpack_u64
 from storage.records import decode_log_record
@@ -35,8 +38,10 @@ class Report:
     log_records: int = 0
     log_bytes: int = 0
     log_end: int = 0
+    log_first: int = 0  # where the log starts (retention deleted the segments before)
     applied_position: int = 0
-    topics: dict[str, int] = field(default_factory=dict)  # topic -> consume-queue length
+    topics: dict[str, int] = field(default_factory=dict)  # topic -> consume-queue end offset
+    entries: int = 0  # consume-queue entries checked (from each topic's first offset)
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
 
@@ -53,6 +58,7 @@ def verify(data_dir: Path) -> Report:
         checked = log.verify()
         report.log_records, report.log_bytes = checked.records, checked.bytes
         report.log_end = log.end_position
+        report.log_first = log.first_position
         for error in checked.errors:
             report.problem(f"commitlog: {error}")
         store = RocksStore(data_dir / ROCKSDB_DIR, timer_shards=None, read_only=True)
@@ -73,6 +79,9 @@ def verify(data_dir: Path) -> Report:
 def _check_consume_queues(store: RocksStore, log: CommitLog, report: Report) -> None:
     for key, value in store.scan(CF_CQ):
         topic, first = decode_cq_key(key)
+        if topic not in report.topics:  # its first entry: where retention left the topic
+            raw = store.get(CF_META, topic_first_key(topic))
+            report.topics[topic] = 0 if raw is None else unpack_u64(raw)
         try:
             entries = run_entries(key, value, len(key) - 8)
         except HourglassError as exc:
@@ -90,6 +99,7 @@ def _check_entry(log: CommitLog, report: Report, topic: str, offset: int, positi
         report.problem(f"consume queue {topic}: offset {offset} where {expected} was "
                        "expected (a gap)")
     report.topics[topic] = offset + 1
+    report.entries += 1
     try:
         payload = log.read(position)
         record = decode_log_record(payload)
@@ -123,9 +133,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(asdict(report), indent=2))
     else:
         print(f"commitlog: {report.log_records} records, {report.log_bytes} payload bytes, "
-              f"end at {report.log_end}; applied position {report.applied_position}")
-        print(f"consume queues: {len(report.topics)} topics, "
-              f"{sum(report.topics.values())} entries")
+              f"from {report.log_first} to {report.log_end}; applied position "
+              f"{report.applied_position}")
+        print(f"consume queues: {len(report.topics)} topics, {report.entries} entries")
         for problem in report.problems:
             print(f"PROBLEM: {problem}")
         if report.problem_count > len(report.problems):

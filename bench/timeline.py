@@ -30,13 +30,13 @@ from typing import Any
 import psutil
 
 from bench.http import _call, _free_port, _start_server
+from bench.support.analysis_workload import WorkloadSpec, _future_delay
 from scheduler.codec import message_value
 from scheduler.config import EngineConfig
 from scheduler.timeline import DAY, HOUR, Timeline
 from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key, topic_shard
 from storage.rocks import RocksStore
-from bench.support.analysis_workload import WorkloadSpec, _future_delay
 
 TOPICS = tuple(f"topic-{i}" for i in range(8))
 WRITE_BATCH = 10_000

@@ -183,6 +183,11 @@ class Backlog:
         with self._lock:
             return dict(self._levels)
 
+    def pending(self, topic: str) -> int:
+        """Messages of ``topic`` waiting (scheduled, not yet delivered or cancelled)."""
+        with self._lock:
+            return self._topics.get(topic, 0)
+
     def by_topic(self) -> dict[str, tuple[int, int]]:
         """topic -> (pending, oldest pending deliverAt), every topic with a backlog."""
         self._refresh()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -53,6 +54,7 @@ from scheduler.model import (
     PullResult,
     SendRequest,
     SendResult,
+    TopicInfo,
     TransactionCheck,
     TransactionResult,
 )
@@ -63,6 +65,7 @@ from scheduler.overview import (
     waiting_transactions,
 )
 from scheduler.poison import ParkedMessage, Quarantine
+from scheduler.retention import LogRetention, disk_used_ratio
 from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.timeline import TimelineView
 from scheduler.transactions import TransactionManager
@@ -80,6 +83,7 @@ from storage.consume_queue import ConsumeQueue
 from storage.errors import (
     InvalidArgument,
     NotFound,
+    OffsetExpired,
     Unavailable,
 )
 from storage.keys import (
@@ -139,6 +143,7 @@ class Broker:
         self._scanners: list[Scanner] = []
         self._delivery: DeliveryStage | None = None
         self._maintenance: Maintenance | None = None
+        self.retention: LogRetention | None = None  # CommitLog retention (set by start)
         self._transactions: TransactionManager | None = None
         self._writes: WritePaths | None = None
         self._ledger: DeliveryLedger  # set by start
@@ -204,10 +209,11 @@ class Broker:
                         metrics=self.metrics, stopping=self._stopping,
                         max_backoff_ms=cfg.retry_max_backoff_ms)
                 for st in self._shards]
+            self.retention = self._log_retention(store, ledger)
             self._maintenance = Maintenance(
                 store=store, ledger=ledger, clock=self.clock, metrics=self.metrics,
                 retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes,
-                cleanup_interval_ms=cfg.cleanup_interval_ms)
+                cleanup_interval_ms=cfg.cleanup_interval_ms, retention=self.retention)
             self.metrics.watermark_lag_ms.set_label_function(self._lags)
             self._delivery.start()
             for scanner in self._scanners:
@@ -222,6 +228,7 @@ class Broker:
                 metric_labels=cfg.group_metric_labels,
                 quick_retries_per_s=cfg.group_quick_retries_per_s,
                 quick_retry_burst=cfg.group_quick_retry_burst)
+            self._groups.first_offset = self._queues.first_offset  # retention: catch_up
             self._maintenance.start()
             self._transactions.start()
         except BaseException:
@@ -231,6 +238,22 @@ class Broker:
             raise
         with self._state_lock:
             self._state = "running"
+
+    def _log_retention(self, store: RocksStore, ledger: DeliveryLedger) -> LogRetention | None:
+        """CommitLog retention (scheduler/retention.py), when the log is a CommitLog (tests
+        may wrap it in one that is not)."""
+        log_ = self._log
+        if not isinstance(log_, CommitLog):
+            return None
+        cfg = self.config
+        data = cfg.data_dir
+        self.metrics.disk_used_ratio.set_function(lambda: _safe_ratio(data))
+        return LogRetention(
+            store=store, log=log_, queues=self._queues, ledger=ledger, clock=self.clock,
+            metrics=self.metrics, retention_ms=cfg.commitlog_retention_ms,
+            disk_clean_ratio=cfg.disk_clean_ratio, data_dir=data,
+            applied=lambda: self._committer.applied_position,
+            interval_ms=cfg.cleanup_interval_ms)
 
     def close(self) -> None:
         """Stop intake, stop the scanners, hand back queued batches (they are still in
@@ -399,8 +422,11 @@ class Broker:
             raise NotFound(f"no message {msg_id!r} in topic {topic!r}")
         entry = self._ledger.resolve(topic, msg_id, decode_index(raw), offset=True)
         assert entry is not None
+        offset = entry.queue_offset
+        if offset is not None and offset < self._queues.first_offset(topic):
+            offset = None  # its record was deleted by retention: DELIVERED, without offset
         return MessageInfo(msg_id=msg_id, topic=topic, status=entry.status,
-                           deliver_at=entry.deliver_at, offset=entry.queue_offset)
+                           deliver_at=entry.deliver_at, offset=offset)
 
     def list_scheduled(
         self, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
@@ -434,8 +460,35 @@ class Broker:
         began (a stream's frames, written after each commit: api/push.py)."""
         self._live()
         assert self._log is not None
-        return self._log.read_many(self._queues.positions(topic, offset, max_messages),
-                                   self.config.max_answer_bytes)
+        queues = self._queues
+        expired = False
+        try:
+            payloads = self._log.read_many(queues.positions(topic, offset, max_messages),
+                                           self.config.max_answer_bytes)
+        except OffsetExpired:  # its segment went between the two reads
+            payloads, expired = [], True
+        # after the read: retention moves the first offset before it deletes entries, so a
+        # read that found them gone sees it moved (scheduler/retention.py, "Readers")
+        first = queues.first_offset(topic)
+        if offset < first or expired:
+            raise OffsetExpired(f"offset {offset} of {topic!r} was deleted by retention; the "
+                                f"log starts at {first}", first_offset=first)
+        return payloads
+
+    def topic(self, topic: str) -> TopicInfo:
+        """The topic's log: first and end offsets, and messages pending for it."""
+        check_topic(topic, allow_system=True)
+        self._live()
+        queues = self._queues
+        end = queues.end_offset(topic)
+        return TopicInfo(topic=topic, first_offset=min(queues.first_offset(topic), end),
+                         end_offset=end, pending=self._backlog.pending(topic))
+
+    def first_offset(self, topic: str) -> int:
+        """The first offset of ``topic`` the log still holds (retention deletes below it)."""
+        check_topic(topic, allow_system=True)
+        self._live()
+        return self._queues.first_offset(topic)
 
     def end_offset(self, topic: str) -> int:
         """The next queue offset of ``topic`` (number of messages delivered to it)."""
@@ -454,6 +507,15 @@ class Broker:
         check_group(group)
         self._live()
         return self._queues.group_offset(topic, group)
+
+    def group_read_offset(self, topic: str, group: str) -> int:
+        """Where a pull or stream by ``group`` (no offset given) starts: its committed
+        offset, moved up to the topic's first offset when retention deleted past it (the
+        messages it lost count as ``expired``: scheduler/groups.py ``catch_up``)."""
+        offset = self.get_group_offset(topic, group)
+        if offset < self._queues.first_offset(topic):
+            offset = self.groups.catch_up(topic, group)
+        return offset
 
     def commit_group_offset(self, topic: str, group: str, offset: int) -> int:
         """Move the group's committed offset; its leases end (scheduler/groups.py)."""
@@ -591,12 +653,21 @@ class Broker:
         store, _ = self._live()
         transactions, truncated = waiting_transactions(store, self.clock.now_ms())
         data = self.config.data_dir
+        delivered = delivered_by_topic(store, self._queues.end_offset)
+        try:
+            st = os.statvfs(data)
+            ratio: float | None = disk_used_ratio(data)
+            free: int | None = st.f_bavail * st.f_frsize
+        except OSError:
+            ratio = free = None
         return Overview(
             pending_by_topic=self._backlog.by_topic(),
-            delivered_by_topic=delivered_by_topic(store, self._queues.end_offset),
+            delivered_by_topic=delivered,
             transactions=transactions, transactions_truncated=truncated,
             disk_bytes={"rocksdb": disk_bytes(data / ROCKSDB_DIR),
-                        "commitlog": disk_bytes(data / COMMITLOG_DIR)})
+                        "commitlog": disk_bytes(data / COMMITLOG_DIR)},
+            first_by_topic={t: self._queues.first_offset(t) for t in delivered},
+            disk_used_ratio=ratio, disk_free_bytes=free)
 
     def _positions(self) -> dict[str, Any]:
         """The log's positions, as the stats and a snapshot's manifest name them."""
@@ -678,6 +749,13 @@ class Broker:
                                     [r.flags >> FLAG_LEVEL_SHIFT for r in scheduled],
                                     deliver_ats=[r.deliver_at for r in scheduled])
             self._notify({r.topic for r in records})
+
+
+def _safe_ratio(path: Path) -> float:
+    try:
+        return disk_used_ratio(path)
+    except OSError:
+        return 0.0
 
 
 __all__ = ["Broker",

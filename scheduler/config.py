@@ -75,6 +75,12 @@ class EngineConfig:
     #                                                   (past them: 429 TOO_MANY_REQUESTS)
     disk_reserve_bytes: int = 64 << 20  #               bytes; less free on RocksDB's filesystem ->
     #                                                   writes refused (503) before ENOSPC; 0 = off
+    commitlog_retention_ms: int = 72 * 3600 * 1000  #   ms; a CommitLog segment whose newest record
+    #                                                   is older is deleted (RocketMQ's
+    #                                                   fileReservedTime; scheduler/retention.py)
+    disk_clean_ratio: float = 0.85  #                   used / size of the data directory's file
+    #                                                   system past which the oldest segments go
+    #                                                   early (diskMaxUsedSpaceRatio); 1.0 = never
     disk_retry_interval_ms: int = 1_000  #              ms between free-space re-checks (and RocksDB
     #                                                   reopens) while writes are refused
 
@@ -98,6 +104,10 @@ class EngineConfig:
         for name in ("retention_ms", "scan_interval_ms"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"engine setting {name} must be >= 0")
+        ratio = self.disk_clean_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 1:
+            raise InvalidArgument(f"engine setting disk_clean_ratio must be a number in (0, 1], "
+                                  f"got {ratio!r}")
         if self.max_record_bytes < self.max_body_bytes:
             raise InvalidArgument(
                 f"segment_size={self.segment_size} cannot hold a message of max_body_bytes="
@@ -115,4 +125,5 @@ _POSITIVE = ("timer_shards", "scan_batch_size", "delivery_queue_batches", "deliv
              "cleanup_interval_ms", "flush_interval_ms", "group_lease_window",
              "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels",
              "max_groups_per_topic", "group_metric_labels", "group_quick_retries_per_s",
-             "group_quick_retry_burst")
+             "group_quick_retry_burst",
+             "commitlog_retention_ms")

@@ -63,6 +63,7 @@ from scheduler.model import GroupStats, SendRequest, SendResult
 from storage.constants import (
     CF_META,
     MAX_PULL_MESSAGES,
+    META_GROUP_EXPIRED_PREFIX,
     META_GROUP_RECEIPT_KEY,
     META_GROUP_STATE_PREFIX,
     PROP_ORIGIN_BORN_AT,
@@ -71,7 +72,14 @@ from storage.constants import (
     PROP_RECONSUME_TIME,
 )
 from storage.consume_queue import ConsumeQueue
-from storage.errors import Conflict, InvalidArgument, NotFound, PayloadTooLarge, TooManyRequests
+from storage.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    OffsetExpired,
+    PayloadTooLarge,
+    TooManyRequests,
+)
 from storage.keys import pack_u64, unpack_u64
 from storage.records import (
     LogRecord,
@@ -131,6 +139,7 @@ class GroupState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     leased: int
     retrying: int
     dead_lettered: int
+    expired: int = 0  # messages lost to CommitLog retention (``catch_up``)
 
 
 class DeadLetters(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -180,6 +189,10 @@ class GroupManager:
         # node that only applies a replicated stream never writes one of its own
         key = store.get(CF_META, META_GROUP_RECEIPT_KEY)
         self._receipt_key = key if key is not None and len(key) == RECEIPT_KEY_BYTES else None
+        # CommitLog retention (``catch_up``): a log's first offset (the Broker sets it), and
+        # per group the messages it lost, as stored
+        self.first_offset: Callable[[str], int] = lambda _topic: 0
+        self._expired: dict[tuple[str, str], int] = {}
         # lease ids: unique across restarts (a receipt's lease is compared by equality)
         self._lease_ids = itertools.count(secrets.randbits(62))
         for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
@@ -284,6 +297,7 @@ class GroupManager:
             self._expire(g, now)
             if not g.registered:  # the group shows in stats from now on, also after a restart
                 self._write_state(g, g.retrying)
+            self._catch_up(g)
             for kind in (RETRY, MAIN):
                 stream = g.streams[kind]
                 wanted = max_messages - len(out)
@@ -296,7 +310,7 @@ class GroupManager:
                 offsets: list[int] = []
                 records: list[LogRecord] = []
                 try:
-                    payloads = self._read(stream.log_topic, taken, room)
+                    payloads = self._read_kept(stream.log_topic, taken, room)
                     if out and payloads and len(payloads[0]) > room:
                         payloads = []  # (only the answer's first message may pass the bound)
                     room -= sum(map(len, payloads))
@@ -494,10 +508,13 @@ class GroupManager:
         topic = g.topic
         with g.lock:
             self._expire(g, self._clock.now_ms())
+            committed, lost = self._behind(g)
             return GroupState(
-                committed_offset=g.streams[MAIN].committed,
+                committed_offset=committed,
                 end_offset=self._end_offset(topic), leased=g.leased, retrying=g.retrying,
-                dead_lettered=self._end_offset(g.dlq_topic) - g.dlq_cursor)
+                dead_lettered=self._end_offset(g.dlq_topic) - max(
+                    g.dlq_cursor, self.first_offset(g.dlq_topic)),  # (retention deletes some)
+                expired=self._stored_expired(g) + lost)
 
     def set_offset(self, topic: str, group: str, offset: int) -> int:
         """Move the committed offset (skip or replay): acks above it are forgotten and every
@@ -543,7 +560,11 @@ class GroupManager:
             raise InvalidArgument("offset must be >= 0")
         self._check_running()
         g = self._group(topic, group, create=False)
-        start = g.dlq_cursor if offset is None else offset
+        first = self.first_offset(g.dlq_topic)  # (retention deletes dead letters too)
+        if offset is not None and offset < first:
+            raise OffsetExpired(f"dead letter {offset} was deleted by retention; the "
+                                f"dead-letter log starts at {first}", first_offset=first)
+        start = max(g.dlq_cursor, first) if offset is None else offset
         end = min(self._end_offset(g.dlq_topic), start + max_messages)
         records = decode_log_records(self._read(g.dlq_topic, range(start, end), self._max_bytes))
         return DeadLetters(messages=[as_original(topic, r) for r in records],
@@ -561,11 +582,12 @@ class GroupManager:
             return 0
         with g.lock:
             now = self._clock.now_ms()
-            end = min(self._end_offset(g.dlq_topic), g.dlq_cursor + max_messages)
-            if end <= g.dlq_cursor:
+            cursor = max(g.dlq_cursor, self.first_offset(g.dlq_topic))  # (retention)
+            end = min(self._end_offset(g.dlq_topic), cursor + max_messages)
+            if end <= cursor:
                 return 0
-            end = min(end, g.dlq_cursor + self._quick(g, end - g.dlq_cursor, now))
-            records = decode_log_records(self._read(g.dlq_topic, range(g.dlq_cursor, end),
+            end = min(end, cursor + self._quick(g, end - cursor, now))
+            records = decode_log_records(self._read(g.dlq_topic, range(cursor, end),
                                                     self._max_bytes))
             if not records:
                 return 0
@@ -603,6 +625,99 @@ class GroupManager:
             f"letters), not {n}: at most {self._quick_rate} a second, {self._quick_burst} at "
             f"once",
             retry_after_s=max(1, math.ceil((need - g.quick) / self._quick_rate)))
+
+    # --- CommitLog retention (scheduler/retention.py) -------------------------------------------
+    def catch_up(self, topic: str, group: str) -> int:
+        """Move the group past what retention deleted (``_catch_up``); returns its committed
+        offset in the topic's log (a pull or stream by group starts there)."""
+        self._check_running()
+        # moving a group is a write: it keeps the group (a pull group too), past the cap
+        g = self._group(topic, group, create=True, limit=False)
+        with g.lock:
+            self._catch_up(g)
+            return g.streams[MAIN].committed
+
+    def _catch_up(self, g: Group) -> None:
+        """A stream whose committed offset fell below its log's first offset continues from
+        that first offset: the offsets in between that it had not acknowledged count as
+        ``expired`` (stored, and in /metrics per group), its acks and leases below go. One
+        write; the memory follows only once it succeeded. Under the group's lock."""
+        moves: list[tuple[Stream, int, dict[int, int]]] = []
+        lost = 0
+        batch: Batch | None = None
+        for stream in g.streams:
+            first = self.first_offset(stream.log_topic)
+            if stream.committed >= first:
+                continue
+            acked = sum(1 for o in stream.acked if o < first)
+            lost += first - stream.committed - acked
+            if batch is None:
+                batch = self._store.batch()
+            ConsumeQueue.put_group_offset(batch, stream.log_topic, g.group, first)
+            prefix = ack_prefix(stream.log_topic, g.group)
+            runs = {}
+            for start, end in stream.runs.items():
+                if start < first:
+                    batch.delete(CF_META, prefix + pack_u64(start))
+                    if end > first:  # a run across the first offset: kept from there
+                        batch.put(CF_META, prefix + pack_u64(first),
+                                  b"" if end == first + 1 else pack_u64(end))
+                        runs[first] = end
+                else:
+                    runs[start] = end
+            moves.append((stream, first, runs))
+        if batch is None:
+            return
+        expired = self._stored_expired(g) + lost
+        batch.put(CF_META, expired_key(g.topic, g.group), pack_u64(expired))
+        self._store.write(batch)
+        self._expired[(g.topic, g.group)] = expired
+        if lost:
+            self._metrics.group_expired.labels(g.name).inc(lost)
+        for stream, first, runs in moves:
+            for offset, lease in list(stream.leases.items()):
+                if offset < first:
+                    del stream.leases[offset]
+                    lease.held -= 1
+            stream.returned = [o for o in stream.returned if o >= first]
+            heapq.heapify(stream.returned)
+            stream.counts = {o: n for o, n in stream.counts.items() if o >= first}
+            stream.acked = {o for o in stream.acked if o >= first}
+            stream.runs = runs
+            stream.committed = first
+            stream.handed = max(stream.handed, first)
+
+    def _read_kept(self, log_topic: str, offsets: Sequence[int],
+                   max_bytes: int | None = None) -> list[bytes]:
+        """``_read``, or nothing when retention deleted a segment between this receive's
+        ``_catch_up`` and its read: the offsets are handed out again, and the next receive
+        moves past what went."""
+        try:
+            return self._read(log_topic, offsets, max_bytes)
+        except OffsetExpired:
+            return []
+
+    def _behind(self, g: Group) -> tuple[int, int]:
+        """(the main stream's committed offset as the next read will see it, the messages
+        the streams will count as expired then), without writing: reading a group never
+        creates or changes it. Under the group's lock."""
+        lost = 0
+        committed = g.streams[MAIN].committed
+        for kind, stream in enumerate(g.streams):
+            first = self.first_offset(stream.log_topic)
+            if stream.committed < first:
+                lost += first - stream.committed - sum(1 for o in stream.acked if o < first)
+                if kind == MAIN:
+                    committed = first
+        return committed, lost
+
+    def _stored_expired(self, g: Group) -> int:
+        key = (g.topic, g.group)
+        found = self._expired.get(key)
+        if found is None:
+            raw = self._store.get(CF_META, expired_key(g.topic, g.group))
+            found = self._expired[key] = 0 if raw is None else unpack_u64(raw)
+        return found
 
     # --- stats and metrics ---------------------------------------------------------------------
     def stats(self) -> dict[str, GroupStats]:
@@ -673,6 +788,11 @@ class GroupManager:
 
 
 _GAUGES = ("backlog", "leased", "retrying", "dead_lettered")
+
+
+def expired_key(topic: str, group: str) -> bytes:
+    """CF_META key of the messages ``group`` of ``topic`` lost to CommitLog retention."""
+    return META_GROUP_EXPIRED_PREFIX + topic.encode() + b"\0" + group.encode()
 
 
 def read_payloads(read_many: Callable[[list[int], int | None], list[bytes]],

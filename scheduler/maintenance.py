@@ -1,4 +1,5 @@
-"""Background upkeep on the engine clock: status retention and the delivered prefix.
+"""Background upkeep on the engine clock: status retention, the delivered prefix, and the
+CommitLog's retention (scheduler/retention.py: ``LogRetention.run_once`` each round).
 
 - Retention: a final state (DELIVERED, CANCELLED, ...) stays readable for ``retention_ms``.
   Whoever writes a final state also writes ``expiry`` key = 8-byte expiresAt + topic NUL
@@ -30,6 +31,7 @@ from scheduler.codec import decode_keys
 from scheduler.intake import EXPIRY_GROUP_MARK
 from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
+from scheduler.retention import LogRetention
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, decode_index_key, time_bound, unpack_u64
@@ -39,13 +41,14 @@ from storage.rocks import RocksStore
 log = logging.getLogger(__name__)
 
 EXPIRY_BATCH = 1000
+ROUND_MS = 1000  # rounds of this thread start at least this far apart (or cleanup_interval_ms)
 
 
 class Maintenance(threading.Thread):
     def __init__(
         self, *, store: RocksStore, ledger: DeliveryLedger, clock: Clock,
         metrics: EngineMetrics, retention_ms: int, compact_after_deletes: int,
-        cleanup_interval_ms: int,
+        cleanup_interval_ms: int, retention: LogRetention | None = None,
     ) -> None:
         super().__init__(name="maintenance", daemon=True)
         self._store = store
@@ -55,8 +58,12 @@ class Maintenance(threading.Thread):
         self._retention_ms = retention_ms
         self._compact_after = compact_after_deletes
         self._cleanup_interval = cleanup_interval_ms
+        self._retention = retention  # CommitLog retention (scheduler/retention.py)
+        self._round_ms = min(ROUND_MS, cleanup_interval_ms)
+        self._expiry_floor = b""  # every expiry key below it was removed (by this thread)
         self._halt = threading.Event()
         self._wake = threading.Event()
+        self._asked = False  # a wake-up asked for (not a clock moving)
         self._lock = threading.Lock()
         self._deleted: dict[int, int] = {}  # shard -> keys delivered since its last clean-up
         self._first: dict[int, int] = {}  # shard -> when the first of those was noted (ms)
@@ -76,36 +83,61 @@ class Maintenance(threading.Thread):
             if first:
                 self._first[shard] = self._clock.now_ms()
         if total >= self._compact_after or first:  # first: plan the timed clean-up
+            self._asked = True
             self._wake.set()
 
     def run(self) -> None:
         failures = 0
         while not self._halt.is_set():
             self._wake.clear()
+            self._asked = False
             if self._halt.is_set():
                 return
             try:
+                started = self._clock.now_ms()
                 next_at = min(self.expire_due(), self.cleanup_prefixes())
+                if self._retention is not None:
+                    next_at = min(next_at, self._retention.run_if_due())
+                # a steady flow has an expiry due every few ms: one round a ROUND_MS at most
+                # (each round scans, and writes its own batch: measured, a round per commit
+                # kept this thread at 100 % of a core and grew the heap without bound)
+                next_at = max(next_at, started + self._round_ms)
                 failures = 0
             except Exception:
                 failures += 1
                 self._metrics.storage_errors.inc()
                 log.exception("maintenance failed (%d in a row)", failures)
                 next_at = self._clock.now_ms() + min(failures * 1000, 60_000)
+            self._sleep_until(next_at)
+
+    def _sleep_until(self, next_at: int) -> None:
+        """Until ``next_at``, or a wake-up someone asked for (``note_delivered``, ``stop``);
+        a clock that wakes its waiters whenever it moves (FakeClock) does not start a round
+        early."""
+        while not self._halt.is_set():
             self._clock.wait(self._wake, next_at)
+            if self._asked or self._halt.is_set() or self._clock.now_ms() >= next_at:
+                return
+            self._wake.clear()
 
     def expire_due(self) -> int:
         """Remove every due expiry; returns when the next one is due (or a bound on it)."""
         store = self._store
         while True:
             now = self._clock.now_ms()
-            due = list(store.scan(CF_EXPIRY, b"", time_bound(now + 1), EXPIRY_BATCH))
+            # from the floor: the keys removed before it are tombstones until a compaction,
+            # and a scan from the start of the CF would wade through all of them
+            due = list(store.scan(CF_EXPIRY, self._expiry_floor, time_bound(now + 1),
+                                  EXPIRY_BATCH))
             if due:
                 self._expire(due)
+                # (not above a second ago: a key written meanwhile expires in the future,
+                # unless the retention is 0, when it may expire now)
+                self._expiry_floor = min(due[-1][0] + b"\x00", time_bound(max(now - 1000, 0)))
             if len(due) < EXPIRY_BATCH:
                 break
         self._ledger.expire(now - self._retention_ms)
-        first = list(store.scan(CF_EXPIRY, b"", None, 1))
+        first = list(store.scan(CF_EXPIRY, self._expiry_floor, None, 1))
         if first:
             return unpack_u64(first[0][0])
         # nothing pending: anything written from now on expires after now + retention

@@ -53,6 +53,13 @@ group_acked                    counter    per group: messages acknowledged
 group_nacked                   counter    per group: messages nacked (retried or dead-lettered)
 group_dead_lettered            counter    per group: messages that became dead letters
 group_redelivered              counter    per group: leases that expired (handed out again)
+group_expired                  counter    per group: messages it lost to CommitLog retention (its
+                                          committed offset was below its topic's firstOffset)
+log_segments_deleted           counter    CommitLog segments deleted (label ``reason``: retention
+                                          or disk, scheduler/retention.py)
+log_bytes_deleted              counter    bytes of those segments (label ``reason``)
+log_early_deletions            counter    deletions made early: the disk above disk_clean_ratio
+disk_used_ratio                gauge      used / size of the data directory's file system
 =============================  =========  =========================================================
 
 Lateness of a message that was due on arrival is 0 by definition (it is appended at once);
@@ -338,6 +345,17 @@ class EngineMetrics:
         self.group_redelivered = Counter(
             "group_redelivered_total", "Leases of a group that expired (handed out again)",
             "group")
+        self.group_expired = Counter(
+            "group_expired_total", "Messages a group lost to CommitLog retention", "group")
+        self.log_segments_deleted = Counter(
+            "commitlog_segments_deleted_total", "CommitLog segments deleted", "reason")
+        self.log_bytes_deleted = Counter(
+            "commitlog_bytes_deleted_total", "Bytes of CommitLog segments deleted", "reason")
+        self.log_early_deletions = Counter(
+            "commitlog_early_deletions_total",
+            "CommitLog deletions made early: the disk was above disk_clean_ratio")
+        self.disk_used_ratio = Gauge(
+            "disk_used_ratio", "Used / size of the data directory's file system")
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, in a stable order."""

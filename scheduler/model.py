@@ -71,6 +71,16 @@ class MessageInfo(_Record, frozen=True, kw_only=True, gc=False):
     offset: int | None = None  # queue offset once delivered
 
 
+class TopicInfo(_Record, frozen=True, kw_only=True, gc=False):
+    """A topic's log: offsets [first_offset, end_offset) are readable (retention deleted
+    those below), ``pending`` messages wait to be delivered to it."""
+
+    topic: str
+    first_offset: int
+    end_offset: int
+    pending: int
+
+
 class PullResult(_Record, frozen=True, kw_only=True, gc=False):
     messages: list[LogRecord]  # in queue order; LogRecord.offset is the queue offset
     next_offset: int

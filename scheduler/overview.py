@@ -38,6 +38,10 @@ class Overview:
     transactions: dict[str, WaitingTransactions]  # producer group -> ...
     transactions_truncated: bool
     disk_bytes: dict[str, int] = field(default_factory=dict)  # "rocksdb", "commitlog"
+    first_by_topic: dict[str, int] = field(default_factory=dict)  # topic -> first offset in
+    #                                        its log (the log's retention deletes below it)
+    disk_used_ratio: float | None = None  # used / size of the data directory's file system
+    disk_free_bytes: int | None = None  # free for unprivileged writers there
 
 
 def delivered_by_topic(store: RocksStore, end_offset: Callable[[str], int],

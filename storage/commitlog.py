@@ -38,7 +38,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from storage.errors import CorruptionError, InvalidArgument, StorageError
+from storage.errors import CorruptionError, InvalidArgument, OffsetExpired, StorageError
 from storage.log_format import (
     CRC_SEED,
     EOS_MAGIC,
@@ -135,6 +135,7 @@ class CommitLog:
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._spare: Segment | None = None  # next segment, made ahead by the flusher
+        self._retired: list[Segment] = []  # deleted by retention, mapping closed next time
         self._create_lock = threading.Lock()  # segment creation (appender vs flusher)
         self._lock_fd = -1
         self._end = self._flushed = 0
@@ -441,10 +442,24 @@ class CommitLog:
 
     # --- reading --------------------------------------------------------------------------------
     def _segment_at(self, position: int) -> Segment:
-        i = bisect.bisect_right(self._bases, position) - 1
-        if i < 0 or position >= self._end:
-            raise InvalidArgument(f"position {position} is outside the log [.., {self._end})")
-        return self._segments[i]
+        """The segment holding ``position``. Retention removes segments from the head of the
+        lists while readers look (``drop_segments_below``), so a look that lands on the wrong
+        one is tried again; a position below the first segment is ``OffsetExpired``."""
+        for _ in range(4):
+            i = bisect.bisect_right(self._bases, position) - 1
+            if i < 0 or position >= self._end:
+                break
+            try:
+                seg = self._segments[i]
+            except IndexError:
+                continue
+            if seg.base <= position < seg.base + seg.size:
+                seg.touched = True
+                return seg
+        if position < self.first_position:
+            raise OffsetExpired(f"position {position} was deleted (the log starts at "
+                                f"{self.first_position})")
+        raise InvalidArgument(f"position {position} is outside the log [.., {self._end})")
 
     def read(self, position: int) -> bytes:
         """The payload of the record at ``position``; CorruptionError if it fails its CRC."""
@@ -458,8 +473,17 @@ class CommitLog:
         if self._closed:
             raise StorageError("the CommitLog is closed")
         room = _UNBOUNDED if max_bytes is None else max_bytes
-        if native is not None:
-            return self._read_many_native(positions, room)
+        try:
+            if native is not None:
+                return self._read_many_native(positions, room)
+            return self._read_many_py(positions, room)
+        except (ValueError, IndexError):  # InvalidArgument too; a mapping closed by retention
+            first = self.first_position
+            if any(p < first for p in positions):
+                raise OffsetExpired(f"the log starts at {first}: records were deleted") from None
+            raise
+
+    def _read_many_py(self, positions: Sequence[int], room: int) -> list[bytes]:
         out: list[bytes] = []
         unpack, header, magic_ok, seed = HEADER.unpack_from, HEADER_SIZE, RECORD_MAGIC, CRC_SEED
         lo = hi = 0
@@ -565,6 +589,76 @@ class CommitLog:
                 return seg.base
         return None
 
+    # --- retention (scheduler/retention.py) --------------------------------------------------
+    @property
+    def first_position(self) -> int:
+        """Position of the first byte the log still holds (0 until retention deleted a
+        segment)."""
+        bases = self._bases
+        try:
+            return bases[0]
+        except IndexError:
+            return 0
+
+    def sealed_segments(self) -> list[tuple[int, int]]:
+        """(base, end) of every segment but the last (the one appends go to), oldest first."""
+        with self._lock:
+            return [(seg.base, seg.end) for seg in self._segments[:-1]]
+
+    def drop_segments_below(self, position: int) -> list[Segment]:
+        """Take every segment that ends at or below ``position`` out of the log (never the
+        last one) and return them; the log then starts at the first one left. The files stay
+        until ``delete_segments``: the caller first makes sure nothing points into them.
+        Appends and flushes wait only for the lists to change (no I/O under the locks)."""
+        with self._lock, self._flush_lock:
+            self._writable()
+            n = 0
+            segments = self._segments
+            while n < len(segments) - 1 and segments[n].end <= position:
+                n += 1
+            dropped = segments[:n]
+            if n:
+                # bases first: a reader between the two sees a too-short ``_bases`` (and
+                # ``_segment_at`` looks again), never a base without its segment
+                del self._bases[:n]
+                del self._segments[:n]
+        return dropped
+
+    def delete_segments(self, segments: Sequence[Segment]) -> None:
+        """Remove the files of segments ``drop_segments_below`` returned, oldest first (a
+        crash in between leaves a log that still starts with a whole segment and runs on
+        without a gap), and fsync the directory. Their mappings are closed by the next
+        call (``_retired``): a reader that found one just before it was dropped finishes
+        first."""
+        for seg in self._retired:
+            with contextlib.suppress(BufferError, OSError, ValueError):
+                seg.close()
+        self._retired = list(segments)
+        for seg in segments:
+            try:
+                seg.path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StorageError(f"cannot delete CommitLog segment {seg.path}: {exc}") from exc
+        if segments:
+            fsync_dir(self._dir)
+
+    def release_idle(self) -> int:
+        """Give back the pages of the segments that nobody wrote or read since the last call
+        (``Segment.release``: the mapping stays, its pages leave the process's RSS; a later
+        read faults them in again from the page cache). Never the last segment (appends).
+        Returns how many segments were released."""
+        released = 0
+        for seg in self._segments[:-1]:
+            if seg.touched:
+                seg.touched = seg.released = False
+            elif not seg.released:
+                with contextlib.suppress(OSError, ValueError):
+                    seg.release()
+                    released += 1
+        return released
+
     # --- flushing and closing -------------------------------------------------------------------
     def _sync_range(self, start: int, stop: int) -> None:
         i = max(0, bisect.bisect_right(self._bases, start) - 1)
@@ -652,8 +746,10 @@ class CommitLog:
             os.close(fd)  # releases the flock
 
     def _close_segments(self) -> None:
-        for seg in self._segments:
-            seg.close()
+        for seg in [*self._retired, *self._segments]:
+            with contextlib.suppress(BufferError):
+                seg.close()
+        self._retired.clear()
         self._segments.clear()
         self._bases.clear()
 

@@ -52,6 +52,13 @@ META_GROUP_ACK_PREFIX = b"gack/"  # + log topic NUL group NUL 8-byte BE offset -
 META_GROUP_RECEIPT_KEY = b"greceipt_key"  # -> 32 random bytes: the HMAC key of group receipts
 META_GROUP_STATE_PREFIX = b"gstate/"  # + topic NUL group -> 8-byte BE retries outstanding
 META_PARKED_PREFIX = b"parked/"  # + timer key -> [reason, stored value] (scheduler/poison.py)
+# CommitLog retention (scheduler/retention.py)
+META_LOG_FIRST_POSITION = b"log_first_position"  # 8-byte BE: no consume-queue entry points
+#                                                  below it; segments that end at or below it
+#                                                  are deleted (or about to be)
+META_TOPIC_FIRST_PREFIX = b"qfirst/"  # + topic -> 8-byte BE first offset still in the log
+META_GROUP_EXPIRED_PREFIX = b"gexp/"  # + topic NUL group -> 8-byte BE messages the group lost
+#                                       to retention (committed offset below firstOffset)
 META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log position,
 #                              records, commit time (scheduler/ledger.py)
 

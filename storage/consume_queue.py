@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from storage.commitlog import CommitLog
-from storage.constants import CF_CQ, CF_META, META_GROUP_OFFSET_PREFIX
+from storage.constants import CF_CQ, CF_META, META_GROUP_OFFSET_PREFIX, META_TOPIC_FIRST_PREFIX
 from storage.errors import CorruptionError, InvalidArgument
 from storage.keys import MAX_U64, SEP, cq_key, pack_u64, topic_prefix, unpack_u64
 from storage.records import decode_log_record
@@ -82,6 +82,9 @@ class ConsumeQueue:
         # topic -> (first offset, run bytes) of its newest entries (module doc); replaced,
         # never changed in place, so a reader without the lock sees one tail or the next
         self._tails: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        # topic -> its first offset still in the log (retention moves it: ``trim``), read
+        # from RocksDB once per topic
+        self._firsts: dict[str, int] = {}
 
     def group_offset(self, topic: str, group: str) -> int:
         """``group``'s committed offset in ``topic``'s log (0 before its first commit)."""
@@ -226,10 +229,95 @@ class ConsumeQueue:
     def _read_end(self, topic: str) -> int:
         prefix = topic_prefix(topic)
         last = self._store.read_range(CF_CQ, prefix, _after(prefix), 1, reverse=True)
-        if not last:
-            return 0
+        if not last:  # none, or retention deleted them all: the log goes on from its first
+            return self.first_offset(topic)
         key, value = last[0]
         return _run_start(key, value, len(prefix)) + len(value) // VALUE.size
+
+
+    # --- retention (scheduler/retention.py) -------------------------------------------------
+    def first_offset(self, topic: str) -> int:
+        """The first offset of ``topic`` the log still holds (0 until retention deleted
+        some): below it a read is ``OffsetExpired``."""
+        first = self._firsts.get(topic)
+        if first is None:
+            raw = self._store.get(CF_META, topic_first_key(topic))
+            first = 0 if raw is None else unpack_u64(raw)
+            with self._ends_lock:  # a trim meanwhile moved it on: keep the later one
+                first = self._firsts.setdefault(topic, first)
+        return first
+
+    def trim_topic(self, batch: Batch, topic: str, position: int) -> int | None:
+        """Add to ``batch`` the removal of ``topic``'s entries that point below the log
+        ``position``, and the topic's new first offset; returns that offset (None when no
+        entry points below it). Entries of a topic are in log order, so they are a prefix of
+        its queue; a run that straddles ``position`` is stored again from its first entry at
+        or above it. Call ``moved_first`` BEFORE the batch is written (module doc of
+        scheduler/retention.py: why)."""
+        prefix = topic_prefix(topic)
+        cut = len(prefix)
+        stop = _after(prefix)
+        start = prefix
+        first: int | None = None
+        done = False
+        while not done:
+            rows = self._store.read_range(CF_CQ, start, stop, REBUILD_BATCH)
+            done = len(rows) < REBUILD_BATCH
+            for key, value in rows:
+                start_offset = _run_start(key, value, cut)
+                if VALUE.unpack_from(value)[0] >= position:
+                    done = True
+                    break
+                batch.delete(CF_CQ, key)
+                count = len(value) // VALUE.size
+                if VALUE.unpack_from(value, len(value) - VALUE.size)[0] < position:
+                    first = start_offset + count  # all of it below (no tuple per entry)
+                    continue
+                kept = [e for e in run_entries(key, value, cut) if e[1] >= position]
+                self.put_many(batch, topic, kept)
+                first = kept[0][0]
+                done = True
+                break
+            if rows:
+                start = rows[-1][0] + b"\x00"
+        if first is not None:
+            batch.put(CF_META, topic_first_key(topic), pack_u64(first))
+        return first
+
+    def moved_first(self, topic: str, first: int) -> None:
+        """``topic``'s first offset is ``first`` from now on (retention, before its write);
+        the tail in memory no longer answers for the offsets below it."""
+        with self._ends_lock:
+            self._firsts[topic] = max(first, self._firsts.get(topic, 0))
+            tail = self._tails.get(topic)
+            if tail is not None and tail[0] < first:
+                cut = (first - tail[0]) * VALUE.size
+                if cut >= len(tail[1]):
+                    del self._tails[topic]
+                else:  # (replaced, never changed in place: module doc)
+                    self._tails[topic] = (first, tail[1][cut:])
+
+    def topics(self, after: str | None = None, limit: int = 1000) -> list[str]:
+        """Up to ``limit`` topics with consume-queue entries, in name order, after ``after``:
+        one seek per topic."""
+        out: list[str] = []
+        start = b"" if after is None else _after(topic_prefix(after))
+        while len(out) < limit:
+            rows = self._store.read_range(CF_CQ, start, None, 1)
+            if not rows:
+                break
+            key = rows[0][0]
+            sep = key.find(SEP)
+            if sep <= 0:
+                raise CorruptionError(f"malformed consume-queue key {key!r}")
+            out.append(key[:sep].decode())
+            start = key[:sep] + b"\x01"
+        return out
+
+
+def topic_first_key(topic: str) -> bytes:
+    """CF_META key of ``topic``'s first offset still in the log."""
+    return META_TOPIC_FIRST_PREFIX + topic.encode()
 
 
 def run_entries(key: bytes, value: bytes, cut: int) -> list[tuple[int, int, int]]:

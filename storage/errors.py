@@ -53,6 +53,18 @@ class TooManyRequests(HourglassError):
         self.retry_after_s = retry_after_s
 
 
+class OffsetExpired(HourglassError):
+    """A read below what the log still holds: its records were deleted by retention
+    (scheduler/retention.py). ``first_offset``: the topic's first offset still readable
+    (None where only a log position was known: storage raises it so, the engine adds it)."""
+
+    code = "OFFSET_EXPIRED"
+
+    def __init__(self, detail: str = "", first_offset: int | None = None) -> None:
+        super().__init__(detail)
+        self.first_offset = first_offset
+
+
 
 
 

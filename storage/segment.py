@@ -59,6 +59,7 @@ _madvise = _libc.madvise
 _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _madvise.restype = ctypes.c_int
 _MADV_POPULATE_READ = 22  # <sys/mman.h>, Linux 5.14
+_MADV_DONTNEED = 4  # <sys/mman.h>
 PWRITE_MIN_BYTES = 16 << 10  # writes this large go in with pwrite (module doc)
 
 
@@ -86,7 +87,8 @@ def fsync_dir(directory: Path) -> None:
 
 
 class Segment:
-    __slots__ = ("_fd", "_sync_lock", "base", "mm", "path", "size", "writable")
+    __slots__ = ("_fd", "_sync_lock", "base", "mm", "path", "released", "size", "touched",
+                 "writable")
 
     def __init__(self, path: Path, base: int, mm: mmap.mmap, fd: int, *,
                  writable: bool = True) -> None:
@@ -98,6 +100,8 @@ class Segment:
         self.writable = writable
         self._fd = fd
         self._sync_lock = threading.Lock()  # an msync in flight vs close()
+        self.touched = True  # read or written since the last ``release`` round
+        self.released = False  # its pages were given back (``release``), none touched since
 
     @classmethod
     def create(cls, directory: Path, base: int, size: int) -> Segment:
@@ -202,6 +206,24 @@ class Segment:
                     raise OSError(err, f"msync: {os.strerror(err)}")
             finally:
                 del view
+
+    def release(self) -> None:
+        """Drop this mapping's pages from the process (``madvise(MADV_DONTNEED)``): RSS, the
+        file-backed pages included, no longer counts them. The mapping is shared and the
+        file holds the bytes (a dirty page stays dirty in the page cache), so nothing is
+        lost: a later read faults the page in again from the page cache. Cheaper and safer
+        than unmapping: a reader holding ``mm`` never sees it closed."""
+        with self._sync_lock:
+            if self.mm.closed:
+                return
+            view = ctypes.c_char.from_buffer(self.mm)
+            try:
+                if _madvise(ctypes.addressof(view), self.size, _MADV_DONTNEED) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"madvise: {os.strerror(err)}")
+            finally:
+                del view
+            self.released = True
 
     def close(self) -> None:
         with self._sync_lock:

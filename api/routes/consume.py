@@ -165,7 +165,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
 
     @router.get("/v1/topics/{topic}/messages", **operation(
         "pullMessages", tag="consuming", summary="Read delivered messages (long polling)",
-        result="PullResult", msgpack=True, errors=(429, 503), parameters=PULL_PARAMETERS,
+        result="PullResult", msgpack=True, errors=(410, 429, 503), parameters=PULL_PARAMETERS,
         result_description="Messages from the offset on (possibly none), and where to go on.",
     ))
     async def pull_messages(request: Request) -> Response:
@@ -183,7 +183,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             ctx.allow(principal, Permission.OFFSETS, topic)
             broker.commit_group_offset(topic, check_group(group), offset)
         elif offset is None:
-            offset = 0 if group is None else broker.get_group_offset(topic, check_group(group))
+            offset = 0 if group is None else broker.group_read_offset(topic, check_group(group))
         if wait_ms > 0:
             payloads = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
         else:
@@ -211,6 +211,18 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                 # woken by a delivery to this topic: read again (it may be before `offset`)
             finally:
                 notifier.unregister(topic, future)
+
+    @router.get("/v1/topics/{topic}", **operation(
+        "getTopic", tag="consuming", summary="A topic's log: first and end offsets",
+        result="TopicInfo", errors=(503,), parameters=[TOPIC_PARAMETER],
+        result_description="Offsets [firstOffset, endOffset) can be read; below firstOffset "
+                           "the log's retention deleted them.",
+    ))
+    async def get_topic(topic: Topic, principal: Authenticated) -> Response:
+        ctx.allow(principal, Permission.READ, topic)
+        info = broker.topic(topic)
+        return respond(schemas.TopicInfo(topic=info.topic, first_offset=info.first_offset,
+                                         end_offset=info.end_offset, pending=info.pending))
 
     @router.get("/v1/topics/{topic}/groups/{group}/offset", **operation(
         "getGroupOffset", tag="consuming", summary="A group's committed offset",

@@ -95,8 +95,13 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             transactions_prepared=stats.transactions_prepared,
             lateness=lateness(broker.metrics.lateness_ms.snapshot()),
             disk=ds.DiskUse(rocksdb_bytes=extra.disk_bytes["rocksdb"],
-                            commitlog_bytes=extra.disk_bytes["commitlog"]),
-            topics=[_topic(t, extra.pending_by_topic.get(t), extra.delivered_by_topic.get(t, 0))
+                            commitlog_bytes=extra.disk_bytes["commitlog"],
+                            used_ratio=UNSET if extra.disk_used_ratio is None
+                            else extra.disk_used_ratio,
+                            free_bytes=UNSET if extra.disk_free_bytes is None
+                            else extra.disk_free_bytes),
+            topics=[_topic(t, extra.pending_by_topic.get(t), extra.delivered_by_topic.get(t, 0),
+                           extra.first_by_topic.get(t, 0))
                     for t in topics],
             groups=groups,
             transactions=[ds.WaitingTransactions(producer_group=g, prepared=w.prepared,
@@ -129,8 +134,10 @@ def _finite(value: float) -> float | None:
     return None if value == float("inf") else value
 
 
-def _topic(topic: str, pending: tuple[int, int] | None, delivered: int) -> ds.TopicOverview:
+def _topic(topic: str, pending: tuple[int, int] | None, delivered: int,
+           first: int = 0) -> ds.TopicOverview:
     if pending is None:
-        return ds.TopicOverview(topic=topic, pending=0, delivered=delivered)
+        return ds.TopicOverview(topic=topic, pending=0, delivered=delivered,
+                                first_offset=min(first, delivered))
     return ds.TopicOverview(topic=topic, pending=pending[0], oldest_pending_at=pending[1],
-                            delivered=delivered)
+                            delivered=delivered, first_offset=min(first, delivered))

@@ -222,7 +222,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         state = broker.groups.state(topic, group)
         return respond(schemas.GroupState(
             committed_offset=state.committed_offset, end_offset=state.end_offset,
-            leased=state.leased, retrying=state.retrying, dead_lettered=state.dead_lettered))
+            leased=state.leased, retrying=state.retrying, dead_lettered=state.dead_lettered,
+            expired=state.expired))
 
     @router.get("/v1/topics/{topic}/groups/{group}/dead-letters", **operation(
         "listDeadLetters", tag="consuming", summary="Read the group's dead letters",

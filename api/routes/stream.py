@@ -71,7 +71,7 @@ from api.schemas import TOPIC_PARAMETER
 from api.transport import Connection, connection_of, unsent_bytes
 from scheduler.broker import Broker
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
-from storage.errors import HourglassError
+from storage.errors import HourglassError, OffsetExpired
 from storage.records import log_record_offsets
 
 log = logging.getLogger("hourglass.api")
@@ -284,7 +284,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     @router.get("/v1/topics/{topic}/messages:stream", **operation(
         "streamMessages", tag="consuming",
         summary="Stream delivered messages as they land (a frame per delivery)",
-        errors=(400, 429, 503), parameters=STREAM_PARAMETERS, extra_responses={200: _FRAMES},
+        errors=(400, 410, 429, 503), parameters=STREAM_PARAMETERS, extra_responses={200: _FRAMES},
     ))
     async def stream_messages(request: Request) -> Response:
         principal = ctx.caller(request)
@@ -297,8 +297,12 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         assert max_messages is not None and duration_ms is not None
         group = request.query_params.get("group")
         if offset is None:
-            offset = 0 if group is None else broker.get_group_offset(topic, check_group(group))
+            offset = 0 if group is None else broker.group_read_offset(topic, check_group(group))
         broker.end_offset(topic)  # a bad topic, a stopped engine: refused before the 200
+        first = broker.first_offset(topic)
+        if offset < first:  # deleted by retention: refused before the 200 too
+            raise OffsetExpired(f"offset {offset} of {topic!r} was deleted by retention; the "
+                                f"log starts at {first}", first_offset=first)
         once = prefers_body_once(request)
         encoding = (is_msgpack(request.headers.get("accept")), once)
         encode: Callable[[list[bytes], int], bytes]

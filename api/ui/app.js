@@ -178,7 +178,8 @@ async function refresh() {
 function showOverview(o) {
   state.serverNow = o.now;
   const sample = { wall: Date.now(), scheduled: o.scheduled, delivered: o.delivered,
-                   cancelled: o.cancelled, lateness: o.lateness };
+                   cancelled: o.cancelled, lateness: o.lateness,
+                   disk: o.disk.rocksdbBytes + o.disk.commitlogBytes };
   state.samples.push(sample);
   while (state.samples.length > RATE_POINTS) state.samples.shift();
 
@@ -198,6 +199,9 @@ function showOverview(o) {
   setNum("retries", o.retries);
   setNum("disk-rocksdb", o.disk.rocksdbBytes, fmtBytes(o.disk.rocksdbBytes));
   setNum("disk-commitlog", o.disk.commitlogBytes, fmtBytes(o.disk.commitlogBytes));
+  setNum("disk-used", o.disk.usedRatio === undefined ? "" : o.disk.usedRatio,
+         o.disk.usedRatio === undefined ? "–" : `${Math.round(o.disk.usedRatio * 1000) / 10} %`);
+  showDiskTrend();
   showRates();
   showLateness(o.lateness);
   showTopics(o);
@@ -216,6 +220,20 @@ function showRates() {
     el.textContent = fmtNum(Math.round(rate * 10) / 10);
   }
   drawRates();
+}
+
+function showDiskTrend() {
+  // the data directory's growth per minute over the samples this page holds (RocksDB +
+  // CommitLog): about 0 once the log's retention deletes as fast as deliveries append
+  const s = state.samples;
+  const el = $("disk-trend");
+  if (s.length < 2) { el.textContent = "–"; return; }
+  const a = s[0];
+  const b = s[s.length - 1];
+  const minutes = Math.max(0.001, (b.wall - a.wall) / 60000);
+  const perMinute = (b.disk - a.disk) / minutes;
+  el.dataset.value = String(perMinute);
+  el.textContent = `${perMinute < 0 ? "−" : "+"}${fmtBytes(Math.abs(Math.round(perMinute)))}/min`;
 }
 
 function quantile(buckets, count, q) {
@@ -268,6 +286,7 @@ function showTopics(o) {
     cell(row, t.topic, "topic");
     cell(row, fmtNum(t.pending), "pending", t.pending);
     cell(row, fmtNum(t.delivered), "delivered", t.delivered);
+    cell(row, fmtNum(t.firstOffset ?? 0), "first-offset", t.firstOffset ?? 0);
     cell(row, t.oldestPendingAt === undefined ? "–" : fmtTime(t.oldestPendingAt), "oldest",
          t.oldestPendingAt === undefined ? "" : t.oldestPendingAt);
     cell(row, fmtNum(groups.filter((g) => g.backlog > 0).length), "groups-behind");

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench.crash.harness import CrashConfig, run
+from bench.crash.retention import run_retention_kills
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm", type=int, default=1000,
                         help="messages cancelled concurrently in a cancel-storm phase (1000)")
     parser.add_argument("--senders", type=int, default=2, help="sending client threads (2)")
+    parser.add_argument("--retention-kills", type=int, default=0,
+                        help="then kill -9 this many times while the log's retention deletes "
+                             "segments, verifying the stopped store each time "
+                             "(bench/crash/retention.py; 0: not run)")
     parser.add_argument("--workdir", type=Path,
                         help="where the data directory and server.log go (default: a new "
                              "temporary directory, kept)")
@@ -41,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
                              torn_every=args.torn_every, burst_size=args.burst,
                              storm_size=args.storm, senders=args.senders), progress)
     print(report.summary(), flush=True)
-    return 0 if report.ok else 1
+    ok = report.ok
+    if args.retention_kills:
+        kept = run_retention_kills(workdir / "retention", args.retention_kills, args.seed,
+                                   progress)
+        print(kept.summary(), flush=True)
+        ok = ok and kept.ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

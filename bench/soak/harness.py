@@ -33,6 +33,14 @@ class Sample:
     load1: float  # the machine's 1-minute load average (2 cores, shared: others run too)
     rocksdb_mib: float | None = None  # memtables + table readers + block cache, as RocksDB says
     python_kblocks: float | None = None  # sys.getallocatedblocks() / 1000 in the server
+    commitlog_mib: float = 0.0  # bytes of the data directory's commitlog/ (segment files)
+    rocksdb_disk_mib: float = 0.0  # bytes of its rocksdb/ (SST files, WAL, MANIFEST)
+    cf_mib: dict[str, float] = field(default_factory=dict)  # SST + memtable per column family
+    cf_keys: dict[str, int] = field(default_factory=dict)  # RocksDB's estimate of keys per CF
+
+    @property
+    def data_mib(self) -> float:
+        return self.commitlog_mib + self.rocksdb_disk_mib
 
     @property
     def unaccounted_mib(self) -> float | None:
@@ -58,6 +66,7 @@ class SoakConfig:
     workdir: Path
     small_buffers: bool = True  # RocksDB caches in steady state within a minute (SMALL_BUFFERS)
     settings: dict[str, str] = field(default_factory=lambda: {"segment_size": "64MiB"})
+    max_data_growth_mib: float | None = None  # with retention: data dir, last vs first third
 
 
 @dataclass
@@ -76,6 +85,8 @@ class SoakReport:
     unaccounted_first_mib: float | None  # RssAnon - RocksDB's own accounting (small buffers)
     unaccounted_last_mib: float | None
     violations: list[str]
+    data_first_mib: float = 0.0  # the data directory's size, first third of the steady part
+    data_last_mib: float = 0.0  # ... and last third
 
     @property
     def ok(self) -> bool:
@@ -99,6 +110,10 @@ class SoakReport:
             f"RssAnon first third {self.anon_first_mib:.1f} MiB, last third "
             f"{self.anon_last_mib:.1f} MiB ({growth:+.1f} MiB){unaccounted}; RSS "
             f"{self.rss_first_mib:.1f} -> {self.rss_last_mib:.1f} MiB",
+            f"data directory first third {self.data_first_mib:.1f} MiB, last third "
+            f"{self.data_last_mib:.1f} MiB; column families at the end (SST + memtable): "
+            + (", ".join(f"{cf} {mib:.1f} MiB" for cf, mib in self.samples[-1].cf_mib.items())
+               if self.samples else "-"),
             "VERDICT: " + ("flat memory, lateness within target, nothing lost"
                            if self.ok else "; ".join(self.violations)),
         ]
@@ -137,14 +152,16 @@ def run(config: SoakConfig, progress: Any = print) -> SoakReport:
         next_sample = t0 + 1.0
         while next_sample - t0 <= config.seconds:
             time.sleep(max(0.0, next_sample - time.monotonic()))
-            samples.append(_sample(proc, totals, next_sample - t0, memory))
+            samples.append(_sample(proc, totals, next_sample - t0, memory,
+                                   config.workdir / "data"))
             if len(samples) % 10 == 0:
                 s = samples[-1]
                 rocks = "" if s.rocksdb_mib is None else f", RocksDB {s.rocksdb_mib:5.1f}"
                 progress(f"[{s.t_s:5.0f} s] RSS {s.rss_mib:7.1f} MiB (anon {s.anon_mib:6.1f}"
                          f"{rocks}), "
                          f"cpu {s.cpu_pct:4.0f} %, sent {s.sent}/s, consumed {s.consumed}/s, "
-                         f"lateness p99 {s.p99_ms} ms max {s.max_ms} ms, load {s.load1:.1f}")
+                         f"lateness p99 {s.p99_ms} ms max {s.max_ms} ms, load {s.load1:.1f}"
+                         f", data {s.commitlog_mib:.0f}+{s.rocksdb_disk_mib:.0f} MiB")
             next_sample += 1.0
         load.stop_sending.set()
         for t in threads:
@@ -158,7 +175,19 @@ def run(config: SoakConfig, progress: Any = print) -> SoakReport:
     return _report(config, samples, totals)
 
 
-def _sample(proc: psutil.Process, totals: Totals, t_s: float, memory: MemoryLog) -> Sample:
+def _dir_mib(path: Path) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except OSError:  # deleted meanwhile (a segment, an SST)
+                pass
+    return total / MIB
+
+
+def _sample(proc: psutil.Process, totals: Totals, t_s: float, memory: MemoryLog,
+            data: Path) -> Sample:
     with totals.lock:
         window = list(totals.lateness)
         totals.lateness.clear()
@@ -171,7 +200,12 @@ def _sample(proc: psutil.Process, totals: Totals, t_s: float, memory: MemoryLog)
                   consumed=len(window), p50_ms=_quantile(window, 0.5),
                   p99_ms=_quantile(window, 0.99), max_ms=float(max(window)) if window else None,
                   load1=os.getloadavg()[0], rocksdb_mib=rocksdb,
-                  python_kblocks=None if mem is None else mem["python_blocks"] / 1000)
+                  python_kblocks=None if mem is None else mem["python_blocks"] / 1000,
+                  commitlog_mib=_dir_mib(data / "commitlog"),
+                  rocksdb_disk_mib=_dir_mib(data / "rocksdb"),
+                  cf_mib={cf: (v["sst"] + v["mem"]) / MIB
+                          for cf, v in ((mem or {}).get("cf") or {}).items()},
+                  cf_keys={cf: v["keys"] for cf, v in ((mem or {}).get("cf") or {}).items()})
 
 
 def _wait_consumed(totals: Totals, last_due: int, timeout_s: float = 60.0) -> None:
@@ -214,6 +248,11 @@ def _report(config: SoakConfig, samples: list[Sample], totals: Totals) -> SoakRe
     allowed = max(config.max_growth * first, config.max_growth_mib)
     if last - first > allowed:
         violations.append(f"{what} grew {last - first:.1f} MiB (allowed {allowed:.1f} MiB)")
+    data_first, data_last = _thirds([s.data_mib for s in steady])
+    if config.max_data_growth_mib is not None and data_last - data_first > \
+            config.max_data_growth_mib:
+        violations.append(f"the data directory grew {data_last - data_first:.1f} MiB (allowed "
+                          f"{config.max_data_growth_mib:.1f} MiB)")
     lat = totals.all_lateness
     lateness = {"p50": _quantile(lat, 0.5), "p99": _quantile(lat, 0.99),
                 "p999": _quantile(lat, 0.999), "max": float(max(lat)) if lat else None}
@@ -226,4 +265,5 @@ def _report(config: SoakConfig, samples: list[Sample], totals: Totals) -> SoakRe
         consumed=len(consumed), achieved_rate=len(totals.acked) / max(seconds, 1e-9),
         lateness_ms=lateness, anon_first_mib=anon_first, anon_last_mib=anon_last,
         rss_first_mib=rss_first, rss_last_mib=rss_last, unaccounted_first_mib=un_first,
-        unaccounted_last_mib=un_last, violations=violations)
+        unaccounted_last_mib=un_last, violations=violations, data_first_mib=data_first,
+        data_last_mib=data_last)

@@ -26,6 +26,9 @@ SMALL_BUFFERS = {  # StoreTuning for --rocksdb-buffers small: caches in steady s
 
 MEMORY_LOG_ENV = "SOAK_MEMORY_LOG"  # the launcher appends one JSON line per second there
 ROCKSDB_MEMORY = ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem")
+#: column families whose size the soak follows: the index, the ledger (in meta), the
+#: status-retention expiry entries and the consume queues
+SIZED_CFS = ("index", "meta", "expiry", "cq")
 
 
 def log_memory(path: Path, stores: list[Any]) -> None:
@@ -45,6 +48,14 @@ def log_memory(path: Path, stores: list[Any]) -> None:
             doc["rocksdb.block-cache-usage"] = store.property_int("meta",
                                                                   "rocksdb.block-cache-usage")
         except Exception:  # closing: the server is stopping
+            return
+        try:  # the column families that must stop growing under a steady flow (retention)
+            doc["cf"] = {cf: {"sst": store.property_int(cf, "rocksdb.total-sst-files-size") or 0,
+                              "mem": store.property_int(cf, "rocksdb.cur-size-all-mem-tables")
+                              or 0,
+                              "keys": store.property_int(cf, "rocksdb.estimate-num-keys") or 0}
+                         for cf in SIZED_CFS}
+        except Exception:
             return
         doc["t"] = time.time()
         doc["python_blocks"] = sys.getallocatedblocks()

@@ -14,7 +14,7 @@ def plot(report: SoakReport, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     t = [s.t_s for s in report.samples]
-    fig, (mem, late, rate) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    fig, (mem, late, rate, disk) = plt.subplots(4, 1, figsize=(10, 12), sharex=True)
     mem.plot(t, [s.rss_mib for s in report.samples], label="RSS (with mapped CommitLog pages)")
     mem.plot(t, [s.anon_mib for s in report.samples], label="RssAnon (heap, memtables, cache)")
     if all(s.rocksdb_mib is not None for s in report.samples):
@@ -35,8 +35,18 @@ def plot(report: SoakReport, path: Path, title: str) -> None:
     rate.plot(t, [s.sent for s in report.samples], label="sent (acknowledged)")
     rate.plot(t, [s.consumed for s in report.samples], label="consumed")
     rate.set_ylabel("messages/s")
-    rate.set_xlabel("seconds")
     rate.legend(loc="lower right")
+    samples = report.samples
+    disk.plot(t, [s.data_mib for s in samples], label="data directory")
+    disk.plot(t, [s.commitlog_mib for s in samples], label="commitlog/ (segments)")
+    disk.plot(t, [s.rocksdb_disk_mib for s in samples], label="rocksdb/ (SST, WAL)")
+    for cf in (samples[-1].cf_mib if samples else {}):
+        disk.plot(t, [s.cf_mib.get(cf, 0.0) for s in samples], linestyle=":",
+                  label=f"CF {cf} (SST + memtable)")
+    disk.set_ylabel("MiB on disk")
+    disk.set_ylim(bottom=0)
+    disk.set_xlabel("seconds")
+    disk.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -32,6 +32,7 @@ CALLS: dict[str, tuple[Call, set[str]]] = {
                       {"admin", "producer"}),
     "getMessage": (lambda c, t: c.get(f"/v1/topics/{t}/messages/unknown"),
                    {"admin", "producer", "consumer"}),
+    "getTopic": (lambda c, t: c.get(f"/v1/topics/{t}"), {"admin", "producer", "consumer"}),
     "listScheduled": (lambda c, t: c.get(f"/v1/topics/{t}/scheduled"),
                       {"admin", "producer", "consumer"}),
     "pullMessages": (lambda c, t: c.get(f"/v1/topics/{t}/messages"),

@@ -1,6 +1,6 @@
 """The packages depend one way: app -> api -> scheduler -> storage (spark_jobs reads storage
-only; tests -> bench; what both share lives in bench/support). A module importing against that direction fails here, naming
-the import."""
+only; tests -> bench; what both share lives in bench/support). A module importing against
+that direction fails here, naming the import."""
 
 from __future__ import annotations
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.support.server_process import ServerProcess
 from scheduler.broker import Broker
 from scheduler.clock import SystemClock
 from scheduler.config import EngineConfig
 from scheduler.group_state import retry_topic
 from storage.constants import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME
-from bench.support.server_process import ServerProcess
 from tests.support.engine import read_topic
 
 TOKEN = "group-kill-admin-token-0123456789"

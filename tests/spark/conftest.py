@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from storage.snapshots import SnapshotInfo, create_snapshot
 from bench.support.analysis_workload import Workload, WorkloadSpec, build_store, generate
+from storage.snapshots import SnapshotInfo, create_snapshot
 
 SPEC = WorkloadSpec(messages=10_000, delivered=3_000, cancelled=1_000, overdue=50)
 PARTITIONS = 4

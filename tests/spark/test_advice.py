@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from bench.support.analysis_workload import Workload, WorkloadSpec, build_store
 from storage.records import MessageStatus
 from storage.snapshots import SnapshotInfo, create_snapshot
-from bench.support.analysis_workload import Workload, WorkloadSpec, build_store
 
 pytestmark = pytest.mark.spark
 

@@ -16,8 +16,8 @@ import pytest
 
 from app import snapshot_cli
 from app.cli import main as hourglass
-from storage.snapshots import list_snapshots, read_manifest
 from bench.support.analysis_workload import WorkloadSpec, build_store
+from storage.snapshots import list_snapshots, read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bench.support.analysis_workload import WorkloadSpec, build_store
 from storage.constants import timer_cf
 from storage.errors import InvalidArgument, NotFound
 from storage.rocks import RocksStore
@@ -22,7 +23,6 @@ from storage.snapshots import (
     read_manifest,
     remove_snapshot,
 )
-from bench.support.analysis_workload import WorkloadSpec, build_store
 from tests.spark import direct
 
 SMALL = WorkloadSpec(messages=2_000, delivered=600, cancelled=200)

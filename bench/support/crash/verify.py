@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from storage.constants import MAX_PULL_MESSAGES
 from bench.support.crash.ledger import ALREADY_DELIVERED, CANCELLED, UNKNOWN, Ledger
+from storage.constants import MAX_PULL_MESSAGES
 
 MAX_REPORTED = 20  # violations listed per kind; the count says how many there were
 
