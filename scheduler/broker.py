@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.backlog import Backlog
-from scheduler.checkback import CallbackRegistration
+from scheduler.checkback.registry import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
 from scheduler.codec import message_level
 from scheduler.committer import CommitOutcome, Committer, Log

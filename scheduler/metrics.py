@@ -313,7 +313,7 @@ class EngineMetrics:
         self.listener_overruns = Counter(
             "delivery_listener_overruns_total",
             "Delivery listener calls over their budget (not messages)", "listener")
-        # transactions (scheduler/transactions.py, scheduler/checkback.py)
+        # transactions (scheduler/transactions.py, scheduler/checkback/)
         self.tx_prepared = Counter("transactions_prepared_total", "Half messages prepared")
         self.tx_committed = Counter("transactions_committed_total", "Transactions committed")
         self.tx_rolled_back = Counter(

@@ -3,9 +3,9 @@
 A prepared message waits in the ``half`` column family, invisible to consumers, keyed by its
 next check time. Commit hands it to the engine's send path (``Broker.submit``) with the
 transaction's own changes composed into the same RocksDB batch; rollback removes it; a
-check-back claim (a producer's poll, or scheduler/checkback.py's POST) counts the check and
-moves the next one an interval later, and past the maximum DISCARDS the message into
-``TRANS_CHECK_MAX_TIME_TOPIC``. docs/transactions.md has the rules and the reasons.
+check-back claim (a producer's poll, or the POST of scheduler/checkback/dispatcher.py) counts
+the check and moves the next one an interval later, and past the maximum DISCARDS the message
+into ``TRANS_CHECK_MAX_TIME_TOPIC``. docs/transactions.md has the rules and the reasons.
 
 Atomicity and concurrency. Every state change is decided and written under the engine's
 commit lock, after ``replay_if_needed``: so it serializes with every other transaction
@@ -27,12 +27,9 @@ from typing import Protocol
 
 import msgspec
 
-from scheduler.checkback import (
-    CallbackRegistration,
-    CallbackRegistry,
-    CheckAnswer,
-    CheckbackDispatcher,
-)
+from scheduler.checkback.client import CheckAnswer
+from scheduler.checkback.dispatcher import CheckbackDispatcher
+from scheduler.checkback.registry import CallbackRegistration, CallbackRegistry
 from scheduler.clock import Clock
 from scheduler.committer import CommitOutcome
 from scheduler.config import EngineConfig

@@ -10,7 +10,7 @@ Storage layout (column families from storage/constants.py):
   next check time: the entry names the half key, so commit needs no scan);
   ``g/`` + producer group + NUL + half key -> transaction id: the group's prepared messages in
   next-check order, so a poll reads one group's due range and nothing else;
-  ``c/`` + producer group -> a check-callback registration (scheduler/checkback.py).
+  ``c/`` + producer group -> a check-callback registration (scheduler/checkback/registry.py).
 
 Values are msgpack arrays whose first element is the format version; decoders take arrays
 with unknown trailing fields (a newer writer) and default the fields an older writer lacked.

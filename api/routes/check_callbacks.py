@@ -18,7 +18,7 @@ from api.auth import Permission
 from api.bodies import JSON, decode, read_body
 from api.context import ApiContext, Authenticated, respond
 from api.openapi import operation
-from scheduler.checkback import CallbackRegistration
+from scheduler.checkback.registry import CallbackRegistration
 from storage.constants import GROUP_REGEX
 
 Group = Annotated[str, Path(pattern=GROUP_REGEX, description="Producer group.")]

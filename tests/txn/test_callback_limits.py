@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.checkback import CallbackRegistration, CheckAnswer, CheckbackClient
+from scheduler.checkback.client import CheckAnswer, CheckbackClient
+from scheduler.checkback.registry import CallbackRegistration
 from scheduler.clock import FakeClock
 from scheduler.model import TransactionCheck
 from tests.support.live import ADMIN, T0, make_settings, serve

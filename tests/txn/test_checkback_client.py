@@ -11,18 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scheduler.checkback import (
+from scheduler.checkback.client import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    CallbackRegistration,
-    CallbackRegistry,
     CheckAnswer,
     CheckbackClient,
     check_payload,
-    host_allowed,
     parse_answer,
-    validate_callback_url,
 )
+from scheduler.checkback.policy import host_allowed, validate_callback_url
+from scheduler.checkback.registry import CallbackRegistration, CallbackRegistry
 from scheduler.clock import FakeClock
 from scheduler.model import TransactionCheck
 from storage.errors import InvalidArgument, NotFound
