@@ -63,6 +63,7 @@ def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
     from scheduler.clock import FakeClock
     from scheduler.committer import ScanBatch
     from scheduler.config import EngineConfig
+    from scheduler.timer_index import TimerIndex
     from storage.keys import time_bound
 
     json_out, msgpack_out = msgspec.json.Encoder(), msgspec.msgpack.Encoder()
@@ -111,11 +112,12 @@ def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
         store_ = broker._store
         committer = broker._committer
         assert store_ is not None
+        timers = TimerIndex(store_)
         scans: list[Any] = [None] * rounds
         cursor = [time_bound(0)]
 
         def scan(r: int) -> None:
-            items, _ = store_.read_due("timer.0", cursor[0], time_bound(due + 1), BATCH)
+            items, _ = timers.read_due("timer.0", cursor[0], time_bound(due + 1), BATCH)
             end = items[-1][0] + b"\x00"
             scans[r] = ScanBatch(shard=0, start=cursor[0], end=end, items=items)
             cursor[0] = end

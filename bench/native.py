@@ -54,6 +54,7 @@ def measure(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
     from scheduler.committer import ScanBatch
     from scheduler.config import EngineConfig
     from scheduler.model import SendRequest
+    from scheduler.timer_index import TimerIndex
     from storage.keys import time_bound
 
     due = START_MS + 3_600_000
@@ -74,9 +75,10 @@ def measure(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
         for r in range(rounds):
             broker.send_batch([SendRequest(topic="t", body=BODY.encode(), msg_id=f"r{r}m{i}",
                                            deliver_at=due) for i in range(BATCH)])
+        timers = TimerIndex(store)
         cursor = time_bound(0)
         for r in range(rounds):
-            items, _ = store.read_due("timer.0", cursor, time_bound(due + 1), BATCH)
+            items, _ = timers.read_due("timer.0", cursor, time_bound(due + 1), BATCH)
             scan = ScanBatch(shard=0, start=cursor, end=items[-1][0] + b"\x00", items=items)
             cursor = scan.end
             timed("commit", r % 2 == 0, lambda s=scan: committer.commit_due([s]))  # type: ignore[misc]

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scheduler.timer_index import TimerIndex
 from storage.commitlog import CommitLog
 from storage.constants import timer_cf
 from storage.keys import encode_timer_key
@@ -90,7 +91,7 @@ def bench_timer_store(path: Path, n: int, batch: int, progress: Progress) -> dic
             seen, from_ms = 0, 0
             now = 1_700_000_000_000 + n
             while True:
-                page = store.due(0, from_ms, now, batch)
+                page = TimerIndex(store).due(0, from_ms, now, batch)
                 if not page:
                     return seen
                 seen += len(page)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
 from scheduler.timeline import Loader, Timeline
+from scheduler.timer_index import TimerIndex
 from storage.keys import decode_timer_key, topic_shard
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Backlog:
     def __init__(self, store: RocksStore, cfs: Sequence[str], top: int) -> None:
         """``cfs``: the timer column family of each shard; ``top``: topic labels exported."""
         self._store = store
+        self._timers = TimerIndex(store)
         self._cfs = cfs
         self._top = top
         self._lock = threading.Lock()
@@ -59,14 +61,14 @@ class Backlog:
     # --- keeping it --------------------------------------------------------------------------
     def rebuild(self) -> int:
         """The start-up scan: every pending key of every shard; returns their number."""
-        store = self._store
+        store, timers = self._store, self._timers
         topics: Counter[bytes] = Counter()
         oldest: dict[bytes, int] = {}
         levels: Counter[int] = Counter()
         loader = Loader()  # the timeline's counts, in C a chunk at a time
         prefixes, chunk, n = loader.prefixes, Loader.CHUNK, 0
         for shard, cf in enumerate(self._cfs):
-            for key, value in store.scan(cf, store.frontier(shard)):
+            for key, value in store.scan(cf, timers.frontier(shard)):
                 ikey = key[8:]
                 raw_topic = ikey[:ikey.index(0)]
                 prefixes[raw_topic].append(key[:8])
@@ -219,7 +221,7 @@ class Backlog:
                 topic.encode("utf-8"))
         found: dict[str, int] = {}
         for shard, wanted in by_shard.items():
-            for key, _ in self._store.scan(self._cfs[shard], self._store.frontier(shard)):
+            for key, _ in self._store.scan(self._cfs[shard], self._timers.frontier(shard)):
                 ikey = key[8:]
                 raw_topic = ikey[:ikey.index(0)]
                 if raw_topic in wanted:

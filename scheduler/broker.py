@@ -68,6 +68,7 @@ from scheduler.poison import ParkedMessage, Quarantine
 from scheduler.retention import LogRetention, disk_used_ratio
 from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.timeline import TimelineView
+from scheduler.timer_index import TimerIndex
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
 from storage.commitlog import CommitLog
@@ -179,7 +180,8 @@ class Broker:
             replayed = self._committer.recover()
             if replayed:
                 log.info("recovery applied %d log records to RocksDB", len(replayed))
-            self._shards = [ShardState(s, store.frontier(s)) for s in range(cfg.timer_shards)]
+            timers = TimerIndex(store)
+            self._shards = [ShardState(s, timers.frontier(s)) for s in range(cfg.timer_shards)]
             self._backlog = backlog = Backlog(store, [st.cf for st in self._shards],
                                               top=cfg.backlog_topic_labels)
             self._writes = WritePaths(
@@ -675,7 +677,8 @@ class Broker:
         assert self._log is not None
         return {
             "timerShards": len(self._shards),
-            "watermarks": {str(st.shard): store.watermark(st.shard) for st in self._shards},
+            "watermarks": {str(st.shard): TimerIndex(store).watermark(st.shard)
+                           for st in self._shards},
             "appliedLogPosition": committer.applied_position,
             "logEndPosition": self._log.end_position,
         }

@@ -62,6 +62,7 @@ from scheduler.codec import (
 )
 from scheduler.intake import PreparedMessage, expiry_group_key, expiry_key, topic_shard
 from scheduler.ledger import DeliveryLedger
+from scheduler.timer_index import TimerIndex
 from storage.constants import CF_EXPIRY, CF_INDEX, CF_META, META_APPLIED_POSITION, timer_cf
 from storage.consume_queue import Run
 from storage.errors import HourglassError
@@ -347,7 +348,7 @@ class Committer:
         for scan in scans:
             ends[scan.shard] = scan.end
         for shard, end in ends.items():
-            RocksStore.put_frontier(batch, shard, end)
+            TimerIndex.put_frontier(batch, shard, end)
 
     def _append_and_commit(self, batch: Batch, pending: _Appends, offsets: list[int],
                            payloads: list[bytes], now: int, *,

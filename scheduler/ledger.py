@@ -42,6 +42,7 @@ from typing import Protocol
 
 import msgspec
 
+from scheduler.timer_index import TimerIndex
 from storage.batch import Batch
 from storage.constants import CF_META, META_LEDGER_PREFIX, META_PARKED_PREFIX
 from storage.errors import HourglassError
@@ -70,6 +71,7 @@ def _shard_bounds(shard: int) -> tuple[bytes, bytes]:
 class DeliveryLedger:
     def __init__(self, store: RocksStore, log: LogReader) -> None:
         self._store = store
+        self._timers = TimerIndex(store)
         self._log = log
         self._shards = store.timer_shards
 
@@ -118,7 +120,7 @@ class DeliveryLedger:
         return out
 
     def _delivered(self, shard: int, timer_keys: Sequence[bytes]) -> list[bool]:
-        frontier = self._store.frontier(shard)  # (after the index entries were read)
+        frontier = self._timers.frontier(shard)  # (after the index entries were read)
         below = [key < frontier for key in timer_keys]
         if any(below):
             parked = self._store.multi_get(CF_META, [META_PARKED_PREFIX + key for key, b

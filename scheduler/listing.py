@@ -19,6 +19,7 @@ import heapq
 from collections.abc import Iterator
 
 from scheduler.model import MessageInfo
+from scheduler.timer_index import TimerIndex
 from storage.constants import timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, decode_timer_key, time_bound
@@ -87,8 +88,9 @@ def list_scheduled(
         return [], None
     # below a shard's persisted frontier every key is delivered (or cancelled), not yet
     # cleaned away (scheduler/maintenance.py): each shard is read from its frontier on
-    merged = heapq.merge(*(_shard_keys(store, timer_cf(shard), max(start, store.frontier(shard)),
-                                       end) for shard in range(store.timer_shards)))
+    timers = TimerIndex(store)
+    merged = heapq.merge(*(_shard_keys(store, timer_cf(shard), max(start, timers.frontier(shard)),
+                                       end) for shard in range(timers.shards)))
     wanted = topic.encode("utf-8") + b"\x00"
     page: list[MessageInfo] = []
     last = None

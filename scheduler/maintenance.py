@@ -32,7 +32,8 @@ from scheduler.intake import EXPIRY_GROUP_MARK
 from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
 from scheduler.retention import LogRetention
-from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX, timer_cf
+from scheduler.timer_index import TimerIndex
+from storage.constants import CF_EXPIRY, CF_INDEX, CF_TX
 from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, decode_index_key, time_bound, unpack_u64
 from storage.records import FINAL_STATUSES, decode_index
@@ -52,6 +53,7 @@ class Maintenance(threading.Thread):
     ) -> None:
         super().__init__(name="maintenance", daemon=True)
         self._store = store
+        self._timers = TimerIndex(store)
         self._ledger = ledger
         self._clock = clock
         self._metrics = metrics
@@ -202,8 +204,7 @@ class Maintenance(threading.Thread):
             next_at = min((t + self._cleanup_interval for t in self._first.values()),
                           default=MAX_U64)
         for shard in ready:
-            watermark = self._store.watermark(shard)
-            self._store.cleanup_prefix(timer_cf(shard), watermark)
+            watermark = self._timers.cleanup(shard)
             log.debug("cleaned the delivered prefix of shard %d below %d", shard, watermark)
         return next_at
 

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from scheduler.clock import Clock, precise_timers
 from scheduler.committer import ScanBatch
 from scheduler.metrics import EngineMetrics
+from scheduler.timer_index import TimerIndex
 from storage.constants import timer_cf
 from storage.keys import MAX_U64, time_bound, unpack_u64
 from storage.rocks import RocksStore
@@ -60,7 +61,7 @@ NOTHING_PENDING = MAX_U64  # covered_ms of a shard with no pending key at all
 
 class ShardState:
     def __init__(self, shard: int, frontier_key: bytes) -> None:
-        """``frontier_key``: the persisted frontier (RocksStore.frontier)."""
+        """``frontier_key``: the persisted frontier (TimerIndex.frontier)."""
         self.shard = shard
         self.cf = timer_cf(shard)
         self.lock = threading.Lock()
@@ -112,7 +113,7 @@ class Scanner(threading.Thread):
     ) -> None:
         super().__init__(name=f"scanner-{state.shard}", daemon=True)
         self.state = state
-        self._store = store
+        self._timers = TimerIndex(store)
         self._clock = clock
         self._batch_size = batch_size
         self._hand_off = hand_off
@@ -176,7 +177,7 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items, after = self._store.read_due(st.cf, start, end, limit)
+            items, after = self._timers.read_due(st.cf, start, end, limit)
             complete = len(items) < limit or after is not None
             if complete:
                 st.frontier_key = max(start, end)

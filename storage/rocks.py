@@ -3,7 +3,8 @@
 Column families (storage/constants.py): ``timer.0..n-1`` (delayed messages, key = timer key),
 ``half`` (half messages by next-check time), ``index``, ``cq``, ``expiry``, ``tx``, ``meta``.
 Every RocksDB failure surfaces as ``StorageError``; a wrong column-family name or a batch used
-twice is ``InvalidArgument``.
+twice is ``InvalidArgument``. The store knows column families, not timers: what is due and
+each shard's persisted frontier are the scheduler's (scheduler/timer_index.py).
 
 Iteration never keeps a RocksDB iterator alive across a ``yield``: ``scan`` reads in chunks
 and re-seeks after the last key it returned, so an abandoned generator holds nothing and
@@ -36,7 +37,6 @@ from storage.constants import (
     CF_TIMER_PREFIX,
     META_FORMAT_VERSION,
     META_SHARDS,
-    META_WATERMARK_PREFIX,
     timer_cf,
 )
 from storage.errors import InvalidArgument, StorageError
@@ -348,11 +348,12 @@ class RocksStore:
             out = list(itertools.takewhile(lambda kv: kv[0] >= start, out))
         return out
 
-    def read_due(self, cf: str, start: bytes, end: bytes,
-                 limit: int) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    def read_range_next(self, cf: str, start: bytes, end: bytes,
+                        limit: int) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
         """Up to ``limit`` pairs of [start, end), and the first key at or after ``end`` when
         the iterator reached it (None: no such key, or ``limit`` pairs came first). One
-        iterator, one seek: what a scanner needs to deliver and then sleep until the next key."""
+        iterator, one seek (a timer scan reads what is due and when to look next with it:
+        scheduler/timer_index.py)."""
         self._check_cf(cf)
         after: list[bytes] = []
 
@@ -410,45 +411,12 @@ class RocksStore:
             else:
                 lower = chunk[-1][0] + b"\x00"
 
-    # --- timer column families ------------------------------------------------------------------
-    def _timer(self, shard: int) -> str:
-        if not 0 <= shard < self._shards:
-            raise InvalidArgument(f"shard {shard} is outside 0..{self._shards - 1}")
-        return timer_cf(shard)
-
+    # --- time-ordered column families ------------------------------------------------------
     def _time_ordered(self, cf: str) -> str:
         if not is_time_ordered(cf):
             raise InvalidArgument(f"{cf!r} is not a time-ordered column family")
         self._check_cf(cf)
         return cf
-
-    def due(self, shard: int, from_ms: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
-        """Up to ``limit`` (key, value) of shard with from_ms <= deliverAt <= now_ms, in order."""
-        return self._due(self._timer(shard), from_ms, now_ms, limit)
-
-    def _due(self, cf: str, from_ms: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
-        if limit <= 0 or now_ms < from_ms:
-            return []
-        upper = None if now_ms >= MAX_U64 else time_bound(now_ms + 1)
-        return self._chunk(cf, time_bound(from_ms), upper, limit, False)
-
-    def watermark(self, shard: int) -> int:
-        """Persisted scan watermark of shard, in ms (0 if none): every key below
-        ``time_bound(watermark)`` is delivered or cancelled (see ``frontier``)."""
-        return unpack_u64(self.frontier(shard))
-
-    def frontier(self, shard: int) -> bytes:
-        """Persisted scan frontier of shard: every timer key below it is delivered or
-        cancelled, every key at or above it is pending. Either ``time_bound(ms)`` or, after a
-        scan that stopped inside a millisecond, the last key delivered + NUL."""
-        raw = self.get(CF_META, META_WATERMARK_PREFIX + str(shard).encode())
-        return time_bound(0) if raw is None else raw
-
-    @staticmethod
-    def put_frontier(batch: Batch, shard: int, key: bytes) -> None:
-        """Add "frontier of shard = key" to ``batch`` (the engine writes it with each
-        delivery commit)."""
-        batch.put(CF_META, META_WATERMARK_PREFIX + str(shard).encode(), key)
 
     def cleanup_prefix(self, cf: str, before_ms: int) -> None:
         """delete_range [0, before_ms) of a time-ordered CF, then compact that range."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from scheduler.timer_index import TimerIndex
 from storage.constants import CF_CQ, CF_INDEX, timer_cf
 from storage.keys import (
     cq_key,
@@ -171,7 +172,7 @@ def generate(store: RocksStore, spec: WorkloadSpec) -> Workload:
             first = list(store.scan(timer_cf(shard), pack_u64(0), pack_u64(mark), limit=1))
             mark = int.from_bytes(first[0][0][:8], "big") if first else mark
         work.watermarks[shard] = mark
-        RocksStore.put_frontier(batch, shard, pack_u64(mark))
+        TimerIndex.put_frontier(batch, shard, pack_u64(mark))
     store.write(batch)
     store.flush()
     return work

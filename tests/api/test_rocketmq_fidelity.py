@@ -17,6 +17,7 @@ from app.settings import Settings
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.config import EngineConfig
+from scheduler.timer_index import TimerIndex
 from storage.constants import timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import decode_timer_key
@@ -217,7 +218,7 @@ def direct_backlog(broker: Broker) -> tuple[dict[str, int], dict[str, int], dict
     oldest: dict[str, int] = {}
     levels: dict[str, int] = {}
     for shard in range(store.timer_shards):
-        for key, value in store.scan(timer_cf(shard), store.frontier(shard)):
+        for key, value in store.scan(timer_cf(shard), TimerIndex(store).frontier(shard)):
             at, topic, _ = decode_timer_key(key)
             topics[topic] = topics.get(topic, 0) + 1
             oldest[topic] = min(oldest.get(topic, at), at)

@@ -18,6 +18,7 @@ import pytest
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
 from scheduler.scanner import Scanner
+from scheduler.timer_index import TimerIndex
 from storage.constants import CF_META, META_WATERMARK_PREFIX
 from storage.keys import time_bound
 from tests.support.engine import START_MS, Harness, advance_until, read_topic
@@ -46,7 +47,7 @@ def test_a_delivery_commit_deletes_nothing_and_persists_the_frontier(
     assert _memtable(harness, "num-entries") == n
     assert _memtable(harness, "num-deletes") == 0
     assert harness.store is not None
-    frontier = harness.store.frontier(0)
+    frontier = TimerIndex(harness.store).frontier(0)
     assert frontier == time_bound(clock.now_ms() + 1)
     assert broker.stats().watermarks["0"] == clock.now_ms() + 1
     assert broker.list_scheduled("t", from_ms=None, to_ms=None, limit=1000,

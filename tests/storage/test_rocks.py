@@ -8,7 +8,7 @@ import pytest
 
 from storage.constants import CF_HALF, CF_INDEX, CF_META, META_SHARDS, timer_cf
 from storage.errors import InvalidArgument, StorageError
-from storage.keys import encode_timer_key, pack_u64, topic_shard, unpack_u64
+from storage.keys import encode_timer_key, topic_shard, unpack_u64
 from storage.rocks import RocksStore
 
 
@@ -45,35 +45,24 @@ def test_unknown_column_family_is_invalid_argument(store: RocksStore) -> None:
     with pytest.raises(InvalidArgument):
         store.batch().put("nope", b"k", b"v")
     with pytest.raises(InvalidArgument):
-        store.due(2, 0, 10, 10)
+        store.read_range(timer_cf(2), b"", None, 10)
 
 
-def test_due_returns_exactly_keys_up_to_now_in_order(store: RocksStore) -> None:
-    times = [5, 1, 9, 10, 10, 11, 3, 100, 0]
-    keys = [encode_timer_key(t, "topic", f"m{i}") for i, t in enumerate(times)]
+def test_read_range_next_gives_the_range_and_the_first_key_past_it(store: RocksStore) -> None:
+    cf = timer_cf(0)
+    keys = [encode_timer_key(t, "t", "m") for t in (1, 2, 3, 7, 9)]
     b = store.batch()
-    b.put_many(timer_cf(1), [(k, b"v" + k) for k in keys])
+    b.put_many(cf, [(k, b"v") for k in keys])
     store.write(b)
-    got = store.due(1, 0, 10, 1000)
-    expected = sorted(k for k, t in zip(keys, times, strict=True) if t <= 10)
-    assert [k for k, _ in got] == expected
-    assert all(v == b"v" + k for k, v in got)
-    # from_ms is inclusive, limit is respected, other shards are untouched
-    assert [unpack_u64(k) for k, _ in store.due(1, 3, 10, 2)] == [3, 5]
-    assert store.due(0, 0, 10**12, 1000) == []
-    assert store.due(1, 11, 10, 1000) == []
-    assert [unpack_u64(k) for k, _ in store.due(1, 11, 10**12, 1000)] == [11, 100]
-
-
-def test_watermark_persists_with_the_batch(tmp_path: Path) -> None:
-    with RocksStore(tmp_path / "db", timer_shards=2) as s:
-        assert s.watermark(0) == 0
-        b = s.batch()
-        s.put_frontier(b, 1, pack_u64(12345))
-        s.write(b, sync=True)
-        assert s.watermark(1) == 12345 and s.watermark(0) == 0
-    with RocksStore(tmp_path / "db", timer_shards=2) as s:
-        assert s.watermark(1) == 12345
+    end = encode_timer_key(5, "t", "")
+    assert store.read_range_next(cf, keys[0], end, 10) == ([(k, b"v") for k in keys[:3]], keys[3])
+    # the limit came first: no next key
+    assert store.read_range_next(cf, keys[0], end, 2) == ([(k, b"v") for k in keys[:2]], None)
+    # nothing at or past the end
+    assert store.read_range_next(cf, keys[4], encode_timer_key(99, "t", ""), 10) == (
+        [(keys[4], b"v")], None)
+    with pytest.raises(InvalidArgument):
+        store.read_range_next("nope", b"", b"x", 1)
 
 
 def test_shard_count_is_persisted_and_enforced(tmp_path: Path) -> None:
@@ -137,7 +126,7 @@ def test_checkpoint_opens_read_only(store: RocksStore, tmp_path: Path) -> None:
     store.write(b)
     with RocksStore(dest, timer_shards=None, read_only=True) as ro:
         assert ro.timer_shards == 2
-        assert [v for _, v in ro.due(0, 0, 100, 10)] == [b"payload"]
+        assert [v for _, v in ro.read_range(timer_cf(0), b"", None, 10)] == [b"payload"]
         w = ro.batch()
         w.put(CF_INDEX, b"k", b"v")
         with pytest.raises(StorageError):
@@ -155,7 +144,7 @@ def test_properties_statistics_and_live_files(store: RocksStore) -> None:
     assert store.property(timer_cf(0), "rocksdb.no-such-property") is None
     files = store.live_files()
     assert sum(f["num_entries"] for f in files) >= 1000
-    store.due(0, 0, 10**6, 10)
+    store.read_range(timer_cf(0), b"", None, 10)
     assert store.statistics()["rocksdb.number.db.seek"] >= 1
 
 

@@ -1,8 +1,8 @@
 """The queue-on-an-LSM problem, measured with RocksDB's own counters (not with a clock).
 
-After 1 M delivered keys are deleted, a due scan from the persisted watermark must not step
-over their tombstones, while a scan from the start of the column family does, until
-``cleanup_prefix`` (delete_range + compact_range) removes them physically.
+After 1 M delivered keys are deleted, a due scan (scheduler/timer_index.py) from the persisted
+watermark must not step over their tombstones, while a scan from the start of the column
+family does, until ``cleanup_prefix`` (delete_range + compact_range) removes them physically.
 
 ``rocksdb.number.iter.skip`` counts the internal entries (tombstones and the values they
 shadow) an iterator stepped over; RocksDB adds it to the statistics when the iterator is
@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import pytest
 
+from scheduler.timer_index import TimerIndex
 from storage.constants import timer_cf
 from storage.keys import encode_timer_key, pack_u64
 from storage.rocks import RocksStore
@@ -41,6 +42,7 @@ def _delta(store: RocksStore, action: Callable[[], T]) -> tuple[dict[str, int], 
 def test_scan_from_watermark_skips_one_million_tombstones(tmp_path: Path) -> None:
     cf = timer_cf(0)
     with RocksStore(tmp_path / "db", timer_shards=1) as store:
+        timers = TimerIndex(store)
         keys = [encode_timer_key(t, "topic", "m") for t in range(N)]
         for i in range(0, N, BATCH):
             b = store.batch()
@@ -62,24 +64,24 @@ def test_scan_from_watermark_skips_one_million_tombstones(tmp_path: Path) -> Non
             b = store.batch()
             b.delete_many(cf, keys[i:i + BATCH])
             if i + BATCH >= N:
-                store.put_frontier(b, 0, pack_u64(N))
+                timers.put_frontier(b, 0, pack_u64(N))
             store.write(b)
         del keys
-        wm = store.watermark(0)
+        wm = timers.watermark(0)
         assert wm == N
 
         now = N + 100
-        stats, due = _delta(store, lambda: store.due(0, wm, now, 10))
+        stats, due = _delta(store, lambda: timers.due(0, wm, now, 10))
         assert [k for k, _ in due] == live
         assert stats[SKIP] < 100, stats[SKIP]  # none of the 2 M dead entries was visited
 
-        stats, due = _delta(store, lambda: store.due(0, 0, now, 10))  # the contrast
+        stats, due = _delta(store, lambda: timers.due(0, 0, now, 10))  # the contrast
         assert [k for k, _ in due] == live
         assert stats[SKIP] >= N, stats[SKIP]
 
         del pinned
         store.cleanup_prefix(cf, wm)
-        stats, due = _delta(store, lambda: store.due(0, 0, now, 10))
+        stats, due = _delta(store, lambda: timers.due(0, 0, now, 10))
         assert [k for k, _ in due] == live
         assert stats[SKIP] < 100, stats[SKIP]
         assert stats[NEXT] <= len(live)
