@@ -2,7 +2,8 @@
 
 Measures, each on fresh files in a temporary directory (or ``--dir``):
 - batched puts/s into one timer CF (batches of ``--batch``, 100-byte values, ``--keys`` keys);
-- the due-scan rate: ``RocksStore.due`` in pages of ``--batch`` over every key;
+- the due-scan rate: ``TimerIndex.due`` (scheduler/timer_index.py) in pages of ``--batch``
+  over every key;
 - batched deletes/s and the time of ``cleanup_prefix`` over the deleted prefix;
 - CommitLog appends: records/s and MB/s of payload for ``--record-size`` records in batches
   of ``--batch`` (flush policy async), plus the same with ``--sync-records`` under "sync".
@@ -87,11 +88,13 @@ def bench_timer_store(path: Path, n: int, batch: int, progress: Progress) -> dic
         out["put_per_s"] = n / seconds
         out["put_per_cpu_s"] = n / CLOCK.cpu["put"]
 
+        timers = TimerIndex(store)
+
         def scan_all() -> int:
             seen, from_ms = 0, 0
             now = 1_700_000_000_000 + n
             while True:
-                page = TimerIndex(store).due(0, from_ms, now, batch)
+                page = timers.due(0, from_ms, now, batch)
                 if not page:
                     return seen
                 seen += len(page)
