@@ -49,6 +49,9 @@ META_GROUP_ACK_PREFIX = b"gack/"  # + log topic NUL group NUL 8-byte BE offset -
 #                                   above the committed offset: the gaps not yet filled)
 META_GROUP_STATE_PREFIX = b"gstate/"  # + topic NUL group -> 8-byte BE retries outstanding
 META_PARKED_PREFIX = b"parked/"  # + timer key -> [reason, stored value] (scheduler/poison.py)
+# cluster mode (storage/replication.py): written with every record a node applies
+META_CLUSTER_SEQ = b"cluster/seq"  # 8-byte BE: the write-ahead stream sequence applied
+META_CLUSTER_LOG_END = b"cluster/log_end"  # 8-byte BE: the CommitLog's end after that record
 META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log position,
 #                              records, commit time (scheduler/ledger.py)
 

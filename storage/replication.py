@@ -1,0 +1,288 @@
+"""Cluster mode's physical replication: what a node writes, shipped as write-ahead records.
+
+Every state change of hourglass ends in two choke points: ``CommitLog.append_batch`` (and
+its ``revoke``) and ``RocksStore.write``. With a ``Replicator`` attached to both, the
+leader ships exactly what they write, as PostgreSQL's streaming replication ships its WAL:
+
+- A **record** is the CommitLog operations since the previous record (each append with the
+  position it started at, each revoke with its position), then the operations of ONE
+  RocksDB batch (``Batch.ops``), msgpack-encoded (``encode_record`` / ``decode_record``).
+- The **leader** (``LeaderReplicator``), under one lock: encodes the record, publishes it
+  to the write-ahead stream with the sequence it last saw as the expected last one (the
+  sink fences: a deposed leader's publish is refused), puts the sequence it got back and
+  the log's end into the same batch (``META_CLUSTER_SEQ``, ``META_CLUSTER_LOG_END``),
+  writes it locally, and only then returns (so the caller answers after the stream has it).
+  A refused or failed publish deposes it for good: the log's unpublished tail is revoked
+  and every later write or append raises ``NotLeader``.
+- A **follower** applies each record with ``apply_record``: the appends at exactly the
+  recorded positions (its log's end must equal each one), the revokes, then the batch with
+  the record's sequence. Logs are byte-identical at the same offsets by construction (same
+  segment size, same payloads, same start positions). ``FollowerGuard`` refuses every
+  other write, so a follower's engine can never diverge from the stream.
+- On start a node truncates what its log holds past ``META_CLUSTER_LOG_END`` (a tail
+  appended but never published, or published but never written: the stream redelivers it)
+  with ``settle_log``.
+
+This module knows nothing of NATS: the stream is a ``Sink`` (scheduler/cluster/ has the
+JetStream one; tests use an in-memory one).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+from storage.batch import OP_DELETE, OP_DELETE_RANGE, OP_PUT, OP_PUT_SORTED, Batch
+from storage.constants import CF_META, META_CLUSTER_LOG_END, META_CLUSTER_SEQ
+from storage.errors import HourglassError, NotLeader, ReplicationError
+from storage.keys import pack_u64, unpack_u64
+
+log = logging.getLogger(__name__)
+
+RECORD_VERSION = 1
+LOG_APPEND, LOG_REVOKE = 0, 1
+# (LOG_APPEND, start, payloads) or (LOG_REVOKE, position, None)
+LogOp = tuple[int, int, list[bytes] | None]
+
+
+class Replicator(Protocol):
+    """What RocksStore and CommitLog call when one is attached (None: single-node mode)."""
+
+    def appended(self, start: int, end: int, payloads: Sequence[bytes]) -> None:
+        """``payloads`` were appended from position ``start``, the log now ends at ``end``
+        (CommitLog lock held); may raise to refuse them (the append is then rolled back)."""
+
+    def revoked(self, position: int) -> None:
+        """The log was cut back to ``position`` (CommitLog lock held)."""
+
+    def write(self, batch: Batch, sync: bool | None) -> None:
+        """Replicate ``batch`` and write it (``RocksStore.write_local``)."""
+
+
+class Sink(Protocol):
+    """The write-ahead stream as the leader sees it."""
+
+    def publish(self, record: bytes, expected_last_seq: int) -> int:
+        """Append ``record`` if the stream's last sequence is ``expected_last_seq``; returns
+        its sequence. Raises NotLeader when refused (fenced), anything else when unsure."""
+
+
+class _Store(Protocol):
+    def batch(self) -> Batch: ...
+    def write_local(self, batch: Batch, *, sync: bool | None = None) -> None: ...
+    def get(self, cf: str, key: bytes) -> bytes | None: ...
+
+
+class _Log(Protocol):
+    @property
+    def end_position(self) -> int: ...
+    def append_batch(self, payloads: Sequence[bytes]) -> list[int]: ...
+    def revoke(self, position: int) -> None: ...
+
+
+# --- the record ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Record:
+    log_ops: list[LogOp]
+    ops: list[tuple[int, str, Any, Any]]
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode_record(log_ops: Sequence[LogOp], ops: Sequence[tuple[int, str, Any, Any]]) -> bytes:
+    return _packer.pack((RECORD_VERSION, log_ops, ops))
+
+
+def decode_record(data: bytes) -> Record:
+    try:
+        version, log_ops, ops = msgpack.unpackb(data, raw=False, use_list=True)
+    except Exception as exc:
+        raise ReplicationError(f"undecodable write-ahead record: {exc}") from exc
+    if version != RECORD_VERSION:
+        raise ReplicationError(f"write-ahead record version {version} (this node reads "
+                               f"{RECORD_VERSION}): upgrade this node")
+    return Record([(int(k), int(p), x) for k, p, x in log_ops],
+                  [(int(o), str(cf), a, b) for o, cf, a, b in ops])
+
+
+def add_ops(batch: Batch, ops: Sequence[tuple[int, str, Any, Any]]) -> None:
+    """Add captured operations to ``batch`` (in their order)."""
+    for op, cf, a, b in ops:
+        if op == OP_PUT:
+            batch.put(cf, a, b)
+        elif op == OP_DELETE:
+            batch.delete(cf, a)
+        elif op == OP_DELETE_RANGE:
+            batch.delete_range(cf, a, b)
+        elif op == OP_PUT_SORTED:
+            batch.put_sorted(cf, a, b)
+        else:
+            raise ReplicationError(f"unknown batch operation {op}")
+
+
+# --- positions a node has applied -------------------------------------------------------------
+def applied_seq(store: _Store) -> int:
+    raw = store.get(CF_META, META_CLUSTER_SEQ)
+    return 0 if raw is None else unpack_u64(raw)
+
+
+def recorded_log_end(store: _Store) -> int:
+    raw = store.get(CF_META, META_CLUSTER_LOG_END)
+    return 0 if raw is None else unpack_u64(raw)
+
+
+def settle_log(store: _Store, commitlog: _Log) -> int:
+    """Cut the log back to the end recorded with the last applied record (what it holds past
+    that was never applied through the stream); returns the bytes cut."""
+    end, recorded = commitlog.end_position, recorded_log_end(store)
+    if end < recorded:
+        raise ReplicationError(
+            f"the CommitLog ends at {end}, before the position {recorded} recorded with the "
+            "last applied record: its tail was lost (power loss with async flushing?); wipe "
+            "this node's data directory and let it rejoin from the stream")
+    if end > recorded:
+        log.warning("cutting the CommitLog back from %d to %d: a tail never applied through "
+                    "the write-ahead stream", end, recorded)
+        commitlog.revoke(recorded)
+    return end - recorded
+
+
+def _mark(batch: Batch, seq: int, log_end: int) -> None:
+    batch.put(CF_META, META_CLUSTER_SEQ, pack_u64(seq))
+    batch.put(CF_META, META_CLUSTER_LOG_END, pack_u64(log_end))
+
+
+# --- follower -----------------------------------------------------------------------------------
+class FollowerGuard:
+    """The replicator of a follower: refuses every write and append but ``apply``'s."""
+
+    def __init__(self, store: _Store, commitlog: _Log) -> None:
+        self._store = store
+        self._log = commitlog
+        self._lock = threading.Lock()
+        self._applying = False
+        self.seq = applied_seq(store)
+
+    def appended(self, start: int, end: int, payloads: Sequence[bytes]) -> None:
+        if not self._applying:
+            raise NotLeader("this node is a follower: it appends only what the leader wrote")
+
+    def revoked(self, position: int) -> None:
+        pass  # (settle_log at start, apply's revokes: both its own)
+
+    def write(self, batch: Batch, sync: bool | None) -> None:
+        raise NotLeader("this node is a follower: writes go to the leader")
+
+    def apply(self, seq: int, data: bytes) -> Record:
+        """Apply the record with sequence ``seq`` (which must follow the last applied one)."""
+        with self._lock:
+            if seq != self.seq + 1:
+                raise ReplicationError(f"record {seq} does not follow the applied {self.seq}")
+            record = decode_record(data)
+            self._applying = True
+            try:
+                apply_record(self._store, self._log, seq, record)
+            finally:
+                self._applying = False
+            self.seq = seq
+            return record
+
+
+def apply_record(store: _Store, commitlog: _Log, seq: int, record: Record) -> None:
+    """The log operations at exactly their positions, then the batch with ``seq``."""
+    for kind, position, payloads in record.log_ops:
+        if kind == LOG_APPEND:
+            if commitlog.end_position != position:
+                raise ReplicationError(
+                    f"record {seq} appends at {position} but this node's log ends at "
+                    f"{commitlog.end_position}")
+            assert payloads is not None
+            commitlog.append_batch(payloads)
+        elif kind == LOG_REVOKE:
+            commitlog.revoke(position)
+        else:
+            raise ReplicationError(f"unknown log operation {kind} in record {seq}")
+    batch = store.batch()
+    add_ops(batch, record.ops)
+    _mark(batch, seq, commitlog.end_position)
+    store.write_local(batch)
+
+
+# --- leader -------------------------------------------------------------------------------------
+class LeaderReplicator:
+    """The replicator of the leader: every write is a record in the stream first."""
+
+    def __init__(self, store: _Store, commitlog: _Log, sink: Sink) -> None:
+        self._store = store
+        self._log = commitlog
+        self._sink = sink
+        self._lock = threading.Lock()  # THE replication lock: encode, publish, write
+        self._pending_lock = threading.Lock()  # the log operations not yet shipped
+        self._pending: list[LogOp] = []
+        self.seq = applied_seq(store)
+        self.published_end = recorded_log_end(store)
+        self._pending_end = self.published_end  # the log's end after the pending operations
+        self.deposed: str | None = None  # why, once deposed
+
+    def appended(self, start: int, end: int, payloads: Sequence[bytes]) -> None:
+        if self.deposed is not None:
+            raise NotLeader(f"this node is no longer the leader ({self.deposed})")
+        with self._pending_lock:
+            self._pending.append((LOG_APPEND, start, list(payloads)))
+            self._pending_end = end
+
+    def revoked(self, position: int) -> None:
+        with self._pending_lock:
+            self._pending.append((LOG_REVOKE, position, None))
+            self._pending_end = position
+
+    def write(self, batch: Batch, sync: bool | None) -> None:
+        with self._lock:
+            if self.deposed is not None:
+                raise NotLeader(f"this node is no longer the leader ({self.deposed})")
+            with self._pending_lock:
+                log_ops, self._pending = self._pending, []
+                end = self._pending_end
+            ops = batch.ops if batch.ops is not None else []
+            record = encode_record(log_ops, ops)
+            try:
+                seq = self._sink.publish(record, self.seq)
+            except BaseException as exc:
+                self._depose(f"the write-ahead stream refused or lost a record: {exc}")
+                if isinstance(exc, HourglassError):
+                    raise
+                raise NotLeader(f"the write-ahead stream failed: {exc}") from exc
+            self.seq = seq
+            if log_ops:
+                self.published_end = end
+            _mark(batch, seq, self.published_end)
+            try:
+                self._store.write_local(batch, sync=sync)
+            except BaseException:
+                # the stream has it, this node does not: it must re-apply it as a follower
+                self._depose(f"record {seq} is in the stream but its local write failed")
+                raise
+
+    def _depose(self, why: str) -> None:
+        """Never write again; take back what the log holds past the published end."""
+        self.deposed = why
+        log.error("deposed: %s", why)
+        with self._pending_lock:
+            self._pending = []
+            self._pending_end = self.published_end
+        try:
+            if self._log.end_position > self.published_end:
+                self._log.revoke(self.published_end)
+        except (HourglassError, OSError):  # a restart as follower cuts it (settle_log)
+            log.exception("could not revoke the unpublished log tail")
+
+
+__all__ = ["FollowerGuard", "LeaderReplicator", "Record", "Replicator", "Sink", "add_ops",
+           "applied_seq", "apply_record", "decode_record", "encode_record", "recorded_log_end",
+           "settle_log"]
