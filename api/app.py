@@ -85,6 +85,8 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
         finally:
             ctx.release_waiters()  # first, so shutdown does not wait on them
             await run_in_threadpool(engine.close)
+            if app.forwarder is not None:
+                await app.forwarder.close()
 
     app = HourglassApp(
         title="hourglass", version=_version(), description=DESCRIPTION, lifespan=lifespan,
@@ -93,6 +95,10 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.ctx = ctx
+    if engine.cluster is not None:  # cluster mode: writes reaching a follower go to the leader
+        from api.forward import Forwarder
+
+        app.forwarder = Forwarder(engine)
     install_problem_handlers(app)
     # one flat router, hot routes first: every included router costs a level of matching
     messages.add_routes(app.router, ctx)

@@ -23,6 +23,7 @@ def free_port() -> int:
 class NatsCluster:
     def __init__(self, root: Path, size: int = 3) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.size = size
         self.ports = [free_port() for _ in range(size)]
         self.cluster_ports = [free_port() for _ in range(size)]

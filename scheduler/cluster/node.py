@@ -1,0 +1,254 @@
+"""ClusterNode: one hourglass node's part in a cluster (docs/cluster.md).
+
+One thread drives the node on the engine's Clock:
+
+- as a **follower** it reads the write-ahead stream from its applied sequence + 1 and
+  applies each record (``Broker.apply``); every third of a lease it looks at the lease: held,
+  it notes the leader (where writes are forwarded); free, and this node has applied the
+  stream to its end, it takes it (``kv.create``) and becomes leader: ``Broker.become`` opens
+  the engine again as leader, whose first write is an empty record published with the
+  expected last sequence = what it applied (it fences out the old leader, or is refused);
+- as the **leader** it renews the lease every third of a lease (``kv.update`` with the
+  revision). A renewal refused (someone else holds it), no renewal for a whole lease (NATS
+  unreachable), or a refused publish (``Broker.deposed``) makes it a follower again. The
+  sink refuses to publish once the lease this node last renewed may have lapsed, so a paused
+  leader (SIGSTOP) that wakes up cannot append even before it notices.
+
+Every node publishes its role, URL, applied sequence and lag in the node bucket about once a
+second; ``view`` (``GET /v1/cluster``) reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from scheduler.broker import FOLLOWER, LEADER, STARTING, Broker
+from scheduler.clock import Clock
+from scheduler.cluster.link import NatsLink
+from storage.errors import HourglassError, NotLeader
+
+log = logging.getLogger(__name__)
+
+STATUS_INTERVAL_MS = 1000
+
+
+class LeaseSink:
+    """The write-ahead stream as the leader's replicator sees it: publishes only while the
+    lease this node last renewed is still valid by the local clock."""
+
+    def __init__(self, link: NatsLink, clock: Clock) -> None:
+        self._link = link
+        self._clock = clock
+        self.valid_until_ms = 0
+
+    def publish(self, record: bytes, expected_last_seq: int) -> int:
+        if self._clock.now_ms() >= self.valid_until_ms:
+            raise NotLeader("this node's lease may have lapsed: it no longer writes")
+        return self._link.publish(record, expected_last_seq)
+
+
+class ClusterNode:
+    def __init__(self, link: NatsLink, *, node_id: str, url: str, clock: Clock,
+                 lease_ms: int = 2000, max_ready_lag_ms: int = 1000) -> None:
+        self.link = link
+        self.node_id = node_id
+        self.url = url
+        self._clock = clock
+        self.lease_ms = lease_ms
+        self.max_ready_lag_ms = max_ready_lag_ms
+        self._sink = LeaseSink(link, clock)
+        self._broker: Broker | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._revision: int | None = None  # of the lease, while this node holds it
+        self._renewed_ms = 0
+        self._next_lease_ms = 0
+        self._next_status_ms = 0
+        self._caught_up_ms = clock.now_ms()  # when this follower last was at the stream's end
+        self._leader: dict[str, str] | None = None
+        self.promotions = 0
+
+    # --- ClusterControl -------------------------------------------------------------------
+    def start(self, broker: Broker) -> None:
+        self._broker = broker
+        self.link.connect()
+        self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        if self._revision is not None:  # hand the lease on at once, not after it lapses
+            try:
+                self.link.lease_release(self._revision)
+            except Exception:
+                log.debug("releasing the lease", exc_info=True)
+        self.link.close()
+
+    @property
+    def role(self) -> str:
+        return STARTING if self._broker is None else self._broker.role
+
+    @property
+    def lag_ms(self) -> int:
+        if self.role == LEADER:
+            return 0
+        return max(0, self._clock.now_ms() - self._caught_up_ms)
+
+    @property
+    def ready(self) -> bool:
+        if self.role == LEADER:
+            return True
+        return self.role == FOLLOWER and self.lag_ms < self.max_ready_lag_ms
+
+    @property
+    def leader_url(self) -> str | None:
+        if self.role == LEADER:
+            return self.url
+        return None if self._leader is None else self._leader.get("url")
+
+    def view(self) -> dict[str, Any]:
+        broker = self._broker
+        leader = None
+        if self.role == LEADER:
+            leader = {"nodeId": self.node_id, "url": self.url}
+        elif self._leader is not None:
+            leader = {"nodeId": self._leader["nodeId"], "url": self._leader["url"]}
+        nodes = []
+        try:
+            found = self.link.nodes()
+        except Exception:  # NATS unreachable: this node's own view only
+            found = {}
+        found[self.node_id] = json.dumps(self._status()).encode()
+        for node_id in sorted(found):
+            try:
+                info = json.loads(found[node_id])
+            except ValueError:
+                continue
+            nodes.append({"nodeId": node_id, "url": info.get("url"),
+                          "role": info.get("role", STARTING),
+                          "appliedSeq": int(info.get("appliedSeq", 0)),
+                          "lagMs": int(info.get("lagMs", 0))})
+        return {"nodeId": self.node_id, "role": self.role, "leader": leader,
+                "appliedSeq": 0 if broker is None else broker.applied_seq, "nodes": nodes}
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step()
+            except Exception:
+                log.exception("cluster step failed; retrying")
+                self._stop.wait(0.2)
+
+    def _step(self) -> None:
+        broker = self._broker
+        assert broker is not None
+        now = self._clock.now_ms()
+        if now >= self._next_status_ms:
+            self._next_status_ms = now + STATUS_INTERVAL_MS
+            try:
+                self.link.put_node(self.node_id, json.dumps(self._status()).encode())
+            except Exception:
+                log.debug("publishing this node's status", exc_info=True)
+        if broker.role == LEADER:
+            self._lead(broker, now)
+        elif broker.role == FOLLOWER:
+            self._follow(broker)
+        else:  # a failed become: try as a follower again
+            self._stop.wait(0.2)
+            self._become(broker, FOLLOWER)
+
+    def _status(self) -> dict[str, Any]:
+        broker = self._broker
+        return {"url": self.url, "role": self.role,
+                "appliedSeq": 0 if broker is None else broker.applied_seq,
+                "lagMs": self.lag_ms, "at": int(time.time() * 1000)}
+
+    def _follow(self, broker: Broker) -> None:
+        applied = broker.applied_seq
+        records = self.link.fetch(applied + 1, 256, wait_s=min(0.1, self.lease_ms / 3000))
+        for seq, data in records:
+            broker.apply(seq, data)
+        now = self._clock.now_ms()
+        if len(records) < 256:
+            self._caught_up_ms = now
+        if now < self._next_lease_ms or self._stop.is_set():
+            return
+        self._next_lease_ms = now + self.lease_ms // 3
+        holder = self.link.lease_holder()
+        if holder is not None:
+            try:
+                self._leader = json.loads(holder[0])
+            except ValueError:
+                self._leader = None
+            return
+        self._leader = None
+        if broker.applied_seq != self.link.last_seq():
+            return  # not at the stream's end yet: the next look, once caught up
+        value = json.dumps({"nodeId": self.node_id, "url": self.url}).encode()
+        revision = self.link.lease_acquire(value)
+        if revision is None:
+            return
+        started = self._clock.now_ms()
+        self._revision, self._renewed_ms = revision, started
+        self._sink.valid_until_ms = started + self.lease_ms
+        log.info("%s took the lease (revision %d) at applied sequence %d", self.node_id,
+                 revision, broker.applied_seq)
+        if self._become(broker, LEADER):
+            self.promotions += 1
+            self._next_lease_ms = self._clock.now_ms()  # renew at once: opening took time
+        else:
+            self._give_up_lease()
+
+    def _lead(self, broker: Broker, now: int) -> None:
+        if broker.deposed is not None:
+            log.warning("%s deposed (%s): following again", self.node_id, broker.deposed)
+            self._give_up_lease()
+            self._become(broker, FOLLOWER)
+            return
+        if now >= self._next_lease_ms:
+            self._next_lease_ms = now + self.lease_ms // 3
+            value = json.dumps({"nodeId": self.node_id, "url": self.url}).encode()
+            revision = None
+            assert self._revision is not None
+            try:
+                revision = self.link.lease_renew(value, self._revision)
+                lost = revision is None
+            except HourglassError:  # NATS did not answer: keep trying while the lease holds
+                lost = now - self._renewed_ms >= self.lease_ms
+            if revision is not None:
+                self._revision, self._renewed_ms = revision, now
+                self._sink.valid_until_ms = now + self.lease_ms
+            elif lost:
+                log.warning("%s lost the lease: following again", self.node_id)
+                self._sink.valid_until_ms = 0
+                self._revision = None
+                self._become(broker, FOLLOWER)
+                return
+        self._stop.wait(0.02)
+
+    def _give_up_lease(self) -> None:
+        self._sink.valid_until_ms = 0
+        revision, self._revision = self._revision, None
+        if revision is not None:
+            try:
+                self.link.lease_release(revision)
+            except Exception:
+                log.debug("releasing the lease", exc_info=True)
+
+    def _become(self, broker: Broker, role: str) -> bool:
+        try:
+            broker.become(role, self._sink if role == LEADER else None)
+        except Exception:
+            log.exception("%s could not become %s", self.node_id, role)
+            return False
+        if role == FOLLOWER:
+            self._caught_up_ms = self._clock.now_ms() - self.max_ready_lag_ms  # not ready yet
+        log.info("%s is now %s at applied sequence %d", self.node_id, role, broker.applied_seq)
+        return True
