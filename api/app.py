@@ -19,6 +19,7 @@ from api.context import ApiContext, ApiLimits
 from api.hot import HOT_OPERATIONS, HourglassApp
 from api.longpoll import DeliveryNotifier
 from api.metrics import (
+    ClusterCollector,
     EngineCollector,
     HttpMetrics,
     HttpMetricsMiddleware,
@@ -99,6 +100,9 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
         from api.forward import Forwarder
 
         app.forwarder = Forwarder(engine)
+        cluster = engine.cluster
+        registry.register(ClusterCollector(lambda: engine.role, lambda: engine.applied_seq,
+                                           lambda: cluster.lag_ms))
     install_problem_handlers(app)
     # one flat router, hot routes first: every included router costs a level of matching
     messages.add_routes(app.router, ctx)

@@ -74,6 +74,33 @@ class StreamPushCollector(Collector):
                                   handed_back)
 
 
+class ClusterCollector(Collector):
+    """Cluster mode (docs/cluster.md): this node's role (one series per role, 1 for the
+    current one), the write-ahead sequence it applied, and how far it trails the stream."""
+
+    ROLES = ("leader", "follower", "starting")
+
+    def __init__(self, role: Callable[[], str], applied_seq: Callable[[], int],
+                 lag_ms: Callable[[], int]) -> None:
+        self._role = role
+        self._applied_seq = applied_seq
+        self._lag_ms = lag_ms
+
+    def collect(self) -> Iterator[Metric]:
+        current = self._role()
+        role = GaugeMetricFamily("hourglass_cluster_role", "This node's role (1: current)",
+                                 labels=["role"])
+        for name in self.ROLES:
+            role.add_metric([name], 1.0 if name == current else 0.0)
+        yield role
+        yield GaugeMetricFamily("hourglass_cluster_applied_seq",
+                                "The write-ahead stream sequence this node has applied",
+                                self._applied_seq())
+        yield GaugeMetricFamily("hourglass_cluster_lag_ms",
+                                "How long since this follower was at the stream's end (ms)",
+                                self._lag_ms())
+
+
 class HttpMetricsMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware: that costs a task per request)."""
 

@@ -135,6 +135,10 @@ class ClusterControl(Protocol):
     def leader_url(self) -> str | None:
         """Where writes go (None: no leader known)."""
 
+    @property
+    def lag_ms(self) -> int:
+        """How long since this node last was at the stream's end (0: the leader)."""
+
 
 def open_commitlog(directory: Path, config: EngineConfig) -> Log:
     return CommitLog(directory, segment_size=config.segment_size,

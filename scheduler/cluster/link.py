@@ -77,6 +77,8 @@ class NatsLink:
         except TimeoutError:
             future.cancel()
             raise Unavailable("NATS did not answer in time") from None
+        except (APIError, nats.errors.Error) as exc:  # no JetStream leader now, no connection
+            raise Unavailable(f"NATS: {exc}") from exc
 
     def connect(self, *, attempts_s: float = 30.0) -> None:
         """Connect, then make the stream and the buckets (retried until the JetStream
@@ -183,25 +185,25 @@ class NatsLink:
               wait_s: float = 0.25) -> list[tuple[int, bytes]]:
         """Records from ``from_seq`` on, in order (at most ``max_records``; [] when none came
         within ``wait_s``). A pull consumer is kept across calls while they go on in order."""
-        return self._run(self._fetch(from_seq, max_records, wait_s), wait_s + self.timeout_s + 1)
+        return self._run(self._fetch(from_seq, max_records, wait_s), wait_s + 1.0)
 
     async def _fetch(self, from_seq: int, max_records: int,
                      wait_s: float) -> list[tuple[int, bytes]]:
         if self._sub is None or self._sub_next != from_seq:
             await self._drop_sub()
-            self._sub = await self._js.pull_subscribe(
+            self._sub = await asyncio.wait_for(self._js.pull_subscribe(
                 self.names.wal_subject, stream=self.names.wal,
                 config=api.ConsumerConfig(
                     deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
                     ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0,
-                    max_ack_pending=-1, mem_storage=True, num_replicas=1))
+                    max_ack_pending=-1, mem_storage=True, num_replicas=1)), wait_s + 0.8)
             self._sub_next = from_seq
         try:
             msgs = await self._sub.fetch(max_records, timeout=wait_s)
         except nats.errors.TimeoutError:
             return []
-        except Exception:
-            await self._drop_sub()
+        except BaseException:  # (a cancelled call too): a new consumer next time
+            self._sub = None
             raise
         out: list[tuple[int, bytes]] = []
         for msg in msgs:

@@ -142,6 +142,9 @@ class ClusterNode:
         while not self._stop.is_set():
             try:
                 self._step()
+            except HourglassError as exc:  # NATS unreachable or without a leader: retried
+                log.warning("%s: %s; retrying", self.node_id, exc.detail or exc)
+                self._stop.wait(0.1)
             except Exception:
                 log.exception("cluster step failed; retrying")
                 self._stop.wait(0.2)

@@ -70,3 +70,13 @@ def test_writes_to_any_node_are_served_by_every_node_at_the_same_offsets(
     for node in cluster.nodes:
         with node.client() as c:
             assert c.get("/v1/topics/orders/messages/gone").json()["status"] == "CANCELLED"
+            role = "leader" if node is leader else "follower"
+            assert f'hourglass_cluster_role{{role="{role}"}} 1.0' in c.get("/metrics").text
+    seq = cluster.wait_converged()
+    until(lambda: all(len((cluster.view(n) or {}).get("nodes", [])) == 3
+                      and all(m["appliedSeq"] == seq for m in cluster.view(n)["nodes"])  # type: ignore[index]
+                      for n in cluster.nodes), 10, "every node's status in the node bucket")
+    view = cluster.view(cluster.nodes[0])
+    assert view is not None
+    assert sorted(m["role"] for m in view["nodes"]) == ["follower", "follower", "leader"]
+    assert {m["url"] for m in view["nodes"]} == {n.base_url for n in cluster.nodes}

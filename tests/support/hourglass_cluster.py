@@ -26,7 +26,7 @@ class HourglassCluster:
         for i in range(size):
             node = ServerProcess(root / f"h{i}", token=TOKEN, log_path=root / f"h{i}.log",
                                  settings={"cluster": nats.url_list, "node_id": f"h{i}",
-                                           "cluster_lease_ms": str(lease_ms),
+                                           "cluster_lease_ms": str(lease_ms), "log_level": "info",
                                            **settings})
             node.settings["advertise"] = node.base_url
             self.nodes.append(node)
