@@ -197,7 +197,7 @@ class Broker:
                 raise InvalidArgument(f"a Broker starts once (it is {self._state})")
             self._state = "starting"
         try:
-            self._open(FOLLOWER if self.cluster is not None else LEADER, None)
+            self._open(FOLLOWER if self.cluster is not None else LEADER)
         except BaseException:
             self._shutdown()
             with self._state_lock:
@@ -212,7 +212,7 @@ class Broker:
                 self.close()
                 raise
 
-    def _open(self, role: str, sink: Sink | None) -> None:
+    def _open(self, role: str, sink: Sink | None = None, last_seq: int | None = None) -> None:
         """Open storage and build the engine as ``role``. A follower recovers nothing and
         runs no thread (no scanner, delivery, maintenance or check-back): it applies the
         write-ahead stream (``apply``). A cluster leader ships every write to ``sink``."""
@@ -245,7 +245,7 @@ class Broker:
         else:
             if clustered:
                 assert sink is not None
-                self._replicator = LeaderReplicator(store, self._log, sink)
+                self._replicator = LeaderReplicator(store, self._log, sink, last_seq=last_seq)
                 store.attach_replicator(self._replicator)
                 self._log.attach_replicator(self._replicator)  # type: ignore[attr-defined]
                 store.write(store.batch())  # the first record: fences out the old leader
@@ -303,9 +303,10 @@ class Broker:
         self.role = role
 
     # --- cluster mode --------------------------------------------------------------------
-    def become(self, role: str, sink: Sink | None = None) -> None:
+    def become(self, role: str, sink: Sink | None = None, last_seq: int | None = None) -> None:
         """Cluster mode: close this engine and open it again on the same data directory as
-        ``role`` (every cache rebuilt by the normal start path). Requests meanwhile answer
+        ``role`` (every cache rebuilt by the normal start path); a leader publishes to
+        ``sink`` after ``last_seq`` (default: what it applied). Requests meanwhile answer
         NotLeader (503 + Retry-After). Raises what opening raised (the node is then
         STARTING, every request NotLeader, until a later ``become`` works)."""
         with self._role_lock:
@@ -317,7 +318,7 @@ class Broker:
             self._shutdown()
             self._reset()
             try:
-                self._open(role, sink)
+                self._open(role, sink, last_seq)
             except BaseException:
                 log.exception("could not open the engine as %s", role)
                 self._shutdown()
@@ -358,14 +359,23 @@ class Broker:
                     "nodes": []}
         return self.cluster.view()
 
+    @property
+    def consumed_seq(self) -> int:
+        """A follower: the last stream message it took (a piece of a record too)."""
+        guard = self._guard
+        return self.applied_seq if guard is None else guard.consumed
+
     def apply(self, seq: int, data: bytes) -> None:
-        """A follower: apply the write-ahead record ``seq``, then refresh what the engine
-        caches and wake the readers of the topics it appended to."""
+        """A follower: take the write-ahead stream's message ``seq``; when it completes a
+        record, apply it, refresh what the engine caches and wake the readers of the topics
+        it appended to."""
         with self._role_lock:
             guard = self._guard
             if guard is None or self._state != "running":
                 raise NotLeader("this node is not a running follower")
             record = guard.apply(seq, data)
+            if record is None:
+                return
             topics = {log_record_head(p).topic for kind, _, payloads in record.log_ops
                       if payloads for p in payloads}
             if record.log_ops or record.ops:

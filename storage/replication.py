@@ -46,6 +46,14 @@ log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 LOG_APPEND, LOG_REVOKE = 0, 1
+#: a stream message: one byte of kind, then the record (WHOLE) or a piece of it (PART, more
+#: follow; LAST, the record is complete). A record longer than the stream's largest message
+#: (NATS's max_payload, 1 MiB by default) goes in pieces: a send batch of 1000 bodies of 4 KiB
+#: must not depose the leader. Pieces of a leader that died before its LAST are dropped by the
+#: next WHOLE (every leader's first record is a WHOLE one, its fence): only a complete record
+#: is applied.
+WHOLE, PART, LAST = 0x52, 0x50, 0x45  # "R", "P", "E"
+DEFAULT_MAX_MESSAGE_BYTES = 900 << 10
 # (LOG_APPEND, start, payloads) or (LOG_REVOKE, position, None)
 LogOp = tuple[int, int, list[bytes] | None]
 
@@ -111,6 +119,15 @@ def decode_record(data: bytes) -> Record:
                   [(int(o), str(cf), a, b) for o, cf, a, b in ops])
 
 
+def stream_messages(record: bytes, max_bytes: int) -> list[bytes]:
+    """``record`` as the stream messages that carry it (``max_bytes`` each at most)."""
+    room = max_bytes - 1
+    if len(record) <= room:
+        return [bytes((WHOLE,)) + record]
+    pieces = [record[i:i + room] for i in range(0, len(record), room)]
+    return [bytes((PART,)) + p for p in pieces[:-1]] + [bytes((LAST,)) + pieces[-1]]
+
+
 def add_ops(batch: Batch, ops: Sequence[tuple[int, str, Any, Any]]) -> None:
     """Add captured operations to ``batch`` (in their order)."""
     for op, cf, a, b in ops:
@@ -167,7 +184,9 @@ class FollowerGuard:
         self._log = commitlog
         self._lock = threading.Lock()
         self._applying = False
-        self.seq = applied_seq(store)
+        self.seq = applied_seq(store)  # the last record applied (persisted with it)
+        self.consumed = self.seq  # the last stream message taken (pieces of a record too)
+        self._pieces: list[bytes] = []
 
     def appended(self, start: int, end: int, payloads: Sequence[bytes]) -> None:
         if not self._applying:
@@ -179,18 +198,36 @@ class FollowerGuard:
     def write(self, batch: Batch, sync: bool | None) -> None:
         raise NotLeader("this node is a follower: writes go to the leader")
 
-    def apply(self, seq: int, data: bytes) -> Record:
-        """Apply the record with sequence ``seq`` (which must follow the last applied one)."""
+    def apply(self, seq: int, message: bytes) -> Record | None:
+        """Take the stream message ``seq`` (which must follow the last one taken); apply the
+        record it completes, if it does (returned), else None (a piece kept for later)."""
         with self._lock:
-            if seq != self.seq + 1:
-                raise ReplicationError(f"record {seq} does not follow the applied {self.seq}")
-            record = decode_record(data)
+            if seq != self.consumed + 1:
+                raise ReplicationError(f"stream message {seq} does not follow {self.consumed}")
+            kind, body = message[0] if message else -1, message[1:]
+            if kind == WHOLE:  # a new leader begins with one (its fence): never a piece
+                if self._pieces:
+                    log.warning("dropping %d pieces of a record its leader never finished",
+                                len(self._pieces))
+                    self._pieces = []
+            if kind == PART:
+                self._pieces.append(body)
+                self.consumed = seq
+                return None
+            if kind == LAST:
+                if not self._pieces:  # its first pieces were dropped: never complete
+                    raise ReplicationError(f"stream message {seq} ends a record never begun")
+                self._pieces.append(body)
+                body, self._pieces = b"".join(self._pieces), []
+            elif kind != WHOLE:
+                raise ReplicationError(f"stream message {seq} is of no known kind")
+            record = decode_record(body)
             self._applying = True
             try:
                 apply_record(self._store, self._log, seq, record)
             finally:
                 self._applying = False
-            self.seq = seq
+            self.seq = self.consumed = seq
             return record
 
 
@@ -218,14 +255,19 @@ def apply_record(store: _Store, commitlog: _Log, seq: int, record: Record) -> No
 class LeaderReplicator:
     """The replicator of the leader: every write is a record in the stream first."""
 
-    def __init__(self, store: _Store, commitlog: _Log, sink: Sink) -> None:
+    def __init__(self, store: _Store, commitlog: _Log, sink: Sink, *,
+                 last_seq: int | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        """``last_seq``: the stream's last sequence as this node consumed it (default: the
+        applied one; more when the stream ends in pieces of a record never finished)."""
         self._store = store
         self._log = commitlog
         self._sink = sink
+        self._max_message_bytes = max_message_bytes
         self._lock = threading.Lock()  # THE replication lock: encode, publish, write
         self._pending_lock = threading.Lock()  # the log operations not yet shipped
         self._pending: list[LogOp] = []
-        self.seq = applied_seq(store)
+        self.seq = applied_seq(store) if last_seq is None else last_seq
         self.published_end = recorded_log_end(store)
         self._pending_end = self.published_end  # the log's end after the pending operations
         self.deposed: str | None = None  # why, once deposed
@@ -252,10 +294,12 @@ class LeaderReplicator:
             ops = batch.ops if batch.ops is not None else []
             record = encode_record(log_ops, ops)
             try:
-                seq = self._sink.publish(record, self.seq)
+                seq = self.seq
+                for message in stream_messages(record, self._max_message_bytes):
+                    seq = self._sink.publish(message, seq)
             except BaseException as exc:
                 self._depose(f"the write-ahead stream refused or lost a record: {exc}")
-                if isinstance(exc, HourglassError):
+                if isinstance(exc, NotLeader):
                     raise
                 raise NotLeader(f"the write-ahead stream failed: {exc}") from exc
             self.seq = seq
@@ -285,4 +329,4 @@ class LeaderReplicator:
 
 __all__ = ["FollowerGuard", "LeaderReplicator", "Record", "Replicator", "Sink", "add_ops",
            "applied_seq", "apply_record", "decode_record", "encode_record", "recorded_log_end",
-           "settle_log"]
+           "settle_log", "stream_messages"]

@@ -166,6 +166,17 @@ class NatsLink:
             raise
         return int(ack.seq)
 
+    def message(self, seq: int) -> bytes | None:
+        """The stream's message ``seq`` (None: there is none)."""
+        return self._run(self._message(seq))
+
+    async def _message(self, seq: int) -> bytes | None:
+        try:
+            msg = await self._js.get_msg(self.names.wal, seq)
+        except NotFoundError:
+            return None
+        return None if msg.data is None else bytes(msg.data)
+
     def last_seq(self) -> int:
         """The stream's last sequence (0: empty)."""
         return self._run(self._last_seq())

@@ -29,11 +29,12 @@ from typing import Any
 from scheduler.broker import FOLLOWER, LEADER, STARTING, Broker
 from scheduler.clock import Clock
 from scheduler.cluster.link import NatsLink
-from storage.errors import HourglassError, NotLeader
+from storage.errors import HourglassError, NotLeader, Unavailable
 
 log = logging.getLogger(__name__)
 
 STATUS_INTERVAL_MS = 1000
+RETRY_PUBLISH_S = 0.05
 
 
 class LeaseSink:
@@ -46,9 +47,25 @@ class LeaseSink:
         self.valid_until_ms = 0
 
     def publish(self, record: bytes, expected_last_seq: int) -> int:
-        if self._clock.now_ms() >= self.valid_until_ms:
-            raise NotLeader("this node's lease may have lapsed: it no longer writes")
-        return self._link.publish(record, expected_last_seq)
+        """Publish; while the lease holds, a publish without an answer (a NATS server lost,
+        a stream leader being elected) is tried again: the expected last sequence makes
+        that safe, and a refusal after an unanswered try is looked into (the message at
+        the next sequence is ours: it landed the first time)."""
+        unanswered = False
+        while True:
+            if self._clock.now_ms() >= self.valid_until_ms:
+                raise NotLeader("this node's lease may have lapsed: it no longer writes")
+            try:
+                return self._link.publish(record, expected_last_seq)
+            except NotLeader:
+                if unanswered and self._link.message(expected_last_seq + 1) == record:
+                    return expected_last_seq + 1
+                raise
+            except Unavailable as exc:
+                unanswered = True
+                log.warning("publishing record %d: %s; trying again", expected_last_seq + 1,
+                            exc.detail or exc)
+                time.sleep(RETRY_PUBLISH_S)
 
 
 class ClusterNode:
@@ -83,11 +100,8 @@ class ClusterNode:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
-        if self._revision is not None:  # hand the lease on at once, not after it lapses
-            try:
-                self.link.lease_release(self._revision)
-            except Exception:
-                log.debug("releasing the lease", exc_info=True)
+        # no more publishing (the engine closes after this), then hand the lease on at once
+        self._give_up_lease()
         self.link.close()
 
     @property
@@ -174,8 +188,8 @@ class ClusterNode:
                 "lagMs": self.lag_ms, "at": int(time.time() * 1000)}
 
     def _follow(self, broker: Broker) -> None:
-        applied = broker.applied_seq
-        records = self.link.fetch(applied + 1, 256, wait_s=min(0.1, self.lease_ms / 3000))
+        records = self.link.fetch(broker.consumed_seq + 1, 256,
+                                  wait_s=min(0.1, self.lease_ms / 3000))
         for seq, data in records:
             broker.apply(seq, data)
         now = self._clock.now_ms()
@@ -192,7 +206,8 @@ class ClusterNode:
                 self._leader = None
             return
         self._leader = None
-        if broker.applied_seq != self.link.last_seq():
+        last = self.link.last_seq()
+        if broker.consumed_seq != last:
             return  # not at the stream's end yet: the next look, once caught up
         value = json.dumps({"nodeId": self.node_id, "url": self.url}).encode()
         revision = self.link.lease_acquire(value)
@@ -203,7 +218,7 @@ class ClusterNode:
         self._sink.valid_until_ms = started + self.lease_ms
         log.info("%s took the lease (revision %d) at applied sequence %d", self.node_id,
                  revision, broker.applied_seq)
-        if self._become(broker, LEADER):
+        if self._become(broker, LEADER, last):
             self.promotions += 1
             self._next_lease_ms = self._clock.now_ms()  # renew at once: opening took time
         else:
@@ -245,9 +260,9 @@ class ClusterNode:
             except Exception:
                 log.debug("releasing the lease", exc_info=True)
 
-    def _become(self, broker: Broker, role: str) -> bool:
+    def _become(self, broker: Broker, role: str, last_seq: int | None = None) -> bool:
         try:
-            broker.become(role, self._sink if role == LEADER else None)
+            broker.become(role, self._sink if role == LEADER else None, last_seq)
         except Exception:
             log.exception("%s could not become %s", self.node_id, role)
             return False

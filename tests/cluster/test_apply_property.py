@@ -1,5 +1,6 @@
 """The apply function under hypothesis: a random stream of records (appends, revokes and
-RocksDB batches, as a leader's store and log ship them) applied to two fresh stores gives
+RocksDB batches, as a leader's store and log ship them, whole or in pieces) applied to two
+fresh stores gives
 the same CommitLog bytes, the same RocksDB contents and the same answers as the source."""
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ def _node(directory: Path) -> tuple[RocksStore, CommitLog]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(step, min_size=1, max_size=25))
-def test_two_fresh_stores_applying_one_stream_hold_the_same_bytes(steps: list) -> None:
+@given(st.lists(step, min_size=1, max_size=25), st.sampled_from([48, 300, 1 << 20]))
+def test_two_fresh_stores_applying_one_stream_hold_the_same_bytes(
+        steps: list, max_message: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         stream = MemoryStream()
         store, log = _node(root / "source")
-        rep = LeaderReplicator(store, log, stream)
+        rep = LeaderReplicator(store, log, stream, max_message_bytes=max_message)
         store.attach_replicator(rep)
         log.attach_replicator(rep)
         starts: list[int] = []  # record boundaries appended so far

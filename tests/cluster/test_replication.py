@@ -163,3 +163,56 @@ def test_single_node_mode_captures_nothing(tmp_path: Path) -> None:
 
 
 assert START_MS  # (the shared fake clock starts there)
+
+
+def test_a_record_larger_than_a_stream_message_goes_in_pieces(
+        tmp_path: Path, clock: FakeClock) -> None:
+    stream = MemoryStream()
+    stream.max_bytes = 16 << 10
+    leader, _ = open_leader(tmp_path / "leader", clock, stream, max_message_bytes=16 << 10)
+    follower = FollowerNode(tmp_path / "follower")
+    try:
+        leader.send_batch([SendRequest(topic="t", body=b"%04d" % i * 500, msg_id=f"b{i}")
+                           for i in range(100)])  # ~200 KB: one record, a dozen messages
+        assert len(stream.records) > 10
+        assert all(len(m) <= stream.max_bytes for m in stream.records)
+        follower.catch_up(stream)
+        assert follower.guard.seq == len(stream.records)
+        end = leader._log.end_position  # type: ignore[union-attr]
+        assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
+                == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_pieces_of_a_record_its_leader_never_finished_are_dropped(
+        tmp_path: Path, clock: FakeClock) -> None:
+    from storage.replication import encode_record, stream_messages
+
+    stream = MemoryStream()
+    leader, _ = open_leader(tmp_path / "leader", clock, stream)
+    follower = FollowerNode(tmp_path / "follower")
+    try:
+        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+        follower.catch_up(stream)
+        applied = follower.guard.seq
+        # a dead leader's unfinished record: its first two pieces only
+        pieces = stream_messages(encode_record([], [(0, "meta", b"k", b"v" * 300)]), 100)
+        stream.records += pieces[:2]
+        follower.catch_up(stream)
+        assert follower.guard.seq == applied and follower.guard.consumed == len(stream.records)
+        # the next leader goes on after them: its record is applied, the pieces never
+        from storage.replication import LeaderReplicator
+
+        rep = LeaderReplicator(leader._store, leader._log, stream,  # type: ignore[arg-type]
+                               last_seq=len(stream.records))
+        batch = leader._store.batch()  # type: ignore[union-attr]
+        batch.ops = []
+        rep.write(batch, None)
+        follower.catch_up(stream)
+        assert follower.guard.seq == len(stream.records)
+        assert follower.store.get("meta", b"k") is None
+    finally:
+        leader.close()
+        follower.close()

@@ -25,9 +25,12 @@ class MemoryStream:
         self.records: list[bytes] = []
         self.lock = threading.Lock()
         self.refuse_next = 0  # the next n publishes fail as a lost lease would
+        self.max_bytes = 1 << 30  # NATS's max_payload
 
     def publish(self, record: bytes, expected_last_seq: int) -> int:
         with self.lock:
+            if len(record) > self.max_bytes:
+                raise ValueError(f"message of {len(record)} bytes over {self.max_bytes}")
             if self.refuse_next:
                 self.refuse_next -= 1
                 raise NotLeader("injected: wrong last sequence")
@@ -38,7 +41,8 @@ class MemoryStream:
             return len(self.records)
 
 
-def open_leader(data_dir: Path, clock: FakeClock, stream: MemoryStream,
+def open_leader(data_dir: Path, clock: FakeClock, stream: MemoryStream, *,
+                max_message_bytes: int = 1 << 20,
                 **overrides: Any) -> tuple[Broker, list[LeaderReplicator]]:
     """A Broker whose store and log ship every write to ``stream``."""
     from tests.support.engine import make_config
@@ -53,7 +57,8 @@ def open_leader(data_dir: Path, clock: FakeClock, stream: MemoryStream,
 
     def log_factory(directory: Path, cfg: EngineConfig) -> Log:
         commitlog = open_commitlog(directory, cfg)
-        rep = LeaderReplicator(stores[-1], commitlog, stream)
+        rep = LeaderReplicator(stores[-1], commitlog, stream,
+                               max_message_bytes=max_message_bytes)
         made.append(rep)
         stores[-1].attach_replicator(rep)
         commitlog.attach_replicator(rep)  # type: ignore[attr-defined]
@@ -81,8 +86,8 @@ class FollowerNode:
 
     def catch_up(self, stream: MemoryStream) -> int:
         n = 0
-        while self.guard.seq < len(stream.records):
-            seq = self.guard.seq + 1
+        while self.guard.consumed < len(stream.records):
+            seq = self.guard.consumed + 1
             self.guard.apply(seq, stream.records[seq - 1])
             n += 1
         return n
