@@ -196,7 +196,7 @@ class NatsLink:
               wait_s: float = 0.25) -> list[tuple[int, bytes]]:
         """Records from ``from_seq`` on, in order (at most ``max_records``; [] when none came
         within ``wait_s``). A pull consumer is kept across calls while they go on in order."""
-        return self._run(self._fetch(from_seq, max_records, wait_s), wait_s + 1.0)
+        return self._run(self._fetch(from_seq, max_records, wait_s), wait_s + self.timeout_s + 0.5)
 
     async def _fetch(self, from_seq: int, max_records: int,
                      wait_s: float) -> list[tuple[int, bytes]]:
@@ -207,7 +207,7 @@ class NatsLink:
                 config=api.ConsumerConfig(
                     deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
                     ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0,
-                    max_ack_pending=-1, mem_storage=True, num_replicas=1)), wait_s + 0.8)
+                    max_ack_pending=-1, mem_storage=True, num_replicas=1)), self.timeout_s)
             self._sub_next = from_seq
         try:
             msgs = await self._sub.fetch(max_records, timeout=wait_s)

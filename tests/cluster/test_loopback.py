@@ -75,7 +75,7 @@ def test_writes_to_any_node_are_served_by_every_node_at_the_same_offsets(
     seq = cluster.wait_converged()
     until(lambda: all(len((cluster.view(n) or {}).get("nodes", [])) == 3
                       and all(m["appliedSeq"] == seq for m in cluster.view(n)["nodes"])  # type: ignore[index]
-                      for n in cluster.nodes), 10, "every node's status in the node bucket")
+                      for n in cluster.nodes), 30, "every node's status in the node bucket")
     view = cluster.view(cluster.nodes[0])
     assert view is not None
     assert sorted(m["role"] for m in view["nodes"]) == ["follower", "follower", "leader"]
