@@ -1,7 +1,9 @@
 """The crash harness of cluster mode: a loopback cluster (3 NATS servers, 3 hourglass nodes)
 under sends, cancels, transactions and group consumption against random nodes while the
 leader is killed with kill -9 again and again (``HOURGLASS_CLUSTER_KILLS``, default 20),
-each time restarted to rejoin as a follower. Then, on every node: each acknowledged,
+each time restarted to rejoin as a follower; between kills, now and then, the leader is
+paused (SIGSTOP) past its lease and resumed, a NATS server is killed and restarted, a
+follower's data directory is wiped. Then, on every node: each acknowledged,
 uncancelled message exactly once, at the same offset; none early; no cancelled one; no
 acknowledged group ack handed out again. Prints the failover times (kill -> first answered
 write), p50 and max.
@@ -14,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
+import signal
 import statistics
 import threading
 import time
@@ -22,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.hourglass_cluster import HourglassCluster, read_topic, until
+from tests.support.hourglass_cluster import LEASE_MS, HourglassCluster, read_topic, until
 from tests.support.nats_cluster import NATS_SERVER, NatsCluster
 from tests.support.server_process import ServerProcess
 
@@ -145,6 +149,30 @@ class Workload:
                 for t in (self.produce, self.produce, self.cancel, self.transact, self.consume)]
 
 
+def disturb(cluster: HourglassCluster, round_: int) -> None:
+    """Between kills, now and then: the leader paused past its lease and resumed, a NATS
+    server killed and restarted, a follower's data directory wiped."""
+    if round_ % 5 == 2:
+        leader = cluster.leader()
+        assert leader.pid is not None
+        os.kill(leader.pid, signal.SIGSTOP)
+        try:
+            time.sleep(2 * LEASE_MS / 1000)
+        finally:
+            os.kill(leader.pid, signal.SIGCONT)
+    elif round_ % 5 == 4:
+        victim = round_ % cluster.nats.size
+        cluster.nats.kill(victim)
+        time.sleep(1.5)
+        cluster.nats.start(victim)
+    elif round_ % 10 == 0:
+        leader = cluster.leader()
+        follower = next(n for n in cluster.nodes if n is not leader)
+        follower.stop()
+        shutil.rmtree(follower.data_dir)
+        follower.start(ready="/healthz")
+
+
 def test_leader_killed_again_and_again_under_load(tmp_path: Path) -> None:
     kills = int(os.environ.get("HOURGLASS_CLUSTER_KILLS", "20"))
     with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(tmp_path, nats) as cluster:
@@ -176,6 +204,7 @@ def test_leader_killed_again_and_again_under_load(tmp_path: Path) -> None:
                     work.acked.add(str(probe["msgId"]))
                 leader.start(ready="/healthz")
                 time.sleep(1.0)
+                disturb(cluster, len(failovers))
         finally:
             work.stop.set()
             for t in threads:
