@@ -40,8 +40,8 @@ def run() -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     runs = [run() for _ in range(9)]
-    print(argv[0] if argv else "", "scheduled 100k: %.3f s, due-now 50k: %.3f s"
-          % (min(r[0] for r in runs), min(r[1] for r in runs)))
+    scheduled, due = min(r[0] for r in runs), min(r[1] for r in runs)
+    print(argv[0] if argv else "", f"scheduled 100k: {scheduled:.3f} s, due-now 50k: {due:.3f} s")
     return 0
 
 
