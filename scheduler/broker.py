@@ -189,6 +189,7 @@ class Broker:
         self._guard: FollowerGuard | None = None  # a follower's (storage/replication.py)
         self._replicator: LeaderReplicator | None = None  # a cluster leader's
         self._role_lock = threading.Lock()  # become / apply
+
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Open storage, recover (replay the log past the applied position), start threads."""
