@@ -102,7 +102,8 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
         app.forwarder = Forwarder(engine)
         cluster = engine.cluster
         registry.register(ClusterCollector(lambda: engine.role, lambda: engine.applied_seq,
-                                           lambda: cluster.lag_ms))
+                                           lambda: cluster.lag_ms,
+                                           getattr(cluster, "apply_lag_ms", None)))
     install_problem_handlers(app)
     # one flat router, hot routes first: every included router costs a level of matching
     messages.add_routes(app.router, ctx)

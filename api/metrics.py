@@ -81,10 +81,11 @@ class ClusterCollector(Collector):
     ROLES = ("leader", "follower", "starting")
 
     def __init__(self, role: Callable[[], str], applied_seq: Callable[[], int],
-                 lag_ms: Callable[[], int]) -> None:
+                 lag_ms: Callable[[], int], apply_lag: Histogram | None = None) -> None:
         self._role = role
         self._applied_seq = applied_seq
         self._lag_ms = lag_ms
+        self._apply_lag = apply_lag
 
     def collect(self) -> Iterator[Metric]:
         current = self._role()
@@ -99,6 +100,13 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily("hourglass_cluster_lag_ms",
                                 "How long since this follower was at the stream's end (ms)",
                                 self._lag_ms())
+        if self._apply_lag is not None:
+            snap = self._apply_lag.snapshot()
+            family = HistogramMetricFamily("hourglass_" + self._apply_lag.name,
+                                           self._apply_lag.help)
+            family.add_metric([], [(_bound(b), float(c)) for b, c in snap.buckets],
+                              sum_value=snap.sum)
+            yield family
 
 
 class HttpMetricsMiddleware:

@@ -193,13 +193,14 @@ class NatsLink:
         return int(info.state.first_seq)
 
     def fetch(self, from_seq: int, max_records: int = 256,
-              wait_s: float = 0.25) -> list[tuple[int, bytes]]:
-        """Records from ``from_seq`` on, in order (at most ``max_records``; [] when none came
-        within ``wait_s``). A pull consumer is kept across calls while they go on in order."""
+              wait_s: float = 0.25) -> list[tuple[int, bytes, int]]:
+        """(sequence, message, when the stream stored it in epoch ms) from ``from_seq`` on,
+        in order (at most ``max_records``; [] when none came within ``wait_s``). A pull
+        consumer is kept across calls while they go on in order."""
         return self._run(self._fetch(from_seq, max_records, wait_s), wait_s + self.timeout_s + 0.5)
 
     async def _fetch(self, from_seq: int, max_records: int,
-                     wait_s: float) -> list[tuple[int, bytes]]:
+                     wait_s: float) -> list[tuple[int, bytes, int]]:
         if self._sub is None or self._sub_next != from_seq:
             await self._drop_sub()
             self._sub = await asyncio.wait_for(self._js.pull_subscribe(
@@ -216,13 +217,14 @@ class NatsLink:
         except BaseException:  # (a cancelled call too): a new consumer next time
             self._sub = None
             raise
-        out: list[tuple[int, bytes]] = []
+        out: list[tuple[int, bytes, int]] = []
         for msg in msgs:
-            seq = int(msg.metadata.sequence.stream)
+            meta = msg.metadata
+            seq = int(meta.sequence.stream)
             if seq != self._sub_next:  # a gap or a repeat: start again from where we are
                 await self._drop_sub()
                 break
-            out.append((seq, bytes(msg.data)))
+            out.append((seq, bytes(msg.data), int(meta.timestamp.timestamp() * 1000)))
             self._sub_next = seq + 1
         return out
 

@@ -29,11 +29,13 @@ from typing import Any
 from scheduler.broker import FOLLOWER, LEADER, STARTING, Broker
 from scheduler.clock import Clock
 from scheduler.cluster.link import NatsLink
+from scheduler.metrics import Histogram
 from storage.errors import HourglassError, NotLeader, Unavailable
 
 log = logging.getLogger(__name__)
 
 STATUS_INTERVAL_MS = 1000
+APPLY_LAG_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 RETRY_PUBLISH_S = 0.05
 
 
@@ -88,6 +90,11 @@ class ClusterNode:
         self._caught_up_ms = clock.now_ms()  # when this follower last was at the stream's end
         self._leader: dict[str, str] | None = None
         self.promotions = 0
+        #: from the stream storing a message to this follower applying it (wall clocks: the
+        #: NATS server's and this node's)
+        self.apply_lag_ms = Histogram(
+            "cluster_apply_lag_ms", "From the stream storing a record to its apply here (ms)",
+            APPLY_LAG_BUCKETS)
 
     # --- ClusterControl -------------------------------------------------------------------
     def start(self, broker: Broker) -> None:
@@ -190,8 +197,9 @@ class ClusterNode:
     def _follow(self, broker: Broker) -> None:
         records = self.link.fetch(broker.consumed_seq + 1, 256,
                                   wait_s=min(0.1, self.lease_ms / 3000))
-        for seq, data in records:
+        for seq, data, stored_ms in records:
             broker.apply(seq, data)
+            self.apply_lag_ms.observe(max(0, int(time.time() * 1000) - stored_ms))
         now = self._clock.now_ms()
         if len(records) < 256:
             self._caught_up_ms = now

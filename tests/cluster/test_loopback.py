@@ -71,7 +71,12 @@ def test_writes_to_any_node_are_served_by_every_node_at_the_same_offsets(
         with node.client() as c:
             assert c.get("/v1/topics/orders/messages/gone").json()["status"] == "CANCELLED"
             role = "leader" if node is leader else "follower"
-            assert f'hourglass_cluster_role{{role="{role}"}} 1.0' in c.get("/metrics").text
+            text = c.get("/metrics").text
+            assert f'hourglass_cluster_role{{role="{role}"}} 1.0' in text
+            applied = [line for line in text.splitlines()
+                       if line.startswith("hourglass_cluster_apply_lag_ms_count")]
+            assert len(applied) == 1
+            assert (float(applied[0].split()[1]) > 0) == (node is not leader)
     seq = cluster.wait_converged()
     until(lambda: all(len((cluster.view(n) or {}).get("nodes", [])) == 3
                       and all(m["appliedSeq"] == seq for m in cluster.view(n)["nodes"])  # type: ignore[index]

@@ -42,7 +42,7 @@ def test_a_deposed_leaders_append_is_refused_by_the_stream(nats_cluster: NatsClu
         # ... and the old one, which still believes the stream ends at its record, is refused
         with pytest.raises(NotLeader):
             old.publish(b"stale", base + 1)
-        assert [data for _, data in new.fetch(base + 1, 10)] == [b"r1", b"r2"]
+        assert [data for _, data, _ in new.fetch(base + 1, 10)] == [b"r1", b"r2"]
         assert new.last_seq() == base + 2
     finally:
         old.close()
@@ -86,11 +86,13 @@ def test_records_read_in_order_from_any_sequence(nats_cluster: NatsCluster,
         base = link.last_seq()
         for i in range(50):
             link.publish(b"%d" % i, base + i)
-        got: list[tuple[int, bytes]] = []
+        got: list[tuple[int, bytes, int]] = []
         while len(got) < 40:
             got += link.fetch(base + 11 + len(got), 16)
-        assert [s for s, _ in got] == list(range(base + 11, base + 51))
-        assert [d for _, d in got] == [b"%d" % i for i in range(10, 50)]
+        assert [s for s, _, _ in got] == list(range(base + 11, base + 51))
+        assert [d for _, d, _ in got] == [b"%d" % i for i in range(10, 50)]
+        now = time.time() * 1000
+        assert all(now - 60_000 < at <= now + 1000 for _, _, at in got)  # when stored
         assert link.fetch(base + 51, 16, wait_s=0.1) == []
     finally:
         link.close()
