@@ -291,8 +291,12 @@ class LeaderReplicator:
             with self._pending_lock:
                 log_ops, self._pending = self._pending, []
                 end = self._pending_end
-            ops = batch.ops if batch.ops is not None else []
-            record = encode_record(log_ops, ops)
+            if batch.ops is None:  # made before this replicator was attached: not shippable
+                with self._pending_lock:
+                    self._pending[:0] = log_ops
+                raise ReplicationError("a batch made before cluster mode's replicator was "
+                                       "attached cannot be shipped")
+            record = encode_record(log_ops, batch.ops)
             try:
                 seq = self.seq
                 for message in stream_messages(record, self._max_message_bytes):

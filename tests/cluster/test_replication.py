@@ -216,3 +216,25 @@ def test_pieces_of_a_record_its_leader_never_finished_are_dropped(
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_batch_made_before_the_replicator_was_attached_is_refused(tmp_path: Path) -> None:
+    from storage.commitlog import CommitLog
+    from storage.replication import LeaderReplicator
+    from storage.rocks import RocksStore
+
+    store = RocksStore(tmp_path / "db", timer_shards=1)
+    log = CommitLog(tmp_path / "log", segment_size=4096)
+    stream = MemoryStream()
+    try:
+        early = store.batch()  # captures nothing
+        early.put("meta", b"k", b"v")
+        rep = LeaderReplicator(store, log, stream)
+        store.attach_replicator(rep)
+        with pytest.raises(ReplicationError):
+            store.write(early)
+        assert stream.records == [] and store.get("meta", b"k") is None
+        assert rep.deposed is None
+    finally:
+        log.close()
+        store.close()
