@@ -55,6 +55,8 @@ class Settings:
     advertise: str = ""  #                            URL other nodes reach it at (http://HOST:PORT)
     cluster_lease_ms: int = 2000  #                   the leader's lease; renewed every third
     cluster_max_ready_lag_ms: int = 1000  #           /readyz of a follower: 200 while under it
+    cluster_snapshot_records: int = 100_000  #        the leader keeps a snapshot every so many
+    #                                                records and trims the stream (0: never)
     tokens: tuple[TokenSpec, ...] = ()  #            [[tokens]] + HOURGLASS_ADMIN_TOKEN
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(data_dir=Path("data")))
     config_file: Path | None = None  #               where the TOML layer came from
@@ -234,6 +236,7 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(name="advertise", parse=parse_str),
     Option(name="cluster_lease_ms", parse=parse_duration_ms, check=_lease),
     Option(name="cluster_max_ready_lag_ms", parse=parse_duration_ms, check=_positive),
+    Option(name="cluster_snapshot_records", parse=parse_int, check=_non_negative),
 )
 
 _ENGINE_CHECKS: dict[str, Check] = {"flush_policy": _flush_policy,

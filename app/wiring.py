@@ -49,7 +49,8 @@ def _cluster_broker(settings: Settings, clock: Clock) -> Broker:
                     name=f"hourglass-{settings.node_id}")
     node = ClusterNode(link, node_id=settings.node_id, url=settings.advertised_url, clock=clock,
                        lease_ms=settings.cluster_lease_ms,
-                       max_ready_lag_ms=settings.cluster_max_ready_lag_ms)
+                       max_ready_lag_ms=settings.cluster_max_ready_lag_ms,
+                       snapshot_records=settings.cluster_snapshot_records)
     return Broker(settings.engine, clock, cluster=node)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -66,7 +67,7 @@ from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.timeline import TimelineView
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
-from storage.commitlog import CommitLog
+from storage.commitlog import CHECKPOINT_NAME, CommitLog
 from storage.constants import (
     CF_INDEX,
     COMMITLOG_DIR,
@@ -105,6 +106,7 @@ from storage.replication import (
     settle_log,
 )
 from storage.rocks import Batch, RocksStore, StoreTuning
+from storage.segment import NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,10 @@ LEADER, FOLLOWER, STARTING = "leader", "follower", "starting"
 
 class ClusterControl(Protocol):
     """What a Broker in cluster mode is driven by (scheduler/cluster/node.py)."""
+
+    def prepare(self, data_dir: Path) -> None:
+        """Before the engine opens: reach the cluster; an empty data directory is filled from
+        the cluster's snapshot, if there is one."""
 
     def start(self, broker: Broker) -> None:
         """Begin (the broker is open as a follower): apply the stream, watch the lease."""
@@ -138,6 +144,16 @@ class ClusterControl(Protocol):
     @property
     def lag_ms(self) -> int:
         """How long since this node last was at the stream's end (0: the leader)."""
+
+
+def copy_log_files(src: Path, dest: Path) -> None:
+    """The CommitLog's files (its checkpoint first: the segments hold at least what it says)."""
+    dest.mkdir(parents=True)
+    names = sorted(p.name for p in src.iterdir() if NAME_PATTERN.match(p.name))
+    if (src / CHECKPOINT_NAME).exists():
+        shutil.copyfile(src / CHECKPOINT_NAME, dest / CHECKPOINT_NAME)
+    for name in names:
+        shutil.copyfile(src / name, dest / name)
 
 
 def open_commitlog(directory: Path, config: EngineConfig) -> Log:
@@ -198,6 +214,8 @@ class Broker:
                 raise InvalidArgument(f"a Broker starts once (it is {self._state})")
             self._state = "starting"
         try:
+            if self.cluster is not None:
+                self.cluster.prepare(self.config.data_dir)
             self._open(FOLLOWER if self.cluster is not None else LEADER)
         except BaseException:
             self._shutdown()
@@ -304,10 +322,12 @@ class Broker:
         self.role = role
 
     # --- cluster mode --------------------------------------------------------------------
-    def become(self, role: str, sink: Sink | None = None, last_seq: int | None = None) -> None:
+    def become(self, role: str, sink: Sink | None = None, last_seq: int | None = None,
+               replace: Callable[[Path], None] | None = None) -> None:
         """Cluster mode: close this engine and open it again on the same data directory as
         ``role`` (every cache rebuilt by the normal start path); a leader publishes to
-        ``sink`` after ``last_seq`` (default: what it applied). Requests meanwhile answer
+        ``sink`` after ``last_seq`` (default: what it applied); ``replace(data_dir)`` runs while
+        the engine is closed (a follower restored from a snapshot). Requests meanwhile answer
         NotLeader (503 + Retry-After). Raises what opening raised (the node is then
         STARTING, every request NotLeader, until a later ``become`` works)."""
         with self._role_lock:
@@ -319,6 +339,8 @@ class Broker:
             self._shutdown()
             self._reset()
             try:
+                if replace is not None:
+                    replace(self.config.data_dir)
                 self._open(role, sink, last_seq)
             except BaseException:
                 log.exception("could not open the engine as %s", role)
@@ -359,6 +381,20 @@ class Broker:
             return {"nodeId": "single", "role": LEADER, "leader": None, "appliedSeq": 0,
                     "nodes": []}
         return self.cluster.view()
+
+    def cluster_checkpoint(self, dest: Path) -> int:
+        """A cluster leader: a consistent copy of this node's data at ``dest`` (RocksDB
+        checkpoint + the CommitLog's files, taken with no record in flight); returns the
+        sequence it holds. What the log holds past the recorded end is cut on restore."""
+        rep, store = self._replicator, self._store
+        if rep is None or store is None or self._state != "running":
+            raise NotLeader("only the cluster's leader takes snapshots")
+        dest.mkdir(parents=True, exist_ok=True)
+        with rep.lock:
+            seq = applied_seq(store)
+            store.checkpoint(dest / ROCKSDB_DIR)
+            copy_log_files(self.config.data_dir / COMMITLOG_DIR, dest / COMMITLOG_DIR)
+        return seq
 
     @property
     def consumed_seq(self) -> int:

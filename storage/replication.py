@@ -272,6 +272,11 @@ class LeaderReplicator:
         self._pending_end = self.published_end  # the log's end after the pending operations
         self.deposed: str | None = None  # why, once deposed
 
+    @property
+    def lock(self) -> threading.Lock:
+        """The replication lock: held, no record is being shipped or written (a snapshot)."""
+        return self._lock
+
     def appended(self, start: int, end: int, payloads: Sequence[bytes]) -> None:
         if self.deposed is not None:
             raise NotLeader(f"this node is no longer the leader ({self.deposed})")

@@ -22,9 +22,11 @@ import logging
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
+import nats.js.errors
 from nats.js import api
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, NotFoundError
 
@@ -41,7 +43,9 @@ class ClusterNames:
     wal: str = "HOURGLASS_WAL"
     lease_bucket: str = "hourglass-lease"
     node_bucket: str = "hourglass-nodes"
+    snapshot_bucket: str = "hourglass-snapshots"
     lease_key: str = "leader"
+    snapshot_key: str = "latest"
 
     @property
     def wal_subject(self) -> str:
@@ -66,6 +70,7 @@ class NatsLink:
         self._js: Any = None
         self._lease_kv: Any = None
         self._node_kv: Any = None
+        self._objects: Any = None
         self._sub: Any = None
         self._sub_next = 0  # the sequence the subscription delivers next
 
@@ -123,6 +128,12 @@ class NatsLink:
         except (NotFoundError, APIError):
             self._lease_kv = await self._js.create_key_value(api.KeyValueConfig(
                 bucket=n.lease_bucket, history=1, ttl=lease_s, replicas=self.replicas))
+        try:
+            self._objects = await self._js.object_store(n.snapshot_bucket)
+        except (NotFoundError, APIError, nats.js.errors.BucketNotFoundError):
+            self._objects = await self._js.create_object_store(
+                n.snapshot_bucket, config=api.ObjectStoreConfig(
+                    replicas=self.replicas, storage=api.StorageType.FILE))
         try:
             self._node_kv = await self._js.key_value(n.node_bucket)
         except (NotFoundError, APIError):
@@ -235,6 +246,35 @@ class NatsLink:
                 await sub.unsubscribe()
             except Exception:
                 pass
+
+    def trim(self, below_seq: int) -> None:
+        """Drop the stream's messages below ``below_seq`` (a snapshot holds what they did)."""
+        self._run(self._js.purge_stream(self.names.wal, seq=below_seq))
+
+    # --- snapshots ----------------------------------------------------------------------------
+    def put_snapshot(self, archive: Path, seq: int, timeout_s: float = 300.0) -> None:
+        """Keep ``archive`` (a node's data at sequence ``seq``) as the cluster's snapshot."""
+        self._run(self._put_snapshot(archive, seq), timeout_s)
+
+    async def _put_snapshot(self, archive: Path, seq: int) -> None:
+        with archive.open("rb") as f:
+            await self._objects.put(self.names.snapshot_key, f, meta=api.ObjectMeta(
+                name=self.names.snapshot_key, description=str(seq)))
+
+    def get_snapshot(self, dest: Path, timeout_s: float = 300.0) -> int | None:
+        """Write the cluster's snapshot to ``dest``; its sequence (None: there is none)."""
+        return self._run(self._get_snapshot(dest), timeout_s)
+
+    async def _get_snapshot(self, dest: Path) -> int | None:
+        try:
+            info = await self._objects.get_info(self.names.snapshot_key)
+        except (NotFoundError, nats.js.errors.ObjectNotFoundError):
+            return None
+        if info is None or getattr(info, "deleted", False):
+            return None
+        with dest.open("wb") as f:
+            await self._objects.get(self.names.snapshot_key, writeinto=f)
+        return int(info.description)
 
     # --- the lease ----------------------------------------------------------------------------
     def lease_holder(self) -> tuple[bytes, int] | None:

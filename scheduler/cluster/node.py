@@ -22,14 +22,19 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tarfile
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from scheduler.broker import FOLLOWER, LEADER, STARTING, Broker
 from scheduler.clock import Clock
 from scheduler.cluster.link import NatsLink
 from scheduler.metrics import Histogram
+from storage.constants import COMMITLOG_DIR, ROCKSDB_DIR
 from storage.errors import HourglassError, NotLeader, Unavailable
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,28 @@ log = logging.getLogger(__name__)
 STATUS_INTERVAL_MS = 1000
 APPLY_LAG_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 RETRY_PUBLISH_S = 0.05
+
+
+def restore_snapshot(link: NatsLink, data_dir: Path, *, wipe: bool = False) -> int | None:
+    """Fill ``data_dir``'s RocksDB and CommitLog from the cluster's snapshot; its sequence,
+    or None when there is none. ``wipe``: what they held goes first."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".cluster-restore-", dir=data_dir))
+    try:
+        archive = work / "snapshot.tar.gz"
+        seq = link.get_snapshot(archive)
+        if seq is None:
+            return None
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(work / "data", filter="data")
+        for name in (ROCKSDB_DIR, COMMITLOG_DIR):
+            if wipe:
+                shutil.rmtree(data_dir / name, ignore_errors=True)
+            (work / "data" / name).rename(data_dir / name)
+        log.info("restored %s from the cluster's snapshot at sequence %d", data_dir, seq)
+        return seq
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 class LeaseSink:
@@ -72,13 +99,19 @@ class LeaseSink:
 
 class ClusterNode:
     def __init__(self, link: NatsLink, *, node_id: str, url: str, clock: Clock,
-                 lease_ms: int = 2000, max_ready_lag_ms: int = 1000) -> None:
+                 lease_ms: int = 2000, max_ready_lag_ms: int = 1000,
+                 snapshot_records: int = 100_000) -> None:
         self.link = link
         self.node_id = node_id
         self.url = url
         self._clock = clock
         self.lease_ms = lease_ms
         self.max_ready_lag_ms = max_ready_lag_ms
+        self.snapshot_records = snapshot_records  # a snapshot every so many records (0: none)
+        self._snapshot_seq = 0  # of the last snapshot this node took or restored from
+        self.snapshots = self.restores = 0
+        self._snapshotting: threading.Thread | None = None
+        self._trimmed = 0  # the stream holds nothing at or below it (this node trimmed it)
         self._sink = LeaseSink(link, clock)
         self._broker: Broker | None = None
         self._stop = threading.Event()
@@ -97,9 +130,15 @@ class ClusterNode:
             APPLY_LAG_BUCKETS)
 
     # --- ClusterControl -------------------------------------------------------------------
+    def prepare(self, data_dir: Path) -> None:
+        self.link.connect()
+        if not (data_dir / ROCKSDB_DIR / "CURRENT").exists():  # a new (or wiped) node
+            self._snapshot_seq = restore_snapshot(self.link, data_dir, wipe=True) or 0
+            if self._snapshot_seq:
+                self.restores += 1
+
     def start(self, broker: Broker) -> None:
         self._broker = broker
-        self.link.connect()
         self._thread = threading.Thread(target=self._run, name="cluster-node", daemon=True)
         self._thread.start()
 
@@ -107,6 +146,8 @@ class ClusterNode:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(10)
+        if self._snapshotting is not None:
+            self._snapshotting.join(30)
         # no more publishing (the engine closes after this), then hand the lease on at once
         self._give_up_lease()
         self.link.close()
@@ -178,8 +219,11 @@ class ClusterNode:
             self._next_status_ms = now + STATUS_INTERVAL_MS
             try:
                 self.link.put_node(self.node_id, json.dumps(self._status()).encode())
+                if broker.role == LEADER and (self._snapshotting is None
+                                              or not self._snapshotting.is_alive()):
+                    self._trim()
             except Exception:
-                log.debug("publishing this node's status", exc_info=True)
+                log.debug("publishing this node's status, trimming", exc_info=True)
         if broker.role == LEADER:
             self._lead(broker, now)
         elif broker.role == FOLLOWER:
@@ -206,6 +250,9 @@ class ClusterNode:
         if now < self._next_lease_ms or self._stop.is_set():
             return
         self._next_lease_ms = now + self.lease_ms // 3
+        if not records and broker.consumed_seq + 1 < self.link.first_seq():
+            self._restore(broker)  # what it misses was trimmed: start again from a snapshot
+            return
         holder = self.link.lease_holder()
         if holder is not None:
             try:
@@ -233,6 +280,13 @@ class ClusterNode:
             self._give_up_lease()
 
     def _lead(self, broker: Broker, now: int) -> None:
+        if (self.snapshot_records and broker.deposed is None
+                and broker.applied_seq - self._snapshot_seq >= self.snapshot_records
+                and (self._snapshotting is None or not self._snapshotting.is_alive())):
+            # beside this thread, which must go on renewing the lease meanwhile
+            self._snapshotting = threading.Thread(target=self._snapshot_quietly, args=(broker,),
+                                                  name="cluster-snapshot", daemon=True)
+            self._snapshotting.start()
         if broker.deposed is not None:
             log.warning("%s deposed (%s): following again", self.node_id, broker.deposed)
             self._give_up_lease()
@@ -258,6 +312,66 @@ class ClusterNode:
                 self._become(broker, FOLLOWER)
                 return
         self._stop.wait(0.02)
+
+    def _snapshot_quietly(self, broker: Broker) -> None:
+        try:
+            self._snapshot(broker)
+        except Exception:  # (it lost the lead meanwhile, NATS did not answer): tried again
+            log.warning("%s: no snapshot this time", self.node_id, exc_info=True)
+            self._snapshot_seq = broker.applied_seq  # not at once again: after as many
+
+    def _snapshot(self, broker: Broker) -> None:
+        """Keep a snapshot of this leader's data in the cluster, then trim the stream behind
+        what every node still needs (the snapshot, and each live follower's position)."""
+        data_dir = broker.config.data_dir
+        work = Path(tempfile.mkdtemp(prefix=".cluster-snapshot-", dir=data_dir))
+        try:
+            seq = broker.cluster_checkpoint(work / "data")
+            archive = work / "snapshot.tar.gz"
+            with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+                for name in (ROCKSDB_DIR, COMMITLOG_DIR):
+                    tar.add(work / "data" / name, arcname=name)
+            self.link.put_snapshot(archive, seq)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self._snapshot_seq = seq
+        self.snapshots += 1
+        log.info("%s kept a snapshot at sequence %d", self.node_id, seq)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the stream's records that no node needs: those the last snapshot holds and
+        every follower (as the node bucket last heard from it) has applied."""
+        needed = self._snapshot_seq
+        if needed <= self._trimmed:
+            return
+        for node_id, raw in self.link.nodes().items():
+            try:
+                info = json.loads(raw)
+            except ValueError:
+                continue
+            if node_id != self.node_id and info.get("role") != LEADER:
+                needed = min(needed, int(info.get("appliedSeq", 0)))
+        if needed > self._trimmed:
+            self.link.trim(needed + 1)
+            self._trimmed = needed
+            log.info("%s trimmed the stream: it now starts after %d", self.node_id, needed)
+
+    def _restore(self, broker: Broker) -> None:
+        log.warning("%s: the stream no longer holds what follows sequence %d: restoring "
+                    "from the cluster's snapshot", self.node_id, broker.consumed_seq)
+
+        def replace(data_dir: Path) -> None:
+            seq = restore_snapshot(self.link, data_dir, wipe=True)
+            if seq is None:
+                raise Unavailable("the stream was trimmed and there is no snapshot")
+            self._snapshot_seq = seq
+
+        try:
+            broker.become(FOLLOWER, replace=replace)
+            self.restores += 1
+        except Exception:
+            log.exception("%s could not restore from the snapshot", self.node_id)
 
     def _give_up_lease(self) -> None:
         self._sink.valid_until_ms = 0
