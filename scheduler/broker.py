@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import threading
 import time
@@ -147,13 +148,19 @@ class ClusterControl(Protocol):
 
 
 def copy_log_files(src: Path, dest: Path) -> None:
-    """The CommitLog's files (its checkpoint first: the segments hold at least what it says)."""
+    """The CommitLog's files, hard-linked (instant, whatever the log's size): its
+    checkpoint first (the segments hold at least what it says; it is replaced, never
+    rewritten, so the link keeps this one), then the segments. Bytes below the recorded log
+    end are never written again; what is appended after the link is cut on restore."""
     dest.mkdir(parents=True)
     names = sorted(p.name for p in src.iterdir() if NAME_PATTERN.match(p.name))
     if (src / CHECKPOINT_NAME).exists():
         shutil.copyfile(src / CHECKPOINT_NAME, dest / CHECKPOINT_NAME)
     for name in names:
-        shutil.copyfile(src / name, dest / name)
+        try:
+            os.link(src / name, dest / name)
+        except OSError:  # (another file system)
+            shutil.copyfile(src / name, dest / name)
 
 
 def open_commitlog(directory: Path, config: EngineConfig) -> Log:

@@ -337,7 +337,10 @@ class CommitLog:
                 raise InvalidArgument(f"position {position} is outside the log [.., {end}]")
             seg = self._segments[i]
             off = position - seg.base
-            if seg.size - off < HEADER_SIZE or HEADER.unpack_from(seg.mm, off)[0] != RECORD_MAGIC:
+            # a record starts there, or the end-of-segment header an append that rolled over
+            # wrote there (cluster mode cuts a log back to where such an append began)
+            if seg.size - off < HEADER_SIZE or HEADER.unpack_from(seg.mm, off)[0] not in (
+                    RECORD_MAGIC, EOS_MAGIC):
                 raise InvalidArgument(f"no record at position {position}")
             if self._flushed > position:
                 self._write_checkpoint(position)

@@ -238,3 +238,23 @@ def test_a_batch_made_before_the_replicator_was_attached_is_refused(tmp_path: Pa
     finally:
         log.close()
         store.close()
+
+
+def test_a_log_is_cut_back_to_where_an_append_that_rolled_over_began(tmp_path: Path) -> None:
+    """settle_log / a deposed leader cut the log back to the end recorded with the last
+    record; when the next append had rolled over to a new segment, an end-of-segment header
+    sits there: the cut takes it too, and the same append then lands where it did."""
+    from storage.commitlog import CommitLog
+
+    log = CommitLog(tmp_path / "log", segment_size=256)
+    try:
+        log.append_batch([b"a" * 100])
+        end = log.end_position
+        positions = log.append_batch([b"b" * 150])  # does not fit: rolls over
+        assert positions[0] == 256 and end < 256
+        log.revoke(end)
+        assert log.end_position == end
+        assert log.append_batch([b"b" * 150]) == positions
+        assert log.read(positions[0]) == b"b" * 150
+    finally:
+        log.close()
