@@ -261,6 +261,19 @@ class NatsLink:
             await self._objects.put(self.names.snapshot_key, f, meta=api.ObjectMeta(
                 name=self.names.snapshot_key, description=str(seq)))
 
+    def snapshot_seq(self) -> int | None:
+        """The sequence of the cluster's snapshot (None: there is none)."""
+        return self._run(self._snapshot_seq())
+
+    async def _snapshot_seq(self) -> int | None:
+        try:
+            info = await self._objects.get_info(self.names.snapshot_key)
+        except (NotFoundError, nats.js.errors.ObjectNotFoundError):
+            return None
+        if info is None or getattr(info, "deleted", False):
+            return None
+        return int(info.description)
+
     def get_snapshot(self, dest: Path, timeout_s: float = 300.0) -> int | None:
         """Write the cluster's snapshot to ``dest``; its sequence (None: there is none)."""
         return self._run(self._get_snapshot(dest), timeout_s)

@@ -250,8 +250,14 @@ class ClusterNode:
         if now < self._next_lease_ms or self._stop.is_set():
             return
         self._next_lease_ms = now + self.lease_ms // 3
-        if not records and broker.consumed_seq + 1 < self.link.first_seq():
-            self._restore(broker)  # what it misses was trimmed: start again from a snapshot
+        if not records and broker.consumed_seq + 1 < (first := self.link.first_seq()):
+            kept = self.link.snapshot_seq()  # what it misses was trimmed: from a snapshot
+            if kept is not None and kept + 1 >= first:
+                self._restore(broker)
+            else:
+                log.error("%s: the stream starts at %d, after what this node applied (%d), "
+                          "and no snapshot reaches it (%s)", self.node_id, first,
+                          broker.consumed_seq, kept)
             return
         holder = self.link.lease_holder()
         if holder is not None:
@@ -331,6 +337,14 @@ class ClusterNode:
             with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
                 for name in (ROCKSDB_DIR, COMMITLOG_DIR):
                     tar.add(work / "data" / name, arcname=name)
+            # a leader paused while it packed must not put an older snapshot over a newer
+            # one (the stream may be trimmed past it already): only while it still leads
+            if (broker.role != LEADER or broker.deposed is not None
+                    or self._clock.now_ms() >= self._sink.valid_until_ms):
+                raise NotLeader("no longer the leader: the snapshot is dropped")
+            kept = self.link.snapshot_seq()
+            if kept is not None and kept >= seq:
+                raise NotLeader(f"the cluster keeps a snapshot at {kept} already")
             self.link.put_snapshot(archive, seq)
         finally:
             shutil.rmtree(work, ignore_errors=True)

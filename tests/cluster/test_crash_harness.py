@@ -3,7 +3,9 @@ under sends, cancels, transactions and group consumption against random nodes wh
 leader is killed with kill -9 again and again (``HOURGLASS_CLUSTER_KILLS``, default 20),
 each time restarted to rejoin as a follower; between kills, now and then, the leader is
 paused (SIGSTOP) past its lease and resumed, a NATS server is killed and restarted, a
-follower's data directory is wiped. Then, on every node: each acknowledged,
+follower's data directory is wiped; the leader keeps a snapshot every
+``HOURGLASS_CLUSTER_SNAPSHOT_RECORDS`` (default 50) records and trims the stream, so a wiped
+follower joins from the snapshot. Then, on every node: each acknowledged,
 uncancelled message exactly once, at the same offset; none early; no cancelled one; no
 acknowledged group ack handed out again. Prints the failover times (kill -> first answered
 write), p50 and max.
@@ -175,7 +177,9 @@ def disturb(cluster: HourglassCluster, round_: int) -> None:
 
 def test_leader_killed_again_and_again_under_load(tmp_path: Path) -> None:
     kills = int(os.environ.get("HOURGLASS_CLUSTER_KILLS", "20"))
-    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(tmp_path, nats) as cluster:
+    snapshot_every = os.environ.get("HOURGLASS_CLUSTER_SNAPSHOT_RECORDS", "50")
+    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(
+            tmp_path, nats, cluster_snapshot_records=snapshot_every) as cluster:
         work = Workload(cluster, seed=33)
         threads = work.threads()
         for t in threads:
