@@ -364,7 +364,7 @@ class ClusterNode:
                 info = json.loads(raw)
             except ValueError:
                 continue
-            if node_id != self.node_id and info.get("role") != LEADER:
+            if node_id != self.node_id:  # (an old leader just killed too: it comes back)
                 needed = min(needed, int(info.get("appliedSeq", 0)))
         if needed > self._trimmed:
             self.link.trim(needed + 1)
