@@ -377,8 +377,8 @@ class Broker:
         """The write-ahead stream's sequence this node has applied (0: single-node mode)."""
         if self._guard is not None:
             return self._guard.seq
-        if self._replicator is not None:
-            return self._replicator.seq
+        if self._replicator is not None:  # what this node holds: a record published but
+            return self._replicator.written_seq  # not yet written here is not applied
         store = self._store
         return 0 if store is None or store.closed else applied_seq(store)
 

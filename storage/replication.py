@@ -267,7 +267,8 @@ class LeaderReplicator:
         self._lock = threading.Lock()  # THE replication lock: encode, publish, write
         self._pending_lock = threading.Lock()  # the log operations not yet shipped
         self._pending: list[LogOp] = []
-        self.seq = applied_seq(store) if last_seq is None else last_seq
+        self.written_seq = applied_seq(store)  # the last record also written here
+        self.seq = self.written_seq if last_seq is None else last_seq  # the last published
         self.published_end = recorded_log_end(store)
         self._pending_end = self.published_end  # the log's end after the pending operations
         self.deposed: str | None = None  # why, once deposed
@@ -317,6 +318,7 @@ class LeaderReplicator:
             _mark(batch, seq, self.published_end)
             try:
                 self._store.write_local(batch, sync=sync)
+                self.written_seq = seq
             except BaseException:
                 # the stream has it, this node does not: it must re-apply it as a follower
                 self._depose(f"record {seq} is in the stream but its local write failed")
