@@ -17,7 +17,9 @@ pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bi
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[HourglassCluster]:
-    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(tmp_path, nats) as hc:
+    # a long lease: no failover in this test even on a loaded machine (its roles are checked)
+    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(tmp_path, nats,
+                                                                  lease_ms=6000) as hc:
         yield hc
 
 
