@@ -19,6 +19,7 @@ from api.context import ApiContext, ApiLimits
 from api.hot import HOT_OPERATIONS, HourglassApp
 from api.longpoll import DeliveryNotifier
 from api.metrics import (
+    ClusterCollector,
     EngineCollector,
     HttpMetrics,
     HttpMetricsMiddleware,
@@ -87,6 +88,8 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
         finally:
             ctx.release_waiters()  # first, so shutdown does not wait on them
             await run_in_threadpool(engine.close)
+            if app.forwarder is not None:
+                await app.forwarder.close()
 
     app = HourglassApp(
         title="hourglass", version=_version(), description=DESCRIPTION, lifespan=lifespan,
@@ -96,6 +99,14 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.ctx = ctx
+    if engine.cluster is not None:  # cluster mode: writes reaching a follower go to the leader
+        from api.forward import Forwarder
+
+        app.forwarder = Forwarder(engine)
+        cluster = engine.cluster
+        registry.register(ClusterCollector(lambda: engine.role, lambda: engine.applied_seq,
+                                           lambda: cluster.lag_ms,
+                                           getattr(cluster, "apply_lag_ms", None)))
     install_problem_handlers(app)
     # one flat router, hot routes first: every included router costs a level of matching
     messages.add_routes(app.router, ctx)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
@@ -41,6 +42,7 @@ class HourglassApp(FastAPI):
 
     _hot: tuple[tuple[APIRoute, frozenset[str]], ...] = ()
     _metrics: HttpMetrics | None = None
+    forwarder: Any = None  # cluster mode: api/forward.py's Forwarder (writes to the leader)
 
     def serve_hot(self, metrics: HttpMetrics, operations: Collection[str] = HOT_OPERATIONS
                   ) -> None:
@@ -51,6 +53,10 @@ class HourglassApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            forwarder = self.forwarder
+            if forwarder is not None and forwarder.wants(scope):
+                await forwarder(scope, receive, send)
+                return
             path, method = scope["path"], scope["method"]
             for route, methods in self._hot:
                 if method in methods:

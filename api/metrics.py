@@ -81,6 +81,41 @@ class StreamPushCollector(Collector):
                                   "stream_stall_ms", stalled)
 
 
+class ClusterCollector(Collector):
+    """Cluster mode (docs/cluster.md): this node's role (one series per role, 1 for the
+    current one), the write-ahead sequence it applied, and how far it trails the stream."""
+
+    ROLES = ("leader", "follower", "starting")
+
+    def __init__(self, role: Callable[[], str], applied_seq: Callable[[], int],
+                 lag_ms: Callable[[], int], apply_lag: Histogram | None = None) -> None:
+        self._role = role
+        self._applied_seq = applied_seq
+        self._lag_ms = lag_ms
+        self._apply_lag = apply_lag
+
+    def collect(self) -> Iterator[Metric]:
+        current = self._role()
+        role = GaugeMetricFamily("hourglass_cluster_role", "This node's role (1: current)",
+                                 labels=["role"])
+        for name in self.ROLES:
+            role.add_metric([name], 1.0 if name == current else 0.0)
+        yield role
+        yield GaugeMetricFamily("hourglass_cluster_applied_seq",
+                                "The write-ahead stream sequence this node has applied",
+                                self._applied_seq())
+        yield GaugeMetricFamily("hourglass_cluster_lag_ms",
+                                "How long since this follower was at the stream's end (ms)",
+                                self._lag_ms())
+        if self._apply_lag is not None:
+            snap = self._apply_lag.snapshot()
+            family = HistogramMetricFamily("hourglass_" + self._apply_lag.name,
+                                           self._apply_lag.help)
+            family.add_metric([], [(_bound(b), float(c)) for b, c in snap.buckets],
+                              sum_value=snap.sum)
+            yield family
+
+
 class HttpMetricsMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware: that costs a task per request)."""
 

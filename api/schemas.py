@@ -360,6 +360,32 @@ class Health(_Out, kw_only=True):
     status: Annotated[str, Meta(examples=["ok"])]
 
 
+class ClusterLeader(_Out, kw_only=True):
+    node_id: Annotated[str, Meta(examples=["n1"])]
+    url: Annotated[str, Meta(examples=["http://127.0.0.1:7741"])]
+
+
+class ClusterMember(_Out, kw_only=True):
+    """A node as it last told the cluster (about once a second)."""
+
+    node_id: Annotated[str, Meta(examples=["n2"])]
+    url: str | None
+    role: Annotated[str, Meta(examples=["follower"])]
+    applied_seq: int
+    lag_ms: int
+
+
+class ClusterView(_Out, kw_only=True):
+    """This node's role, the leader it knows, the write-ahead sequence it applied, and every
+    node of the cluster (single-node mode: role leader, no leader, sequence 0, no nodes)."""
+
+    node_id: Annotated[str, Meta(examples=["n1"])]
+    role: Annotated[str, Meta(examples=["leader", "follower", "starting"])]
+    leader: ClusterLeader | None
+    applied_seq: int
+    nodes: list[ClusterMember]
+
+
 class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An RFC 9457 problem document."""
 
@@ -379,7 +405,7 @@ COMPONENTS: tuple[Any, ...] = (
     MessageInfo, ScheduledPage, PullResult, GroupOffset, TopicInfo, TransactionResult,
     TransactionChecks, Snapshot, Health, Problem, ReceiveIn, AckIn, NackIn, RedriveIn,
     ReceiveResult, AckResult, NackResult, GroupState, DeadLetterPage, RedriveResult,
-    ParkedMessages, Redriven,
+    ParkedMessages, Redriven, ClusterView,
 )
 
 

@@ -92,6 +92,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", help="listen port (default 7740)")
     parser.add_argument("--config", type=Path, help="TOML settings file")
+    parser.add_argument("--cluster", metavar="URLS",
+                        help="cluster mode: the NATS servers, comma-separated (docs/cluster.md)")
+    parser.add_argument("--node-id", help="this node's id in the cluster")
+    parser.add_argument("--advertise", metavar="URL",
+                        help="how other nodes reach this one (default http://HOST:PORT)")
     return parser.parse_args(list(argv))
 
 
@@ -148,7 +153,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         settings = load_settings(
             cli={"data_dir": str(args.data_dir) if args.data_dir else None, "host": args.host,
-                 "port": args.port},
+                 "port": args.port, "cluster": args.cluster, "node_id": args.node_id,
+                 "advertise": args.advertise},
             env=os.environ, config_file=args.config,
         )
     except InvalidArgument as exc:

@@ -54,9 +54,24 @@ class Settings:
     header_timeout_ms: int = 5_000  #                ms for a request's headers to arrive; then
     #                                                the connection is closed
     metrics_require_token: bool = False  #           /metrics needs an admin token (401/403)
+    cluster: str = ""  #                              NATS URLs, comma-separated: cluster mode
+    node_id: str = ""  #                              this node's id in the cluster (required)
+    advertise: str = ""  #                            URL other nodes reach it at (http://HOST:PORT)
+    cluster_lease_ms: int = 2000  #                   the leader's lease; renewed every third
+    cluster_max_ready_lag_ms: int = 1000  #           /readyz of a follower: 200 while under it
+    cluster_snapshot_records: int = 100_000  #        the leader keeps a snapshot every so many
+    #                                                records and trims the stream (0: never)
     tokens: tuple[TokenSpec, ...] = ()  #            [[tokens]] + HOURGLASS_ADMIN_TOKEN
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(data_dir=Path("data")))
     config_file: Path | None = None  #               where the TOML layer came from
+
+    @property
+    def cluster_urls(self) -> list[str]:
+        return [u.strip() for u in self.cluster.split(",") if u.strip()]
+
+    @property
+    def advertised_url(self) -> str:
+        return self.advertise or f"http://{self.host}:{self.port}"
 
     @property
     def admin_token_file(self) -> Path:
@@ -189,6 +204,15 @@ def _batch(value: int) -> str | None:
     return None if ok else f"must be between 1 and {MAX_BATCH_MESSAGES}"
 
 
+def _node_id(value: str) -> str | None:
+    return None if re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value) else (
+        "must be 1-64 characters of A-Z a-z 0-9 _ . -")
+
+
+def _lease(value: int) -> str | None:
+    return None if value >= 300 else "must be at least 300 ms"
+
+
 def _log_level(value: str) -> str | None:
     levels = ("critical", "error", "warning", "info", "debug", "trace")
     return None if value in levels else f"must be one of {', '.join(levels)}"
@@ -231,6 +255,12 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(name="max_header_bytes", parse=parse_size, check=_positive),
     Option(name="header_timeout_ms", parse=parse_duration_ms, check=_positive),
     Option(name="metrics_require_token", parse=parse_bool),
+    Option(name="cluster", parse=parse_str),
+    Option(name="node_id", parse=parse_str, check=_node_id),
+    Option(name="advertise", parse=parse_str),
+    Option(name="cluster_lease_ms", parse=parse_duration_ms, check=_lease),
+    Option(name="cluster_max_ready_lag_ms", parse=parse_duration_ms, check=_positive),
+    Option(name="cluster_snapshot_records", parse=parse_int, check=_non_negative),
 )
 
 _ENGINE_CHECKS: dict[str, Check] = {"flush_policy": _flush_policy,
@@ -383,6 +413,8 @@ def load_settings(
         raise InvalidArgument("the same token is configured twice")
     server = {o.name: values[o.name] for o in SERVER_OPTIONS if o.name in values}
     settings = Settings(**server, tokens=tuple(tokens), config_file=path)
+    if settings.cluster and not settings.node_id:
+        raise InvalidArgument("cluster mode (--cluster) needs a --node-id")
     engine = {o.name: values[o.name] for o in ENGINE_OPTIONS if o.name in values}
     return dataclasses.replace(
         settings, engine=EngineConfig(data_dir=settings.data_dir, **engine)

@@ -28,7 +28,12 @@ def build_app(settings: Settings, *, clock: Clock | None = None,
     if not settings.tokens:
         raise ValueError("no token configured: the server would accept nobody "
                          "(app.server generates an admin token when none is set)")
-    engine = broker if broker is not None else Broker(settings.engine, clock or SystemClock())
+    if broker is not None:
+        engine = broker
+    elif settings.cluster:
+        engine = _cluster_broker(settings, clock or SystemClock())
+    else:
+        engine = Broker(settings.engine, clock or SystemClock())
     limits = ApiLimits(max_request_bytes=settings.max_request_bytes,
                        max_batch_messages=settings.max_batch_messages,
                        max_long_polls=settings.max_long_polls,
@@ -36,6 +41,20 @@ def build_app(settings: Settings, *, clock: Clock | None = None,
                        max_long_polls_per_token=settings.max_long_polls_per_token,
                        stream_stall_ms=settings.stream_stall_ms)
     return create_app(engine, auth=Authenticator(settings.tokens), limits=limits)
+
+
+def _cluster_broker(settings: Settings, clock: Clock) -> Broker:
+    """A Broker in cluster mode (imports nats: only here)."""
+    from scheduler.cluster.link import NatsLink
+    from scheduler.cluster.node import ClusterNode
+
+    link = NatsLink(settings.cluster_urls, lease_ms=settings.cluster_lease_ms,
+                    name=f"hourglass-{settings.node_id}")
+    node = ClusterNode(link, node_id=settings.node_id, url=settings.advertised_url, clock=clock,
+                       lease_ms=settings.cluster_lease_ms,
+                       max_ready_lag_ms=settings.cluster_max_ready_lag_ms,
+                       snapshot_records=settings.cluster_snapshot_records)
+    return Broker(settings.engine, clock, cluster=node)
 
 
 def uvicorn_config(app: ASGIApp, settings: Settings) -> uvicorn.Config:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from scheduler.backlog import Backlog
 from scheduler.checkback.registry import CallbackRegistration
@@ -71,7 +72,7 @@ from scheduler.timeline import TimelineView
 from scheduler.timer_index import TimerIndex
 from scheduler.transactions import TransactionManager
 from scheduler.writes import WritePaths
-from storage.commitlog import CommitLog
+from storage.commitlog import CHECKPOINT_NAME, CommitLog
 from storage.constants import (
     CF_INDEX,
     COMMITLOG_DIR,
@@ -84,12 +85,14 @@ from storage.consume_queue import ConsumeQueue
 from storage.errors import (
     InvalidArgument,
     NotFound,
+    NotLeader,
     OffsetExpired,
     Unavailable,
 )
 from storage.keys import (
     decode_handle,
     index_key,
+    unpack_u64,
 )
 from storage.log_format import HEADER_SIZE
 from storage.private import private_dir
@@ -99,13 +102,70 @@ from storage.records import (
     LogRecord,
     decode_index,
     decode_log_records,
+    log_record_head,
+)
+from storage.replication import (
+    FollowerGuard,
+    LeaderReplicator,
+    Sink,
+    applied_seq,
+    settle_log,
 )
 from storage.rocks import Batch, RocksStore, StoreTuning
+from storage.segment import NAME_PATTERN
 
 log = logging.getLogger(__name__)
 
 LogFactory = Callable[[Path, EngineConfig], Log]
 StoreFactory = Callable[[Path, EngineConfig], RocksStore]
+
+#: a Broker's roles: single-node mode is always "leader"; in cluster mode a node starts as
+#: "follower" and a ClusterControl moves it (``Broker.become``)
+LEADER, FOLLOWER, STARTING = "leader", "follower", "starting"
+
+
+class ClusterControl(Protocol):
+    """What a Broker in cluster mode is driven by (scheduler/cluster/node.py)."""
+
+    def prepare(self, data_dir: Path) -> None:
+        """Before the engine opens: reach the cluster; an empty data directory is filled from
+        the cluster's snapshot, if there is one."""
+
+    def start(self, broker: Broker) -> None:
+        """Begin (the broker is open as a follower): apply the stream, watch the lease."""
+
+    def close(self) -> None: ...
+
+    @property
+    def ready(self) -> bool:
+        """Caught up closely enough to answer reads (``/readyz``)."""
+
+    def view(self) -> dict[str, Any]:
+        """The answer of ``GET /v1/cluster``."""
+
+    @property
+    def leader_url(self) -> str | None:
+        """Where writes go (None: no leader known)."""
+
+    @property
+    def lag_ms(self) -> int:
+        """How long since this node last was at the stream's end (0: the leader)."""
+
+
+def copy_log_files(src: Path, dest: Path) -> None:
+    """The CommitLog's files, hard-linked (instant, whatever the log's size): its
+    checkpoint first (the segments hold at least what it says; it is replaced, never
+    rewritten, so the link keeps this one), then the segments. Bytes below the recorded log
+    end are never written again; what is appended after the link is cut on restore."""
+    dest.mkdir(parents=True)
+    names = sorted(p.name for p in src.iterdir() if NAME_PATTERN.match(p.name))
+    if (src / CHECKPOINT_NAME).exists():
+        shutil.copyfile(src / CHECKPOINT_NAME, dest / CHECKPOINT_NAME)
+    for name in names:
+        try:
+            os.link(src / name, dest / name)
+        except OSError:  # (another file system)
+            shutil.copyfile(src / name, dest / name)
 
 
 def open_commitlog(directory: Path, config: EngineConfig) -> Log:
@@ -124,9 +184,11 @@ class Broker:
     def __init__(
         self, config: EngineConfig, clock: Clock | None = None, *,
         log_factory: LogFactory | None = None, store_factory: StoreFactory | None = None,
+        cluster: ClusterControl | None = None,
     ) -> None:
         """``log_factory`` / ``store_factory`` open the CommitLog and the RocksStore (default:
-        ``open_commitlog`` / ``open_store``); tests pass ones that wrap them to inject faults."""
+        ``open_commitlog`` / ``open_store``); tests pass ones that wrap them to inject faults.
+        ``cluster``: cluster mode (docs/cluster.md): the node starts as a follower."""
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.levels = config.check()
@@ -151,6 +213,11 @@ class Broker:
         self._groups: GroupManager | None = None
         self._quarantine: Quarantine | None = None
         self._backlog: Backlog  # set by start
+        self.cluster = cluster
+        self.role = LEADER if cluster is None else STARTING
+        self._guard: FollowerGuard | None = None  # a follower's (storage/replication.py)
+        self._replicator: LeaderReplicator | None = None  # a cluster leader's
+        self._role_lock = threading.Lock()  # become / apply
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,80 +226,10 @@ class Broker:
             if self._state != "new":
                 raise InvalidArgument(f"a Broker starts once (it is {self._state})")
             self._state = "starting"
-        cfg = self.config
         try:
-            private_dir(cfg.data_dir)
-            self._store = store = self._store_factory(cfg.data_dir / ROCKSDB_DIR, cfg)
-            self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
-            self._queues = ConsumeQueue(store)
-            self._ledger = ledger = DeliveryLedger(store, self._log)
-            self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
-                                  max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
-                                  max_record_bytes=cfg.max_record_bytes)
-            self._committer = Committer(store=store, log=self._log, queues=self._queues,
-                                        clock=self.clock, retention_ms=cfg.retention_ms,
-                                        on_replayed=self._on_replayed)
-            self._transactions = TransactionManager(
-                store=store, config=cfg, clock=self.clock, intake=self._intake,
-                committer=self._committer, submit=self.submit, metrics=self.metrics,
-                shard_locks=self._locks,
-                on_appended=self._count_appended)
-            replayed = self._committer.recover()
-            if replayed:
-                log.info("recovery applied %d log records to RocksDB", len(replayed))
-            timers = TimerIndex(store)
-            self._shards = [ShardState(s, timers.frontier(s)) for s in range(cfg.timer_shards)]
-            self._backlog = backlog = Backlog(store, [st.cf for st in self._shards],
-                                              top=cfg.backlog_topic_labels)
-            self._writes = WritePaths(
-                store=store, committer=self._committer, shards=self._shards, clock=self.clock,
-                metrics=self.metrics, backlog=backlog, retention_ms=cfg.retention_ms,
-                check_running=self._check_running, notify=self._notify, ledger=ledger)
-            self.metrics.pending.set(backlog.rebuild())  # the one scan of pending keys
-            self.metrics.pending_by_topic.set_label_function(
-                lambda: {t: n for t, (n, _) in backlog.labelled().items()})
-            self.metrics.oldest_pending_ms.set_label_function(
-                lambda: {t: at for t, (_, at) in backlog.labelled().items()})
-            self.metrics.pending_by_level.set_label_function(
-                lambda: {str(level): n for level, n in backlog.by_level().items()})
-            self._quarantine = Quarantine(
-                committer=self._committer, store=store, shards=self._shards,
-                max_payload=cfg.segment_size - HEADER_SIZE, clock=self.clock,
-                metrics=self.metrics, shard_locks=self._locks)
-            self._delivery = DeliveryStage(
-                committer=self._quarantine, clock=self.clock, metrics=self.metrics,
-                progress=self._progress, queue_batches=cfg.delivery_queue_batches,
-                batch_max=cfg.delivery_batch_max, max_backoff_ms=cfg.retry_max_backoff_ms,
-                on_commit=self._on_commit)
-            self._scanners = [
-                Scanner(state=st, store=store, clock=self.clock, batch_size=cfg.scan_batch_size,
-                        interval_ms=cfg.scan_interval_ms,
-                        hand_off=self._delivery.put, progress=self._progress,
-                        metrics=self.metrics, stopping=self._stopping,
-                        max_backoff_ms=cfg.retry_max_backoff_ms)
-                for st in self._shards]
-            self.retention = self._log_retention(store, ledger)
-            self._maintenance = Maintenance(
-                store=store, ledger=ledger, clock=self.clock, metrics=self.metrics,
-                retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes,
-                cleanup_interval_ms=cfg.cleanup_interval_ms, retention=self.retention)
-            self.metrics.watermark_lag_ms.set_label_function(self._lags)
-            self._delivery.start()
-            for scanner in self._scanners:
-                scanner.start()
-            self._groups = GroupManager(
-                store=store, read=read_payloads(self._log.read_many, self._queues.positions),
-                end_offset=self._queues.end_offset, intake=self._intake, submit=self.submit,
-                clock=self.clock, max_reconsume_times=cfg.max_reconsume_times,
-                window=cfg.group_lease_window, check_running=self._check_running,
-                metrics=self.metrics, max_answer_bytes=cfg.max_answer_bytes,
-                max_groups_per_topic=cfg.max_groups_per_topic,
-                metric_labels=cfg.group_metric_labels,
-                quick_retries_per_s=cfg.group_quick_retries_per_s,
-                quick_retry_burst=cfg.group_quick_retry_burst)
-            self._groups.first_offset = self._queues.first_offset  # retention: catch_up
-            self._maintenance.start()
-            self._transactions.start()
+            if self.cluster is not None:
+                self.cluster.prepare(self.config.data_dir)
+            self._open(FOLLOWER if self.cluster is not None else LEADER)
         except BaseException:
             self._shutdown()
             with self._state_lock:
@@ -240,6 +237,220 @@ class Broker:
             raise
         with self._state_lock:
             self._state = "running"
+        if self.cluster is not None:
+            try:
+                self.cluster.start(self)
+            except BaseException:
+                self.close()
+                raise
+
+    def _open(self, role: str, sink: Sink | None = None, last_seq: int | None = None) -> None:
+        """Open storage and build the engine as ``role``. A follower recovers nothing and
+        runs no thread (no scanner, delivery, maintenance or check-back): it applies the
+        write-ahead stream (``apply``). A cluster leader ships every write to ``sink``."""
+        cfg = self.config
+        clustered = self.cluster is not None
+        follower = role == FOLLOWER
+        private_dir(cfg.data_dir)
+        self._store = store = self._store_factory(cfg.data_dir / ROCKSDB_DIR, cfg)
+        self._log = self._log_factory(cfg.data_dir / COMMITLOG_DIR, cfg)
+        self._queues = ConsumeQueue(store)
+        self._ledger = ledger = DeliveryLedger(store, self._log)
+        self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
+                              max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
+                              max_record_bytes=cfg.max_record_bytes)
+        self._committer = Committer(store=store, log=self._log, queues=self._queues,
+                                    clock=self.clock, retention_ms=cfg.retention_ms,
+                                    on_replayed=self._on_replayed)
+        self._transactions = TransactionManager(
+            store=store, config=cfg, clock=self.clock, intake=self._intake,
+            committer=self._committer, submit=self.submit, metrics=self.metrics,
+            shard_locks=self._locks,
+            on_appended=self._count_appended)
+        if clustered:  # what the log holds past the last applied record was never shipped
+            settle_log(store, self._log)
+        if follower:
+            self._guard = FollowerGuard(store, self._log)
+            store.attach_replicator(self._guard)
+            self._log.attach_replicator(self._guard)  # type: ignore[attr-defined]
+            self._committer.applied_position = self._committer._stored_applied()
+        else:
+            if clustered:
+                assert sink is not None
+                self._replicator = LeaderReplicator(store, self._log, sink, last_seq=last_seq)
+                store.attach_replicator(self._replicator)
+                self._log.attach_replicator(self._replicator)  # type: ignore[attr-defined]
+                store.write(store.batch())  # the first record: fences out the old leader
+            replayed = self._committer.recover()
+            if replayed:
+                log.info("recovery applied %d log records to RocksDB", len(replayed))
+        timers = TimerIndex(store)
+        self._shards = [ShardState(s, timers.frontier(s)) for s in range(cfg.timer_shards)]
+        self._backlog = backlog = Backlog(store, [st.cf for st in self._shards],
+                                          top=cfg.backlog_topic_labels)
+        self._writes = WritePaths(
+            store=store, committer=self._committer, shards=self._shards, clock=self.clock,
+            metrics=self.metrics, backlog=backlog, retention_ms=cfg.retention_ms,
+            check_running=self._check_running, notify=self._notify, ledger=ledger)
+        self.metrics.pending.set(backlog.rebuild())  # the one scan of pending keys
+        self.metrics.pending_by_topic.set_label_function(
+            lambda: {t: n for t, (n, _) in backlog.labelled().items()})
+        self.metrics.oldest_pending_ms.set_label_function(
+            lambda: {t: at for t, (_, at) in backlog.labelled().items()})
+        self.metrics.pending_by_level.set_label_function(
+            lambda: {str(level): n for level, n in backlog.by_level().items()})
+        self._quarantine = Quarantine(
+            committer=self._committer, store=store, shards=self._shards,
+            max_payload=cfg.segment_size - HEADER_SIZE, clock=self.clock,
+            metrics=self.metrics, shard_locks=self._locks)
+        self._delivery = DeliveryStage(
+            committer=self._quarantine, clock=self.clock, metrics=self.metrics,
+            progress=self._progress, queue_batches=cfg.delivery_queue_batches,
+            batch_max=cfg.delivery_batch_max, max_backoff_ms=cfg.retry_max_backoff_ms,
+            on_commit=self._on_commit)
+        self._scanners = [
+            Scanner(state=st, store=store, clock=self.clock, batch_size=cfg.scan_batch_size,
+                    interval_ms=cfg.scan_interval_ms,
+                    hand_off=self._delivery.put, progress=self._progress,
+                    metrics=self.metrics, stopping=self._stopping,
+                    max_backoff_ms=cfg.retry_max_backoff_ms)
+            for st in self._shards]
+        self.retention = self._log_retention(store, ledger)
+        self._maintenance = Maintenance(
+            store=store, ledger=ledger, clock=self.clock, metrics=self.metrics,
+            retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes,
+            cleanup_interval_ms=cfg.cleanup_interval_ms, retention=self.retention)
+        self.metrics.watermark_lag_ms.set_label_function(self._lags)
+        if not follower:
+            self._delivery.start()
+            for scanner in self._scanners:
+                scanner.start()
+        self._groups = GroupManager(
+            store=store, read=read_payloads(self._log.read_many, self._queues.positions),
+            end_offset=self._queues.end_offset, intake=self._intake, submit=self.submit,
+            clock=self.clock, max_reconsume_times=cfg.max_reconsume_times,
+            window=cfg.group_lease_window, check_running=self._check_running,
+            metrics=self.metrics, max_answer_bytes=cfg.max_answer_bytes,
+            max_groups_per_topic=cfg.max_groups_per_topic,
+            metric_labels=cfg.group_metric_labels,
+            quick_retries_per_s=cfg.group_quick_retries_per_s,
+            quick_retry_burst=cfg.group_quick_retry_burst)
+        self._groups.first_offset = self._queues.first_offset  # retention: catch_up
+        if not follower:
+            self._maintenance.start()
+            self._transactions.start()
+        self.role = role
+
+    # --- cluster mode --------------------------------------------------------------------
+    def become(self, role: str, sink: Sink | None = None, last_seq: int | None = None,
+               replace: Callable[[Path], None] | None = None) -> None:
+        """Cluster mode: close this engine and open it again on the same data directory as
+        ``role`` (every cache rebuilt by the normal start path); a leader publishes to
+        ``sink`` after ``last_seq`` (default: what it applied); ``replace(data_dir)`` runs while
+        the engine is closed (a follower restored from a snapshot). Requests meanwhile answer
+        NotLeader (503 + Retry-After). Raises what opening raised (the node is then
+        STARTING, every request NotLeader, until a later ``become`` works)."""
+        with self._role_lock:
+            with self._state_lock:
+                if self._state != "running" and self._state != "starting":
+                    raise Unavailable(f"the engine is {self._state}")
+                self._state = "starting"
+            self.role = STARTING
+            self._shutdown()
+            self._reset()
+            try:
+                if replace is not None:
+                    replace(self.config.data_dir)
+                self._open(role, sink, last_seq)
+            except BaseException:
+                log.exception("could not open the engine as %s", role)
+                self._shutdown()
+                self._reset()
+                raise
+            with self._state_lock:
+                self._state = "running"
+
+    def _reset(self) -> None:
+        self._stopping = threading.Event()
+        self._progress = Progress()
+        self._store = self._log = None
+        self._shards, self._scanners = [], []
+        self._delivery = self._maintenance = self._transactions = None
+        self._writes = self._groups = self._quarantine = None
+        self._guard = self._replicator = None
+
+    @property
+    def deposed(self) -> str | None:
+        """Why this cluster leader may not write any more (None: it may, or not a leader)."""
+        rep = self._replicator
+        return None if rep is None else rep.deposed
+
+    @property
+    def applied_seq(self) -> int:
+        """The write-ahead stream's sequence this node has applied (0: single-node mode)."""
+        if self._guard is not None:
+            return self._guard.seq
+        if self._replicator is not None:  # what this node holds: a record published but
+            return self._replicator.written_seq  # not yet written here is not applied
+        store = self._store
+        return 0 if store is None or store.closed else applied_seq(store)
+
+    def cluster_view(self) -> dict[str, Any]:
+        """``GET /v1/cluster``'s answer (single-node mode: the fixed one of the contract)."""
+        if self.cluster is None:
+            return {"nodeId": "single", "role": LEADER, "leader": None, "appliedSeq": 0,
+                    "nodes": []}
+        return self.cluster.view()
+
+    def cluster_checkpoint(self, dest: Path) -> int:
+        """A cluster leader: a consistent copy of this node's data at ``dest`` (RocksDB
+        checkpoint + the CommitLog's files, taken with no record in flight); returns the
+        sequence it holds. What the log holds past the recorded end is cut on restore."""
+        rep, store = self._replicator, self._store
+        if rep is None or store is None or self._state != "running":
+            raise NotLeader("only the cluster's leader takes snapshots")
+        dest.mkdir(parents=True, exist_ok=True)
+        with rep.lock:
+            seq = applied_seq(store)
+            store.checkpoint(dest / ROCKSDB_DIR)
+            copy_log_files(self.config.data_dir / COMMITLOG_DIR, dest / COMMITLOG_DIR)
+        return seq
+
+    @property
+    def consumed_seq(self) -> int:
+        """A follower: the last stream message it took (a piece of a record too)."""
+        guard = self._guard
+        return self.applied_seq if guard is None else guard.consumed
+
+    def apply(self, seq: int, data: bytes) -> None:
+        """A follower: take the write-ahead stream's message ``seq``; when it completes a
+        record, apply it, refresh what the engine caches and wake the readers of the topics
+        it appended to."""
+        with self._role_lock:
+            guard = self._guard
+            if guard is None or self._state != "running":
+                raise NotLeader("this node is not a running follower")
+            record = guard.apply(seq, data)
+            if record is None:
+                return
+            topics = {log_record_head(p).topic for kind, _, payloads in record.log_ops
+                      if payloads for p in payloads}
+            if record.log_ops or record.ops:
+                self._queues.forget()
+            if record.ops:
+                # the leader's retention ships its RocksDB write (the first offsets and
+                # META_LOG_FIRST_POSITION); the segment files below go here as they went there
+                self._queues.forget_firsts()
+                if self.retention is not None:
+                    self.retention.resume()
+            store = self._store
+            if store is not None:
+                timers = TimerIndex(store)
+                for st in self._shards:  # delivery commits move the frontiers
+                    st.frontier_key = timers.frontier(st.shard)
+                    st.covered_ms = unpack_u64(st.frontier_key) - 1
+        if topics:
+            self._notify(topics)
 
     def _log_retention(self, store: RocksStore, ledger: DeliveryLedger) -> LogRetention | None:
         """CommitLog retention (scheduler/retention.py), when the log is a CommitLog (tests
@@ -260,6 +471,8 @@ class Broker:
     def close(self) -> None:
         """Stop intake, stop the scanners, hand back queued batches (they are still in
         RocksDB), wait for sends and cancels in progress, flush the log, close storage."""
+        if self.cluster is not None:
+            self.cluster.close()
         with self._state_lock:
             if self._state in ("closed", "closing", "new"):
                 self._state = "closed" if self._state == "new" else self._state
@@ -306,6 +519,10 @@ class Broker:
         """Storage open and taking writes, recovery done, delivery stage not blocked by
         failures. While the store refuses writes (a full disk), reading this may try to
         recover it (RocksStore.writable): read it off the event loop."""
+        if self.cluster is not None and not (self._state == "running" and self.cluster.ready):
+            return False
+        if self.role == FOLLOWER:
+            return self._store is not None and not self._store.closed
         return (self._state == "running" and self._delivery is not None
                 and not self._delivery.blocked and not self._committer.needs_replay
                 and self._store is not None and self._store.writable)
@@ -686,6 +903,8 @@ class Broker:
     # --- internals ------------------------------------------------------------------------
     def _check_running(self) -> None:
         if self._state != "running":
+            if self.cluster is not None and self._state == "starting":
+                raise NotLeader("this node is changing its cluster role")
             raise Unavailable(f"the engine is {self._state}")
 
     def _live(self) -> tuple[RocksStore, Committer]:

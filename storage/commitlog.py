@@ -35,6 +35,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crc32c import crc32c
 
@@ -52,6 +53,9 @@ from storage.log_format import (
 from storage.native import native
 from storage.private import FILE_MODE, private_dir
 from storage.segment import NAME_PATTERN, Segment, fsync_dir
+
+if TYPE_CHECKING:
+    from storage.replication import Replicator
 
 FLUSH_POLICIES = ("async", "sync")
 MIN_SEGMENT_SIZE = 64
@@ -139,6 +143,7 @@ class CommitLog:
         self._create_lock = threading.Lock()  # segment creation (appender vs flusher)
         self._lock_fd = -1
         self._end = self._flushed = 0
+        self._replicator: Replicator | None = None  # cluster mode (storage/replication.py)
         try:
             if not read_only:
                 private_dir(self._dir)
@@ -289,10 +294,17 @@ class CommitLog:
                     positions = self._append_rolling(seg, off, payloads, lengths)
                 if self._sync:
                     self._sync_range(old_end, self._end)
+                if self._replicator is not None:
+                    self._replicator.appended(old_end, self._end, payloads)
             except BaseException:
                 self._rollback(old_end, old_count)
                 raise
             return positions
+
+    def attach_replicator(self, replicator: Replicator | None) -> None:
+        """Cluster mode: tell ``replicator`` of every append and revoke (None: detach)."""
+        with self._lock:
+            self._replicator = replicator
 
     def _rollback(self, old_end: int, old_count: int) -> None:
         """Undo a partly applied append: zero its bytes, drop the segments it created."""
@@ -326,7 +338,10 @@ class CommitLog:
                 raise InvalidArgument(f"position {position} is outside the log [.., {end}]")
             seg = self._segments[i]
             off = position - seg.base
-            if seg.size - off < HEADER_SIZE or HEADER.unpack_from(seg.mm, off)[0] != RECORD_MAGIC:
+            # a record starts there, or the end-of-segment header an append that rolled over
+            # wrote there (cluster mode cuts a log back to where such an append began)
+            if seg.size - off < HEADER_SIZE or HEADER.unpack_from(seg.mm, off)[0] not in (
+                    RECORD_MAGIC, EOS_MAGIC):
                 raise InvalidArgument(f"no record at position {position}")
             if self._flushed > position:
                 self._write_checkpoint(position)
@@ -345,6 +360,8 @@ class CommitLog:
                     later.append(self._spare)  # it would not follow on: recovery refuses gaps
                     self._spare = None
             self._end = position
+            if self._replicator is not None:
+                self._replicator.revoked(position)
             for extra in later:
                 self._discard(extra)
             # as recovery: after an msync error the page cache still has the zeros

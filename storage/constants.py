@@ -59,6 +59,10 @@ META_LOG_FIRST_POSITION = b"log_first_position"  # 8-byte BE: no consume-queue e
 META_TOPIC_FIRST_PREFIX = b"qfirst/"  # + topic -> 8-byte BE first offset still in the log
 META_GROUP_EXPIRED_PREFIX = b"gexp/"  # + topic NUL group -> 8-byte BE messages the group lost
 #                                       to retention (committed offset below firstOffset)
+
+# cluster mode (storage/replication.py): written with every record a node applies
+META_CLUSTER_SEQ = b"cluster/seq"  # 8-byte BE: the write-ahead stream sequence applied
+META_CLUSTER_LOG_END = b"cluster/log_end"  # 8-byte BE: the CommitLog's end after that record
 META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log position,
 #                              records, commit time (scheduler/ledger.py)
 

@@ -284,6 +284,12 @@ class ConsumeQueue:
             batch.put(CF_META, topic_first_key(topic), pack_u64(first))
         return first
 
+    def forget_firsts(self) -> None:
+        """Read each topic's first offset from RocksDB again (a cluster follower, after it
+        applied a record of the leader's retention: scheduler/broker.py ``apply``)."""
+        with self._ends_lock:
+            self._firsts.clear()
+
     def moved_first(self, topic: str, first: int) -> None:
         """``topic``'s first offset is ``first`` from now on (retention, before its write);
         the tail in memory no longer answers for the offsets below it."""

@@ -74,6 +74,20 @@ class Unavailable(HourglassError):
     code = "UNAVAILABLE"
 
 
+class NotLeader(Unavailable):
+    """Cluster mode: this node may not write now (no leader during a failover, or it lost
+    the lease and was refused by the write-ahead stream); retry after ``retry_after_s``."""
+
+    retry_after_s = 1
+
+
+class ReplicationError(HourglassError):
+    """Cluster mode: a write-ahead record does not fit this node's state (a gap, a log end
+    that differs from the record's start): the node must not apply it."""
+
+    code = "CORRUPTION"
+
+
 class StorageError(Unavailable):
     """A RocksDB or CommitLog operation failed; nothing half-written is visible."""
 

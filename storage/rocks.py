@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rocksdict
 
@@ -50,6 +50,9 @@ from storage.rocks_options import (
     is_time_ordered,
 )
 from storage.write_guard import MonotonicClock, NowMs, WriteGuard
+
+if TYPE_CHECKING:
+    from storage.replication import Replicator
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ class RocksStore:
         self._closed = False
         self._gate = Gate()
         self._clock = clock or MonotonicClock()
+        self._replicator: Replicator | None = None  # cluster mode (storage/replication.py)
         self._guard = WriteGuard(self._path, clock=self._clock,
                                  reserve_bytes=0 if read_only else disk_reserve_bytes,
                                  retry_interval_ms=disk_retry_interval_ms)
@@ -268,9 +272,21 @@ class RocksStore:
     def batch(self) -> Batch:
         if self._closed:
             raise self._unavailable()
-        return Batch(self._handles, self._gate)
+        return Batch(self._handles, self._gate, capture=self._replicator is not None)
+
+    def attach_replicator(self, replicator: Replicator | None) -> None:
+        """Cluster mode: every ``write`` goes through ``replicator`` (which ships the batch's
+        captured operations, then calls ``write_local``); None detaches it."""
+        self._replicator = replicator
 
     def write(self, batch: Batch, *, sync: bool | None = None) -> None:
+        if self._replicator is not None:
+            self._replicator.write(batch, sync)
+            return
+        self.write_local(batch, sync=sync)
+
+    def write_local(self, batch: Batch, *, sync: bool | None = None) -> None:
+        """``write`` without the replicator: this node's RocksDB only."""
         wb = batch._take()
         if self._read_only:
             raise StorageError("the store is open read-only")

@@ -84,6 +84,22 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
         ctx.allow(principal, Permission.ADMIN)
         return respond(camel_case(await run_in_threadpool(broker.stats)))
 
+    @router.get("/v1/cluster", **operation(
+        "getCluster", tag="operations",
+        summary="This node's cluster role, the leader, applied sequence and lag of each node",
+        result="ClusterView", errors=(503,),
+    ))
+    async def cluster(principal: Authenticated) -> Response:
+        view = await run_in_threadpool(broker.cluster_view)  # reads the node bucket in NATS
+        leader = view["leader"]
+        return respond(schemas.ClusterView(
+            node_id=view["nodeId"], role=view["role"], applied_seq=view["appliedSeq"],
+            leader=None if leader is None else schemas.ClusterLeader(
+                node_id=leader["nodeId"], url=leader["url"]),
+            nodes=[schemas.ClusterMember(node_id=n["nodeId"], url=n["url"], role=n["role"],
+                                         applied_seq=n["appliedSeq"], lag_ms=n["lagMs"])
+                   for n in view["nodes"]]))
+
     @router.get("/v1/admin/parked", **operation(
         "listParked", tag="operations",
         summary="Due messages parked as undeliverable for a reason of their own",

@@ -159,6 +159,7 @@ async function refresh() {
     if (may("admin")) {
       const overview = await api("GET", "/v1/admin/overview");
       showOverview(overview);
+      showCluster(await api("GET", "/v1/cluster"));
       await refreshTimeline();
     }
     $("refreshed").textContent = `updated ${timeFormats.seconds.format(new Date())}`;
@@ -346,6 +347,24 @@ function showTransactions(o) {
   $("transactions-note").textContent = o.transactions.length ? (o.transactionsTruncated
     ? "Counted over the first 100,000 prepared transactions." : "")
     : "No transaction is waiting.";
+}
+
+// --- the cluster (GET /v1/cluster; docs/cluster.md) ---------------------------------------
+function showCluster(c) {
+  const body = $("cluster-table").tBodies[0];
+  body.replaceChildren();
+  for (const n of c.nodes) {
+    const row = body.insertRow();
+    row.dataset.node = n.nodeId;
+    cell(row, n.nodeId === c.nodeId ? `${n.nodeId} (this one)` : n.nodeId);
+    cell(row, n.role, `role ${n.role === "leader" ? "ok" : ""}`, n.role);
+    cell(row, n.url || "");
+    cell(row, fmtNum(n.appliedSeq), "applied", n.appliedSeq);
+    cell(row, `${fmtNum(n.lagMs)} ms`, "lag", n.lagMs);
+  }
+  $("cluster-note").textContent = c.nodes.length
+    ? `This node is ${c.role}; the leader: ${c.leader ? c.leader.nodeId : "none now (a failover)"}.`
+    : "A single node (not started with --cluster).";
 }
 
 // --- the due timeline ----------------------------------------------------------------------

