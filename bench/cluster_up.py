@@ -14,8 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from tests.support.hourglass_cluster import TOKEN, HourglassCluster
-from tests.support.nats_cluster import NatsCluster
+from bench.support.hourglass_cluster import TOKEN, HourglassCluster
+from bench.support.nats_cluster import NatsCluster
 
 
 def main(argv: list[str]) -> int:

