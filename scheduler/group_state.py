@@ -100,6 +100,18 @@ class Seal:
         """The key of lease ``head``'s tags (never shown: only tags under it are)."""
         return hmac.digest(self._key, f"{self._prefix}{head}".encode(), "sha256")
 
+    def receipts(self, head: str, offsets: Sequence[int]) -> list[str]:
+        """The receipts of lease ``head`` at ``offsets``: head.tag.offset in hex."""
+        copy = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG).copy
+        out = []
+        append = out.append
+        for offset in offsets:
+            hexed = f"{offset:x}"
+            m = copy()
+            m.update(hexed.encode())
+            append(f"{head}.{m.hexdigest()}.{hexed}")
+        return out
+
     def tags(self, head: str, offsets: Sequence[str]) -> list[str]:
         """The tag of each receipt of lease ``head`` at ``offsets`` (hex)."""
         copy = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG).copy
@@ -301,12 +313,10 @@ class Group:
     def issue(self, lease: Lease) -> list[str]:
         """The receipts of ``lease``'s offsets (kept with it while it holds: an ack of
         exactly them, the usual one, is checked against them, not re-sealed)."""
-        head = lease.head
-        hexes = list(map("{:x}".format, lease.offsets))
-        out = list(map(f"{head}.{{}}.{{}}".format, self.seal.tags(head, hexes), hexes))
+        out = self.seal.receipts(lease.head, lease.offsets)
         if self.kept + len(out) <= KEPT_RECEIPTS:
             lease.receipts = out
-            self.issued[head] = lease
+            self.issued[lease.head] = lease
             self.kept += len(out)
         return out
 
