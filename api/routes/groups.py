@@ -56,8 +56,16 @@ def _fields(record: LogRecord, once: bool = False) -> dict[str, Any]:
 
 
 def received(m: Received, once: bool = False) -> schemas.Received:
-    return schemas.Received(**_fields(m.record, once), receipt=m.receipt,
-                            delivery_count=m.delivery_count, reconsume_times=m.reconsume_times)
+    """A leased message's document (``_fields`` + the receipt's, spelled out: no dict made
+    and unpacked per message, half the cost of a JSON receive's documents)."""
+    r = m.record
+    body_base64, body = schemas.body_fields(r.body, once)
+    return schemas.Received(offset=r.queue_offset, msg_id=r.msg_id, topic=r.topic,
+                            tags=r.tags, keys=r.keys, properties=r.properties,
+                            body_base64=body_base64, body=body, born_at=r.born_at,
+                            deliver_at=r.deliver_at, stored_at=r.stored_at,
+                            receipt=m.receipt, delivery_count=m.delivery_count,
+                            reconsume_times=m.reconsume_times)
 
 
 def receive_answer(result: ReceiveResult, acked: AckResult | None,
