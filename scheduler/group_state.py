@@ -103,7 +103,7 @@ class Seal:
     def receipts(self, head: str, offsets: Sequence[int]) -> list[str]:
         """The receipts of lease ``head`` at ``offsets``: head.tag.offset in hex."""
         copy = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG).copy
-        out = []
+        out: list[str] = []
         append = out.append
         for offset in offsets:
             hexed = f"{offset:x}"
@@ -115,7 +115,7 @@ class Seal:
     def tags(self, head: str, offsets: Sequence[str]) -> list[str]:
         """The tag of each receipt of lease ``head`` at ``offsets`` (hex)."""
         copy = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG).copy
-        out = []
+        out: list[str] = []
         append = out.append
         for offset in "\n".join(offsets).encode().split(b"\n") if offsets else ():
             m = copy()

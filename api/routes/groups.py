@@ -9,6 +9,7 @@ topic.
 from __future__ import annotations
 
 import asyncio
+from itertools import repeat
 from typing import Any, TypeVar
 
 import msgspec
@@ -34,7 +35,7 @@ from api.routes.consume import (
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler.groups import AckResult, Received, ReceiveResult
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
-from storage.records import LogRecord
+from storage.records import LogRecord, decode_log_records
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -55,10 +56,12 @@ def _fields(record: LogRecord, once: bool = False) -> dict[str, Any]:
             "deliver_at": record.deliver_at, "stored_at": record.stored_at}
 
 
-def received(m: Received, once: bool = False) -> schemas.Received:
-    """A leased message's document (``_fields`` + the receipt's, spelled out: no dict made
-    and unpacked per message, half the cost of a JSON receive's documents)."""
-    r = m.record
+def received(m: Received, once: bool = False,
+             record: LogRecord | None = None) -> schemas.Received:
+    """A leased message's document (``record``: its record, when decoded already); the
+    fields of ``_fields`` spelled out, no dict made and unpacked per message (half the cost
+    of a JSON receive's documents)."""
+    r = m.record if record is None else record
     body_base64, body = schemas.body_fields(r.body, once)
     return schemas.Received(offset=r.queue_offset, msg_id=r.msg_id, topic=r.topic,
                             tags=r.tags, keys=r.keys, properties=r.properties,
@@ -70,9 +73,15 @@ def received(m: Received, once: bool = False) -> schemas.Received:
 
 def receive_answer(result: ReceiveResult, acked: AckResult | None,
                    once: bool = False) -> schemas.ReceiveResult:
-    """The answer to a receive (and to the ``ack`` it carried, if any)."""
-    answer = schemas.ReceiveResult(messages=[received(m, once) for m in result.messages],
-                                   lease_until=result.lease_until)
+    """The answer to a receive (and to the ``ack`` it carried, if any). The records kept as
+    stored are decoded in one C loop (``decode_log_records``), not one call per message."""
+    messages = result.messages
+    payloads = [m.payload for m in messages if m.shown is None and m.payload is not None]
+    if len(payloads) == len(messages):
+        shown = list(map(received, messages, repeat(once), decode_log_records(payloads)))
+    else:
+        shown = [received(m, once) for m in messages]
+    answer = schemas.ReceiveResult(messages=shown, lease_until=result.lease_until)
     if acked is not None:
         answer.acked, answer.stale = acked.acked, acked.stale
     return answer
