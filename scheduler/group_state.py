@@ -343,19 +343,29 @@ class Group:
                 n = len(receipts)
                 return [lease.kind] * n, list(lease.offsets), [lease.lease_id] * n
         found = parse_receipts(receipts)
-        by_head: dict[str, list[int]] = {}  # head -> indexes of its receipts
-        for i, (head, _, _) in enumerate(found):
-            by_head.setdefault(head, []).append(i)
-        expected = [""] * len(found)
-        for head, at in by_head.items():
-            for i, tag in zip(at, self.seal.tags(head, [found[i][2] for i in at]), strict=True):
-                expected[i] = tag
-        given = [tag if head[0] == _RECEIPT_VERSION else "" for head, tag, _ in found]
+        n = len(found)
+        heads, tags, hexes = map(list, zip(*found, strict=True))
+        head = heads[0]
+        if heads.count(head) == n:  # receipts of one lease (a part of it, or reordered)
+            expected = self.seal.tags(head, hexes)
+            given = tags if head[0] == _RECEIPT_VERSION else []
+            kinds, lease_ids = [int(head[1])] * n, [int(head[2:], 16)] * n
+        else:
+            by_head: dict[str, list[int]] = {}  # head -> indexes of its receipts
+            for i, head in enumerate(heads):
+                by_head.setdefault(head, []).append(i)
+            expected = [""] * n
+            for head, at in by_head.items():
+                for i, tag in zip(at, self.seal.tags(head, [hexes[i] for i in at]), strict=True):
+                    expected[i] = tag
+            given = [tag if head[0] == _RECEIPT_VERSION else "" for head, tag in zip(
+                heads, tags, strict=True)]
+            kinds = [int(head[1]) for head in heads]
+            lease_ids = [int(head[2:], 16) for head in heads]
         if not hmac.compare_digest("".join(expected), "".join(given)):
             raise NotFound(f"a receipt is not one of group {self.group!r} of topic "
                            f"{self.topic!r}: unknown, altered, or of another group or topic")
-        return ([int(head[1]) for head, _, _ in found], [int(h, 16) for _, _, h in found],
-                [int(head[2:], 16) for head, _, _ in found])
+        return kinds, list(map(int, hexes, repeat(16))), lease_ids
 
     def plan(self, receipts: Sequence[str],
              decoded: tuple[list[int], list[int], list[int]],
