@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import schemas
-from api.answers import respond_answer
+from api.answers import body_size, respond_answer
 from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
@@ -69,6 +69,12 @@ def received(m: Received, once: bool = False,
                             deliver_at=r.deliver_at, stored_at=r.stored_at,
                             receipt=m.receipt, delivery_count=m.delivery_count,
                             reconsume_times=m.reconsume_times)
+
+
+def _received_size(m: Received) -> int:
+    """``body_size`` of a leased message, its stored bytes read directly when it has them."""
+    payload = m.payload
+    return len(payload) if payload is not None else body_size(m)
 
 
 def receive_answer(result: ReceiveResult, acked: AckResult | None,
@@ -167,7 +173,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             response = Response(receive_msgpack(result, acked, once), media_type=MSGPACK)
         else:
             response = respond_answer(lambda ms: receive_answer(msgspec.structs.replace(
-                result, messages=ms), acked, once), result.messages, request)
+                result, messages=ms), acked, once), result.messages, request,
+                size=_received_size)
         return body_once_applied(response, once)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
