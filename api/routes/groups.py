@@ -9,6 +9,7 @@ topic.
 from __future__ import annotations
 
 import asyncio
+from itertools import repeat
 from typing import Any, TypeVar
 
 import msgspec
@@ -16,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import schemas
-from api.answers import respond_answer
+from api.answers import body_size, respond_answer
 from api.auth import Permission
 from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
@@ -34,7 +35,7 @@ from api.routes.consume import (
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler.groups import AckResult, Received, ReceiveResult
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
-from storage.records import LogRecord
+from storage.records import LogRecord, decode_log_records
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -55,16 +56,38 @@ def _fields(record: LogRecord, once: bool = False) -> dict[str, Any]:
             "deliver_at": record.deliver_at, "stored_at": record.stored_at}
 
 
-def received(m: Received, once: bool = False) -> schemas.Received:
-    return schemas.Received(**_fields(m.record, once), receipt=m.receipt,
-                            delivery_count=m.delivery_count, reconsume_times=m.reconsume_times)
+def received(m: Received, once: bool = False,
+             record: LogRecord | None = None) -> schemas.Received:
+    """A leased message's document (``record``: its record, when decoded already); the
+    fields of ``_fields`` spelled out, no dict made and unpacked per message (half the cost
+    of a JSON receive's documents)."""
+    r = m.record if record is None else record
+    body_base64, body = schemas.body_fields(r.body, once)
+    return schemas.Received(offset=r.queue_offset, msg_id=r.msg_id, topic=r.topic,
+                            tags=r.tags, keys=r.keys, properties=r.properties,
+                            body_base64=body_base64, body=body, born_at=r.born_at,
+                            deliver_at=r.deliver_at, stored_at=r.stored_at,
+                            receipt=m.receipt, delivery_count=m.delivery_count,
+                            reconsume_times=m.reconsume_times)
+
+
+def _received_size(m: Received) -> int:
+    """``body_size`` of a leased message, its stored bytes read directly when it has them."""
+    payload = m.payload
+    return len(payload) if payload is not None else body_size(m)
 
 
 def receive_answer(result: ReceiveResult, acked: AckResult | None,
                    once: bool = False) -> schemas.ReceiveResult:
-    """The answer to a receive (and to the ``ack`` it carried, if any)."""
-    answer = schemas.ReceiveResult(messages=[received(m, once) for m in result.messages],
-                                   lease_until=result.lease_until)
+    """The answer to a receive (and to the ``ack`` it carried, if any). The records kept as
+    stored are decoded in one C loop (``decode_log_records``), not one call per message."""
+    messages = result.messages
+    payloads = [m.payload for m in messages if m.shown is None and m.payload is not None]
+    if len(payloads) == len(messages):
+        shown = list(map(received, messages, repeat(once), decode_log_records(payloads)))
+    else:
+        shown = [received(m, once) for m in messages]
+    answer = schemas.ReceiveResult(messages=shown, lease_until=result.lease_until)
     if acked is not None:
         answer.acked, answer.stale = acked.acked, acked.stale
     return answer
@@ -150,7 +173,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             response = Response(receive_msgpack(result, acked, once), media_type=MSGPACK)
         else:
             response = respond_answer(lambda ms: receive_answer(msgspec.structs.replace(
-                result, messages=ms), acked, once), result.messages, request)
+                result, messages=ms), acked, once), result.messages, request,
+                size=_received_size)
         return body_once_applied(response, once)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,

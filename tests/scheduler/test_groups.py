@@ -387,10 +387,11 @@ def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
     assert ack_keys(broker) == {}
 
 
-def test_a_receipt_tag_is_the_hmac_sha256_of_topic_group_lease_and_offset(
+def test_a_receipt_tag_is_a_blake2s_of_the_offset_under_an_hmac_of_the_lease(
         broker: Broker) -> None:
-    """Seal (hashlib's HMAC states copied per receipt) says what ``hmac`` says, under the key
-    kept in RocksDB."""
+    """Seal: per lease a key, HMAC-SHA256 under the key kept in RocksDB of topic, group and
+    the receipt's head; per receipt BLAKE2s-64 keyed with it of the offset in hex."""
+    import hashlib
     import hmac
 
     from scheduler.group_state import Seal
@@ -402,11 +403,22 @@ def test_a_receipt_tag_is_the_hmac_sha256_of_topic_group_lease_and_offset(
     assert broker._store is not None
     key = broker._store.get(CF_META, META_GROUP_RECEIPT_KEY)
     assert key is not None and len(key) == 32
-    expected = hmac.new(key, f"t\0g\0{head}\0{offset}".encode(), "sha256").hexdigest()[:16]
-    assert tag == expected and offset == "0"
-    for long_key in (b"k" * 64, b"k" * 100):  # (keys of a block or more, as RFC 2104)
-        assert Seal(long_key, "a", "b").tags("20f", ["1a"]) == [
-            hmac.new(long_key, b"a\0b\x0020f\x001a", "sha256").hexdigest()[:16]]
+
+    def expected(key: bytes, topic: str, group: str, head: str, offset: str) -> str:
+        lease_key = hmac.new(key, f"{topic}\0{group}\0{head}".encode(), "sha256").digest()
+        return hashlib.blake2s(offset.encode(), key=lease_key, digest_size=8).hexdigest()
+
+    assert head[0] == "3" and offset == "0"
+    assert tag == expected(key, "t", "g", head, offset)
+    seal = Seal(b"k" * 100, "a", "b")
+    assert seal.tags("30f", ["1a", "0", "1b"]) == [
+        expected(b"k" * 100, "a", "b", "30f", o) for o in ("1a", "0", "1b")]
+    # each part binds: another topic, group, lease or offset gives another tag
+    tags = {expected(b"k" * 32, *parts) for parts in (
+        ("a", "b", "30f", "1a"), ("a", "c", "30f", "1a"), ("x", "b", "30f", "1a"),
+        ("a", "b", "310", "1a"), ("a", "b", "30f", "1b"), ("a", "b", "20f", "1a"))}
+    assert len(tags) == 6
+    assert seal.tags("30f", []) == []
 
 
 def test_a_receipt_from_before_an_offset_commit_back_stays_within_the_window(
