@@ -281,3 +281,37 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
         CommitLog(tmp_path / "b", segment_size=10)
     with pytest.raises(StorageError):
         CommitLog(tmp_path / "missing", read_only=True)
+
+
+def test_a_torn_last_record_past_the_flushed_position_is_the_end_for_verify(
+        copy: tuple[Path, dict]) -> None:
+    """A kill -9 while the last record was being written: a read-only verify (hourglass
+    verify on a stopped server) sees the log's end there, not corruption; a torn record
+    with valid records after it is still reported (the flipped-bit test)."""
+    path, info = copy
+    victim = info["positions"][99]  # the last record, past the flushed position
+    _patch(path, victim + HEADER_SIZE + 3, b"\xff\xff")
+    with _reopen(path, read_only=True) as ro:
+        report = ro.verify()
+        assert ro.end_position == victim
+        assert report.errors == [] and report.records == 99
+    with _reopen(path) as log:
+        assert log.end_position == victim
+        _append_still_works(log)
+
+
+def test_an_empty_spare_segment_left_by_a_kill_is_no_segment(copy: tuple[Path, dict]) -> None:
+    """A kill -9 between a spare segment's creation and its allocation leaves an empty file
+    after the last segment: a read-only open ignores it, a writer removes it."""
+    path, info = copy
+    last_seg = max(p for p in path.iterdir() if p.name.isdigit())
+    stray = path / f"{int(last_seg.name) + SEGMENT:020d}"
+    stray.write_bytes(b"")
+    with _reopen(path, read_only=True) as ro:
+        assert ro.end_position == info["end"]
+        assert ro.verify().errors == []
+    assert stray.exists()  # a reader changes nothing
+    with _reopen(path) as log:
+        assert log.end_position == info["end"]
+        _append_still_works(log)
+    assert not stray.exists()
