@@ -143,7 +143,6 @@ class CommitLog:
         self._create_lock = threading.Lock()  # segment creation (appender vs flusher)
         self._lock_fd = -1
         self._end = self._flushed = 0
-        self._durable_at_open = 0  # the flushed position when the log was opened
         self._replicator: Replicator | None = None  # cluster mode (storage/replication.py)
         try:
             if not read_only:
@@ -234,7 +233,6 @@ class CommitLog:
                 f"segment's end {last}: segment files are missing. Open with repair=True to "
                 "keep what is there.")
         start = durable if first <= durable <= last and not full_check else first
-        self._durable_at_open = durable
         walk = self._walk(start)
         bad = next((reason for _, _, reason in walk if reason is not None), None)
         end = walk.end
@@ -574,7 +572,7 @@ class CommitLog:
         """Walk every record and report corruption (never raises for bad data). After a bad
         CRC with a plausible length the walk goes on at the next record; after a bad header
         it goes on with the next segment."""
-        records = size = after_end = 0
+        records = size = 0
         errors = list(self._load_errors)
         if self._closed:
             return VerifyReport(records=0, bytes=0, errors=["the CommitLog is closed"])
@@ -588,7 +586,6 @@ class CommitLog:
                 if error is None:
                     records += 1
                     size += len(payload)
-                    after_end += pos > self._end
                 else:
                     errors.append(f"position {pos}: {error}")
                     resume = self._resume_after(pos, error)
@@ -598,11 +595,6 @@ class CommitLog:
                 if resume is None:
                     break
             position = resume
-        if (self._read_only and self._end >= self._durable_at_open and not after_end
-                and errors and errors[-1].startswith(f"position {self._end}: ")):
-            # a record a kill -9 tore while it was written, past the flushed position, and
-            # nothing valid after it: the end of the log, which a writer's open truncates
-            errors.pop()
         return VerifyReport(records=records, bytes=size, errors=errors)
 
     def _resume_after(self, pos: int, error: str) -> int:

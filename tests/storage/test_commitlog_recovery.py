@@ -283,23 +283,6 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
         CommitLog(tmp_path / "missing", read_only=True)
 
 
-def test_a_torn_last_record_past_the_flushed_position_is_the_end_for_verify(
-        copy: tuple[Path, dict]) -> None:
-    """A kill -9 while the last record was being written: a read-only verify (hourglass
-    verify on a stopped server) sees the log's end there, not corruption; a torn record
-    with valid records after it is still reported (the flipped-bit test)."""
-    path, info = copy
-    victim = info["positions"][99]  # the last record, past the flushed position
-    _patch(path, victim + HEADER_SIZE + 3, b"\xff\xff")
-    with _reopen(path, read_only=True) as ro:
-        report = ro.verify()
-        assert ro.end_position == victim
-        assert report.errors == [] and report.records == 99
-    with _reopen(path) as log:
-        assert log.end_position == victim
-        _append_still_works(log)
-
-
 def test_an_empty_spare_segment_left_by_a_kill_is_no_segment(copy: tuple[Path, dict]) -> None:
     """A kill -9 between a spare segment's creation and its allocation leaves an empty file
     after the last segment: a read-only open ignores it, a writer removes it."""
