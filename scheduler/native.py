@@ -11,17 +11,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from storage.native import pure_python
+from storage.native import load
 
-
-def _load() -> ModuleType | None:
-    if pure_python():
-        return None
-    try:
-        from scheduler import _native  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _native
-
-
-native: ModuleType | None = _load()
+native: ModuleType | None = load("scheduler")

@@ -10,6 +10,7 @@ makes the process use every twin even when the extensions are there.
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -21,14 +22,15 @@ def pure_python() -> bool:
     return os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0")
 
 
-def _load() -> ModuleType | None:
+def load(package: str) -> ModuleType | None:
+    """``package``'s compiled module (``package._native``), or None: not built, refused at
+    import, or ``HOURGLASS_PURE_PYTHON`` set."""
     if pure_python():
         return None
     try:
-        from storage import _native  # type: ignore[attr-defined]
+        return importlib.import_module(f"{package}._native")
     except ImportError:
         return None
-    return _native
 
 
-native: ModuleType | None = _load()
+native: ModuleType | None = load("storage")
