@@ -279,15 +279,12 @@ class NatsLink:
         return self._run(self._get_snapshot(dest), timeout_s)
 
     async def _get_snapshot(self, dest: Path) -> int | None:
-        try:
-            info = await self._objects.get_info(self.names.snapshot_key)
-        except (NotFoundError, nats.js.errors.ObjectNotFoundError):
-            return None
-        if info is None or getattr(info, "deleted", False):
+        seq = await self._snapshot_seq()
+        if seq is None:
             return None
         with dest.open("wb") as f:
             await self._objects.get(self.names.snapshot_key, writeinto=f)
-        return int(info.description)
+        return seq
 
     # --- the lease ----------------------------------------------------------------------------
     def lease_holder(self) -> tuple[bytes, int] | None:
