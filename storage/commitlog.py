@@ -576,7 +576,7 @@ class CommitLog:
         errors = list(self._load_errors)
         if self._closed:
             return VerifyReport(records=0, bytes=0, errors=["the CommitLog is closed"])
-        position = self._segments[0].base if self._segments else 0
+        position = reached = self._segments[0].base if self._segments else 0
         stop = self._end if not self._read_only else (
             self._segments[-1].end if self._segments else 0)
         while position < stop:
@@ -589,12 +589,16 @@ class CommitLog:
                 else:
                     errors.append(f"position {pos}: {error}")
                     resume = self._resume_after(pos, error)
+            reached = max(reached, walk.end)
             if resume is None:
                 if self._read_only:
                     resume = self._next_nonzero_segment(walk.end)
                 if resume is None:
                     break
             position = resume
+        if not errors and reached < self._end:
+            # a reader stops there too (a checkpoint past zeros: what it flushed is gone)
+            errors.append(f"position {reached}: zeros before the log's end {self._end}")
         return VerifyReport(records=records, bytes=size, errors=errors)
 
     def _resume_after(self, pos: int, error: str) -> int:
