@@ -19,7 +19,7 @@ import msgspec
 
 from scheduler.codec import cancel_handles, message_value
 from scheduler.levels import DelayLevels
-from scheduler.model import SendRequest, SendResult
+from scheduler.model import SendOutcome, SendRequest
 from scheduler.native import native
 from scheduler.timing import resolve_timing
 from storage.constants import (
@@ -141,11 +141,11 @@ class PlainBatch:
                 ats.append(at)
         return out
 
-    def results(self) -> list[SendResult]:
+    def results(self) -> list[SendOutcome]:
         """What the send path answers for these messages, stored and none a duplicate."""
         scheduled = MessageStatus.SCHEDULED
         topics = [self.topic] * len(self.msg_ids) if self.topics is None else self.topics
-        return [SendResult(msg_id=msg_id, topic=topic, deliver_at=at, status=scheduled,
+        return [SendOutcome(msg_id=msg_id, topic=topic, deliver_at=at, status=scheduled,
                            cancel_handle=handle)
                 for msg_id, topic, at, handle in zip(self.msg_ids, topics, self.deliver_ats,
                                                      cancel_handles(self.timer_keys),

@@ -47,7 +47,7 @@ _END = META_PARKED_PREFIX[:-1] + bytes([META_PARKED_PREFIX[-1] + 1])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ParkedMessage:
+class ParkedEntry:
     topic: str
     msg_id: str
     deliver_at: int
@@ -133,13 +133,13 @@ class Quarantine:
             log.error("message %s/%s parked (POST /v1/admin/parked:redrive hands it back): %s",
                       topic, msg_id, reason)
 
-    def messages(self, limit: int = 1000) -> list[ParkedMessage]:
+    def messages(self, limit: int = 1000) -> list[ParkedEntry]:
         out = []
         for pkey, raw in self._store.scan(CF_META, META_PARKED_PREFIX, _END, limit=limit):
             key = pkey[len(META_PARKED_PREFIX):]
             reason, value = msgpack.unpackb(raw)
             topic, msg_id = _label(key)
-            out.append(ParkedMessage(topic=topic, msg_id=msg_id, deliver_at=unpack_u64(key[:8]),
+            out.append(ParkedEntry(topic=topic, msg_id=msg_id, deliver_at=unpack_u64(key[:8]),
                                      reason=reason, size=len(value)))
         return out
 

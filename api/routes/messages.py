@@ -187,7 +187,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
 
 
 
-def message_info(info: model.MessageInfo) -> schemas.MessageInfo:
+def message_info(info: model.MessageLookup) -> schemas.MessageInfo:
     out = schemas.MessageInfo(msg_id=info.msg_id, topic=info.topic, status=info.status,
                               deliver_at=info.deliver_at)
     if info.offset is not None:

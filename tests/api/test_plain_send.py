@@ -185,7 +185,7 @@ def test_the_answer_is_what_respond_writes(rows: list[tuple[str, int, bytes]],
                                            topic: str) -> None:
     ids, ats, keys = ([r[i] for r in rows] for i in range(3))
     results = {"results": [
-        model.SendResult(msg_id=i, topic=topic, deliver_at=at, status=MessageStatus.SCHEDULED,
+        model.SendOutcome(msg_id=i, topic=topic, deliver_at=at, status=MessageStatus.SCHEDULED,
                          cancel_handle=h)
         for i, at, h in zip(ids, ats, cancel_handles(keys), strict=True)]}
     assert api_native.scheduled_answer(ids, topic, ats, keys, True) == msgspec.msgpack.encode(
@@ -352,7 +352,7 @@ def test_plain_columns_from_send_requests_are_what_prepare_makes(
         assert plain.topics == [p.topic for p in prepared]
         assert plain.shards == [p.shard for p in prepared]
     assert plain.results() == [
-        model.SendResult(msg_id=p.msg_id, topic=p.topic, deliver_at=p.deliver_at,
+        model.SendOutcome(msg_id=p.msg_id, topic=p.topic, deliver_at=p.deliver_at,
                          status=MessageStatus.SCHEDULED, cancel_handle=handle)
         for p, handle in zip(prepared, cancel_handles([p.timer_key for p in prepared]),
                              strict=True)]
