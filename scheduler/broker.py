@@ -37,8 +37,8 @@ from scheduler.delivery import DeliveryStage
 from scheduler.group_state import check_group
 from scheduler.groups import GroupManager, read_payloads
 from scheduler.intake import (
+    ColumnBatch,
     Intake,
-    PlainBatch,
     PreparedMessage,
     check_msg_id,
     check_topic,
@@ -561,17 +561,17 @@ class Broker:
             raise InvalidArgument(f"a batch holds at most {MAX_BATCH_MESSAGES} messages")
         self._check_running()
         now = self.clock.now_ms()
-        if requests:  # the common case from columns (Intake.plain), as the API's sends
-            plain = self._intake.plain(requests[0].topic, list(requests), now)
+        if requests:  # the common case from columns (Intake.columns), as the API's sends
+            columns = self._intake.columns(requests[0].topic, list(requests), now)
             assert self._writes is not None
-            if plain is not None and self._writes.submit_plain(plain):
-                return plain.results()
+            if columns is not None and self._writes.submit_columns(columns):
+                return columns.results()
         prepare = self._intake.prepare
         return self.submit([prepare(r, now) for r in requests])
 
-    def send_plain(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
-                   max_count: int = MAX_BATCH_MESSAGES) -> PlainBatch | None:
-        """A send batch of plain messages (``Intake.plain``: bodies due later, nothing else)
+    def send_columns(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
+                   max_count: int = MAX_BATCH_MESSAGES) -> ColumnBatch | None:
+        """A send batch of body-only messages (``Intake.columns``: bodies due later, nothing else)
         stored from columns, with no object per message: what ``send_batch`` would store and
         answer. ``messages``: as the API decoded them (``unset`` marking an absent field),
         or a msgpack request body of at most ``max_count`` messages. None, with nothing
@@ -581,11 +581,11 @@ class Broker:
             return None
         self._check_running()
         assert self._writes is not None
-        plain = self._intake.plain(topic, messages, self.clock.now_ms(), unset,
+        columns = self._intake.columns(topic, messages, self.clock.now_ms(), unset,
                                    max_count=min(max_count, MAX_BATCH_MESSAGES))
-        if plain is None or not self._writes.submit_plain(plain):
+        if columns is None or not self._writes.submit_columns(columns):
             return None
-        return plain
+        return columns
 
     def submit(
         self, messages: Sequence[PreparedMessage], *,

@@ -124,7 +124,7 @@ class Quarantine:
         for key, (value, reason) in poison.items():
             batch.put(CF_META, META_PARKED_PREFIX + key, msgpack.packb([reason, value]))
         with self._committer.lock:
-            self._committer.commit_plain(batch)
+            self._committer.commit_no_append(batch)
         new = {META_PARKED_PREFIX + key for key in poison} - self._parked
         self._parked |= new
         self._metrics.pending.dec(len(new))
@@ -175,7 +175,7 @@ class Quarantine:
                         batch.put(CF_INDEX, key[8:], encode_index(
                             msgspec.structs.replace(entry, deliver_at=at, updated_at=now)))
                 woken[shard.shard] = at
-            self._committer.commit_plain(batch)
+            self._committer.commit_no_append(batch)
             for shard_no, at in woken.items():
                 self._shards[shard_no].note_scheduled(at)
         self._parked.difference_update(redriven)

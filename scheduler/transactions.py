@@ -95,7 +95,7 @@ class Committing(Protocol):
     @property
     def lock(self) -> AbstractContextManager[object]: ...
     def replay_if_needed(self) -> None: ...
-    def commit_plain(self, batch: Batch) -> None: ...
+    def commit_no_append(self, batch: Batch) -> None: ...
     def commit_immediate(self, batch: Batch,
                          messages: Sequence[PreparedMessage]) -> CommitOutcome: ...
 
@@ -211,7 +211,7 @@ class TransactionManager:
             batch.put(CF_INDEX, prepared.index_key, encode_index(IndexEntry(
                 status=MessageStatus.PREPARED, deliver_at=prepared.deliver_at, updated_at=now,
                 tx_id=tx_id)))
-            committer.commit_plain(batch)
+            committer.commit_no_append(batch)
             if producer_group in self._floor:
                 self._floor[producer_group] = min(self._floor[producer_group], half_key)
             if half_key < self._unanswered_floor:  # (no immunity: due at once)
@@ -285,7 +285,7 @@ class TransactionManager:
             now = self._clock.now_ms()
             batch = self._store.batch()
             done = self._end(batch, transaction_id, entry, TransactionState.ROLLED_BACK, now)
-            committer.commit_plain(batch)
+            committer.commit_no_append(batch)
         self._metrics.tx_rolled_back.inc()
         self._metrics.tx_prepared_pending.dec()
         return _result(transaction_id, done)
@@ -331,7 +331,7 @@ class TransactionManager:
                 floor = due[taken][0]
             outcome = committer.commit_immediate(batch, discards) if discards else None
             if outcome is None:
-                committer.commit_plain(batch)
+                committer.commit_no_append(batch)
             self._floor[producer_group] = min(floor, skipped or floor)
         if outcome is not None:
             self._on_appended(discards, outcome)
@@ -392,7 +392,7 @@ class TransactionManager:
                 checks, discards, batch, _ = self._claim(group, due, now, answered=False)
                 outcome = committer.commit_immediate(batch, discards) if discards else None
                 if outcome is None:
-                    committer.commit_plain(batch)
+                    committer.commit_no_append(batch)
                 results.append((len(checks), discards, outcome))
             following = next(iter(self._store.scan(CF_HALF, end, limit=1)), None)
             again = min((at for at in (

@@ -26,7 +26,7 @@ from scheduler.codec import (
     scheduled_values,
 )
 from scheduler.committer import CommitOutcome, Committer
-from scheduler.intake import PlainBatch, PreparedMessage, expiry_key, topic_shard
+from scheduler.intake import ColumnBatch, PreparedMessage, expiry_key, topic_shard
 from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
 from scheduler.model import Cancelled, CancelMarkerEffect, SendOutcome
@@ -134,19 +134,19 @@ class WritePaths:
         return self._results(messages, results, {m.index_key for m in due},
                              duplicates + len(markers))
 
-    def submit_plain(self, plain: PlainBatch) -> bool:
-        """Store a plain batch (``Intake.plain``) when every message in it is new and due
+    def submit_columns(self, cols: ColumnBatch) -> bool:
+        """Store a column batch (``Intake.columns``) when every message in it is new and due
         later, as ``submit`` would (same locks, look-up, checks and write, from columns);
         False, with nothing written, for any other: ``submit`` then takes the batch."""
-        if len(set(plain.given)) != len(plain.given):  # a msgId twice: a duplicate
+        if len(set(cols.given)) != len(cols.given):  # a msgId twice: a duplicate
             return False
         store = self._store
         by_shard: dict[int, tuple[list[bytes], list[bytes]]]
-        if plain.shards is None:
-            by_shard = {plain.shard: (plain.timer_keys, plain.values)}
+        if cols.shards is None:
+            by_shard = {cols.shard: (cols.timer_keys, cols.values)}
         else:
             by_shard = {}
-            for shard_, key, value in zip(plain.shards, plain.timer_keys, plain.values,
+            for shard_, key, value in zip(cols.shards, cols.timer_keys, cols.values,
                                           strict=True):
                 columns = by_shard.get(shard_)
                 if columns is None:
@@ -163,14 +163,14 @@ class WritePaths:
             first = batch.put_sorted(shard.cf, keys, values)
             assert first is not None  # (a shard is here for a key of its own)
             shards.append((shard, first))
-        batch.put_sorted(CF_INDEX, plain.index_keys, plain.entries)
-        first_at = min(plain.deliver_ats)
+        batch.put_sorted(CF_INDEX, cols.index_keys, cols.entries)
+        first_at = min(cols.deliver_ats)
         with self.locks(by_shard):
             self._check_running()
             if self._committer.needs_replay:
                 return False
-            if plain.given and store.multi_get(CF_INDEX, plain.given).count(None) != len(
-                    plain.given):
+            if cols.given and store.multi_get(CF_INDEX, cols.given).count(None) != len(
+                    cols.given):
                 return False
             if first_at <= self._clock.now_ms() or any(first < shard.frontier_key
                                                        for shard, first in shards):
@@ -180,9 +180,9 @@ class WritePaths:
             finally:  # also when the write raised: it may have landed (else: one idle scan)
                 for shard, first in shards:  # (a timer key begins with its deliverAt)
                     shard.note_scheduled(unpack_u64(first))
-            self._backlog.scheduled_at(plain.deliver_ats_by_topic())
-        self._metrics.scheduled.inc(len(plain.timer_keys))
-        self._metrics.pending.inc(len(plain.timer_keys))
+            self._backlog.scheduled_at(cols.deliver_ats_by_topic())
+        self._metrics.scheduled.inc(len(cols.timer_keys))
+        self._metrics.pending.inc(len(cols.timer_keys))
         return True
 
     def _find_duplicates(
@@ -386,7 +386,7 @@ class WritePaths:
             batch = store.batch()
             staged = self._stage_cancel(batch, shard, topic, msg_id, ikey, entry,
                                         self._clock.now_ms())
-            committer.commit_plain(batch)
+            committer.commit_no_append(batch)
             self._cancelled([staged])
         return result
 
