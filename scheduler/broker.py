@@ -672,9 +672,9 @@ class Broker:
             raise InvalidArgument("offset must be >= 0")
         if not 1 <= max_messages <= MAX_PULL_MESSAGES:
             raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
-        return self.read_checked(topic, offset, max_messages)
+        return self.read_prevalidated(topic, offset, max_messages)
 
-    def read_checked(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
+    def read_prevalidated(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
         """``read`` for a reader whose topic, offset and ``max`` were checked when it
         began (a stream's frames, written after each commit: api/push.py)."""
         self._live()
