@@ -9,7 +9,7 @@
    start-up to ready, and the server's memory.
 3. Times the endpoint over real HTTP: each window (all topics and one topic; from 1 h to 10
    years, 1 to 1000 buckets) ``--rounds`` times, after one warm-up call.
-4. In process: what keeping the counts costs per batch of 1000 (``Timeline.add``), for a
+4. In process: what keeping the counts costs per batch of 1000 (``TimelineCounts.add``), for a
    batch due in one second and for one spread over 1000 seconds.
 
 The target: every answer within 200 ms.
@@ -104,7 +104,7 @@ def time_queries(port: int, token: str, now: int, rounds: int) -> list[dict[str,
 
 
 def update_cost(rounds: int = 2_000) -> dict[str, float]:
-    """µs per batch of 1000 messages of one topic kept in the counts (``Timeline.add``, and
+    """µs per batch of 1000 messages of one topic kept in the counts (``TimelineCounts.add``, and
     the folds that count what it buffers, the last one by a read): due in one second / in
     1000 seconds of the next hour, a different 1000 each batch."""
     now = int(time.time() * 1000)
