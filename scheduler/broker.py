@@ -675,7 +675,7 @@ class Broker:
         return self.read_prevalidated(topic, offset, max_messages)
 
     def read_prevalidated(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
-        """``read`` for a reader whose topic, offset and ``max`` were checked when it
+        """``read`` for a reader whose topic, offset and ``max`` were validated when it
         began (a stream's frames, written after each commit: api/push.py)."""
         self._live()
         assert self._log is not None
