@@ -122,7 +122,7 @@ def receipt_offsets(list receipts, str prefix):
 
 def split_due(list items):
     """(index keys, values, deliverAts, topics, msgIds) of scanned (timer key, value) pairs,
-    as scheduler/committer.py's ``_split_due_py`` gives them; None when a key is not
+    as scheduler/codec.py's ``split_due_py`` gives them; None when a key is not
     ``deliverAt(8) + topic + NUL + msgId`` (that path then raises)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(items), k, n, j
     cdef list ikeys = [None] * count, values = [None] * count, ats = [None] * count
