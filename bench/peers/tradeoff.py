@@ -53,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--w3-duration", type=float, default=30.0, help="W3 seconds of sending")
     ap.add_argument("--hourglass-rev", default=None, metavar="REV",
                     help="run the hourglass servers from a frozen copy of this git commit")
+    ap.add_argument("--wait-quiet", type=float, default=None, metavar="LOAD",
+                    help="before each run, wait (up to 300 s) until the 1-min load average is "
+                         "below LOAD (bench.peers.run's option): the machine may be shared")
     args = ap.parse_args(argv)
     args.intervals = number_list(ap, "--intervals", args.intervals, int, "1,2,4,8")
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -88,6 +91,8 @@ def run_one(system: str, interval: int | None, args: argparse.Namespace, out: Pa
     cmd = [sys.executable, "-m", "bench.peers.run", "--systems", system, "--workloads", "w3",
            "--n", "1000", "--w3-rate", str(args.w3_rate), "--w3-duration",
            str(args.w3_duration), "--out", str(where)]
+    if args.wait_quiet is not None:
+        cmd += ["--wait-quiet", str(args.wait_quiet)]
     if interval is not None:
         cmd += ["--hourglass-env", f"{SCAN_ENV}={interval}"]
         if args.hourglass_rev:
