@@ -2,9 +2,11 @@
 
 Fake time only (no sleeps, nothing timed): a clock that records the deadline of every
 sleep of the scanner thread, so a test sees when the scanner means to look next, then moves
-fake time to just before and to exactly that instant. Real-time pacing is off here
-(``scan_interval_ms`` 0, tests/support/engine.py); the pacing's own tests are in
-test_frontier.py and test_clock.py.
+fake time to just before and to exactly that instant. Each test runs without the real-time
+pacing (``scan_interval_ms`` 0, as tests/support/engine.py has it) and with the default
+interval (a pause of at most that much real time after a scan, which a fake clock does not
+shorten or lengthen: scheduler/clock.py); the pacing's own tests are in test_frontier.py and
+test_clock.py.
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
+from scheduler.config import EngineConfig
 from scheduler.model import SendRequest
 from tests.support.engine import START_MS, Harness, read_topic
 
 WAIT_S = 30.0  # how long a test waits for the scanner thread to react, at most
+INTERVALS = pytest.mark.parametrize(
+    "interval_ms", [0, EngineConfig(data_dir=Path(".")).scan_interval_ms])
 
 
 class SleepLog(FakeClock):
@@ -57,12 +64,13 @@ def _send(broker: Broker, msg_id: str, deliver_at: int) -> None:
     broker.send(SendRequest(topic="t", body=b"x", msg_id=msg_id, deliver_at=deliver_at))
 
 
+@INTERVALS
 def test_the_scanner_sleeps_until_the_first_pending_key_and_delivers_it_then(
-        tmp_path: Path) -> None:
+        tmp_path: Path, interval_ms: int) -> None:
     clock = SleepLog()
     harness = Harness(tmp_path / "data", clock)
     try:
-        broker = harness.open(timer_shards=1)
+        broker = harness.open(timer_shards=1, scan_interval_ms=interval_ms)
         clock.sleeping_until(None)  # nothing pending: it waits for a send only
         _send(broker, "late", START_MS + 900)
         _send(broker, "early", START_MS + 500)
@@ -93,11 +101,13 @@ def test_the_scanner_sleeps_until_the_first_pending_key_and_delivers_it_then(
         harness.close_all()
 
 
-def test_a_send_due_earlier_wakes_the_scanner_for_its_own_time(tmp_path: Path) -> None:
+@INTERVALS
+def test_a_send_due_earlier_wakes_the_scanner_for_its_own_time(tmp_path: Path,
+                                                               interval_ms: int) -> None:
     clock = SleepLog()
     harness = Harness(tmp_path / "data", clock)
     try:
-        broker = harness.open(timer_shards=1)
+        broker = harness.open(timer_shards=1, scan_interval_ms=interval_ms)
         _send(broker, "later", START_MS + 10_000)
         clock.sleeping_until(START_MS + 10_000)
         _send(broker, "sooner", START_MS + 250)  # no clock move: the send itself wakes it
