@@ -340,6 +340,7 @@ class Broker:
             quick_retries_per_s=cfg.group_quick_retries_per_s,
             quick_retry_burst=cfg.group_quick_retry_burst)
         self._groups.first_offset = self._queues.first_offset  # retention: catch_up
+        self._groups.applying = follower
         if not follower:
             self._maintenance.start()
             self._transactions.start()

@@ -194,6 +194,8 @@ class GroupManager:
         self._expired: dict[tuple[str, str], int] = {}
         # lease ids: unique across restarts (a receipt's lease is compared by equality)
         self._lease_ids = itertools.count(secrets.randbits(62))
+        #: a cluster follower's: it applies the write-ahead stream to RocksDB, past this
+        self.applying = False
         self._load_all()
 
     def _stored_receipt_key(self) -> bytes | None:
@@ -519,8 +521,11 @@ class GroupManager:
     # --- state, offsets, dead letters ----------------------------------------------------------
     def state(self, topic: str, group: str) -> GroupState:
         """The group's state; a group no receive made shows as a new one would (and is not
-        made)."""
+        made). A cluster follower (``applying``) reads it as RocksDB holds it."""
         self._check_running()
+        if self.applying:  # apply writes the groups' state there, not into the ones kept here
+            return self._state(self._load(check_topic(topic, allow_system=True),
+                                          check_group(group), kept=False))
         return self._state(self._group(topic, group, create=False))
 
     def _state(self, g: Group) -> GroupState:

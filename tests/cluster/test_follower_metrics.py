@@ -1,6 +1,6 @@
 """A follower's /metrics on the loopback cluster: the state gauges (pending, per topic, the
 prepared transactions, a group's backlog) count what the follower applied, as the leader's
-count what it wrote; they follow later writes too."""
+count what it wrote; they follow later writes too, and so does a follower's group read."""
 
 from __future__ import annotations
 
@@ -86,10 +86,19 @@ def test_a_followers_state_gauges_count_what_it_applied(cluster: HourglassCluste
         assert r.json()["acked"] == 1
     second = expected(pending_a=12, pending_b=4, prepared=2, backlog=0)
     cluster.wait_converged(60)
+    for node in followers:  # a group read: what it applied, not the group as last counted
+        assert _committed(node, "a", "g") == 4
     assert state(leader) == second
     for node in followers:
         until(lambda node=node: state(node) == second, 30,  # type: ignore[misc]
               f"the follower's gauges after later writes: {state(node)}")
+
+
+def _committed(node: ServerProcess, topic: str, group: str) -> int:
+    with node.client() as c:
+        r = c.get(f"/v1/topics/{topic}/groups/{group}")
+    assert r.status_code == 200, r.text
+    return int(r.json()["committedOffset"])
 
 
 def _end_offset(node: ServerProcess, topic: str) -> int:
