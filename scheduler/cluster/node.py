@@ -225,9 +225,9 @@ class ClusterNode:
             self._next_status_ms = now + STATUS_INTERVAL_MS
             try:
                 self.link.put_node(self.node_id, json.dumps(self._status()).encode())
-                if broker.role == LEADER and (self._snapshotting is None
-                                              or not self._snapshotting.is_alive()):
-                    self._trim()
+                if (broker.role == LEADER and now - self._led_since_ms >= self.lease_ms
+                        and (self._snapshotting is None or not self._snapshotting.is_alive())):
+                    self._trim()  # (not in its first lease as leader: its writes go first)
             except Exception:
                 log.debug("publishing this node's status, trimming", exc_info=True)
         if broker.role == LEADER:
