@@ -221,7 +221,8 @@ class Broker:
         self._guard: FollowerGuard | None = None  # a follower's (storage/replication.py)
         self._replicator: LeaderReplicator | None = None  # a cluster leader's
         self._role_lock = threading.Lock()  # become / apply
-        self._recounted: tuple[int, int] | None = None  # a follower's (applied seq, when)
+        # a follower's last recount: (applied seq, when it ended, how long it took), ms
+        self._recounted: tuple[int, int, int] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -353,10 +354,10 @@ class Broker:
         """A cluster follower: the counts its engine would keep up as leader, taken again
         from what it applied (``apply`` writes RocksDB and the log, past the engine): the
         backlog (``pending``, per topic, oldest, per level, the timeline), the prepared
-        transactions and the groups' offsets (``group_backlog`` and the group reads). Only
-        when it applied something since the last time, at most every
-        ``FOLLOWER_RECOUNT_MS``; each is one scan of those keys. Nothing on a leader: it
-        keeps them as it writes."""
+        transactions and the groups' offsets (``group_backlog``). Only when it applied
+        something since the last time, at most every ``FOLLOWER_RECOUNT_MS`` and never
+        more than a tenth of the time (it scans those keys, and apply waits meanwhile).
+        Nothing on a leader: it keeps them as it writes."""
         if self.role != FOLLOWER or not self._role_lock.acquire(timeout=1.0):
             return  # (a become under way: the counts as they were)
         try:
@@ -364,15 +365,17 @@ class Broker:
             if guard is None or self._state != "running":
                 return
             now, last = self.clock.now_ms(), self._recounted
-            if last is not None and (last[0] == guard.seq
-                                     or now - last[1] < FOLLOWER_RECOUNT_MS):
+            if last is not None and (last[0] == guard.seq or now - last[1] < max(
+                    FOLLOWER_RECOUNT_MS, 10 * last[2])):
                 return
-            self._recounted = (guard.seq, now)
+            seq = guard.seq
             self.metrics.pending.set(self._backlog.rebuild())
             if self._transactions is not None:
                 self._transactions.recount()
             if self._groups is not None:
                 self._groups.reload()
+            done = self.clock.now_ms()
+            self._recounted = (seq, done, done - now)
         finally:
             self._role_lock.release()
 
