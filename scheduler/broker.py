@@ -122,6 +122,9 @@ StoreFactory = Callable[[Path, EngineConfig], RocksStore]
 #: a Broker's roles: single-node mode is always "leader"; in cluster mode a node starts as
 #: "follower" and a ClusterControl moves it (``Broker.become``)
 LEADER, FOLLOWER, STARTING = "leader", "follower", "starting"
+#: a cluster follower recounts what its engine does not keep up while it applies (pending
+#: per topic and level, prepared transactions, the groups' offsets) at most this often
+FOLLOWER_RECOUNT_MS = 1000
 
 
 class ClusterControl(Protocol):
@@ -218,6 +221,8 @@ class Broker:
         self._guard: FollowerGuard | None = None  # a follower's (storage/replication.py)
         self._replicator: LeaderReplicator | None = None  # a cluster leader's
         self._role_lock = threading.Lock()  # become / apply
+        # a follower's last recount: (applied seq, when it ended, how long it took), ms
+        self._recounted: tuple[int, int, int] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -336,10 +341,43 @@ class Broker:
             quick_retries_per_s=cfg.group_quick_retries_per_s,
             quick_retry_burst=cfg.group_quick_retry_burst)
         self._groups.first_offset = self._queues.first_offset  # retention: catch_up
+        self._groups.applying = follower
         if not follower:
             self._maintenance.start()
             self._transactions.start()
+        else:
+            self._transactions.recount()
+        self._recounted = None
         self.role = role
+
+    def recount_applied(self) -> None:
+        """A cluster follower: the counts its engine would keep up as leader, taken again
+        from what it applied (``apply`` writes RocksDB and the log, past the engine): the
+        backlog (``pending``, per topic, oldest, per level, the timeline), the prepared
+        transactions and the groups' offsets (``group_backlog``). Only when it applied
+        something since the last time, at most every ``FOLLOWER_RECOUNT_MS`` and never
+        more than a tenth of the time (it scans those keys, and apply waits meanwhile).
+        Nothing on a leader: it keeps them as it writes."""
+        if self.role != FOLLOWER or not self._role_lock.acquire(timeout=1.0):
+            return  # (a become under way: the counts as they were)
+        try:
+            guard = self._guard
+            if guard is None or self._state != "running":
+                return
+            now, last = self.clock.now_ms(), self._recounted
+            if last is not None and (last[0] == guard.seq or now - last[1] < max(
+                    FOLLOWER_RECOUNT_MS, 10 * last[2])):
+                return
+            seq = guard.seq
+            self.metrics.pending.set(self._backlog.rebuild())
+            if self._transactions is not None:
+                self._transactions.recount()
+            if self._groups is not None:
+                self._groups.reload()
+            done = self.clock.now_ms()
+            self._recounted = (seq, done, done - now)
+        finally:
+            self._role_lock.release()
 
     # --- cluster mode --------------------------------------------------------------------
     def become(self, role: str, sink: Sink | None = None, last_seq: int | None = None,
@@ -825,6 +863,7 @@ class Broker:
     def stats(self) -> EngineStats:
         """Pending count, delivered/cancelled totals, watermarks, delivery lag, log sizes."""
         self._live()
+        self.recount_applied()
         m = self.metrics
         now = self.clock.now_ms()
         lateness = m.lateness_ms.snapshot()
@@ -864,6 +903,7 @@ class Broker:
         if topic is not None:
             check_topic(topic, allow_system=True)
         self._check_running()
+        self.recount_applied()
         return self._backlog.timeline.query(from_ms, to_ms, buckets, topic)
 
     def overview(self) -> OverviewCounts:
