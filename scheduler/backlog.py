@@ -31,9 +31,9 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
-from scheduler.timeline import Loader, Timeline
+from scheduler.timeline import HOUR, MINUTE, RESOLUTION_MS, Loader, Timeline
 from scheduler.timer_index import TimerIndex
-from storage.keys import decode_timer_key, topic_shard
+from storage.keys import decode_timer_key, time_bound, topic_shard
 
 if TYPE_CHECKING:
     from scheduler.intake import PreparedMessage
@@ -89,6 +89,23 @@ class Backlog:
             self._levels = dict(levels)
         loader.into(self.timeline)
         return sum(topics.values())
+
+    def load(self, series: Mapping[str | None, tuple[dict[int, int], ...]],
+             levels: Mapping[int, int]) -> int:
+        """Start from persisted counts (scheduler/backlog_store.py) instead of the scan:
+        ``series`` as the Timeline keeps them (per topic, per level unit), ``levels``: pending
+        per delay level. Every topic's oldest is then a lower bound (the first second that
+        holds one of its messages), refreshed when read. Returns the pending messages."""
+        topics = {t: sum(tables[2].values()) for t, tables in series.items() if t is not None}
+        oldest = {t: _first_second(tables) * RESOLUTION_MS
+                  for t, tables in series.items() if t is not None and topics[t]}
+        with self._lock:
+            self._topics = {t: n for t, n in topics.items() if n}
+            self._oldest = oldest
+            self._stale = set(self._topics)
+            self._levels = {level: n for level, n in levels.items() if n}
+        self.timeline.replace(dict(series))
+        return sum(self._topics.values())
 
     def scheduled(self, messages: Sequence[PreparedMessage]) -> None:
         """Messages just stored for later; called under their shards' locks, so that no
@@ -220,8 +237,12 @@ class Backlog:
             by_shard.setdefault(topic_shard(topic, len(self._cfs)), set()).add(
                 topic.encode("utf-8"))
         found: dict[str, int] = {}
+        with self._lock:  # (lower bounds: no key of theirs lies before)
+            after = {shard: min(self._oldest.get(t.decode("utf-8"), 0) for t in wanted)
+                     for shard, wanted in by_shard.items()}
         for shard, wanted in by_shard.items():
-            for key, _ in self._store.scan(self._cfs[shard], self._timers.frontier(shard)):
+            start = max(self._timers.frontier(shard), time_bound(after[shard]))
+            for key, _ in self._store.scan(self._cfs[shard], start):
                 ikey = key[8:]
                 raw_topic = ikey[:ikey.index(0)]
                 if raw_topic in wanted:
@@ -237,6 +258,16 @@ class Backlog:
                         self._oldest[topic] = found[topic]
                     else:  # its keys went meanwhile: look again next time
                         self._stale.add(topic)
+
+
+def _first_second(tables: tuple[dict[int, int], ...]) -> int:
+    """The first second that holds a pending message (Timeline tables: seconds, minutes,
+    hours), found from the hour down: no pass over every second."""
+    seconds, minutes, hours = tables
+    hour = min(hours)
+    per_minute, per_hour = MINUTE // RESOLUTION_MS, HOUR // MINUTE
+    minute = min(m for m in range(hour * per_hour, (hour + 1) * per_hour) if m in minutes)
+    return min(s for s in range(minute * per_minute, (minute + 1) * per_minute) if s in seconds)
 
 
 __all__ = ["OTHER", "Backlog"]

@@ -212,6 +212,14 @@ class Timeline:
                 self._fold()
             return self._totals.get(topic, 0)
 
+    def series(self) -> dict[str | None, tuple[dict[int, int], ...]]:
+        """The counts as they stand, per topic (None: all), per level (a copy)."""
+        with self._lock:
+            if self._buffered:
+                self._fold()
+            return {key: tuple(dict(table) for table in levels)
+                    for key, levels in self._series.items()}
+
     def entries(self) -> int:
         """Counts held (every level, every series): what the timeline's memory grows with."""
         with self._lock:
@@ -278,6 +286,7 @@ def _per_second_native(deliver_ats: list[int]) -> Mapping[int, int]:
 
 
 _per_second = _per_second_py if native is None else _per_second_native
+per_second = _per_second  # (scheduler/backlog_store.py: a write's delta)
 
 
 def _coarser(per_second: Iterable[tuple[int, int]]) -> tuple[Counter[int], ...]:
@@ -316,4 +325,4 @@ def _bump(table: dict[Any, int], key: object, n: int) -> int:
 
 __all__ = ["FOLD_AT", "LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS",
            "Loader",
-           "Timeline", "TimelineView", "check_window", "pick_width"]
+           "Timeline", "TimelineView", "check_window", "per_second", "pick_width"]
