@@ -31,11 +31,12 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
-from scheduler.timeline import HOUR, MINUTE, RESOLUTION_MS, Loader, Timeline
+from scheduler.timeline import HOUR, MINUTE, Loader, Timeline
 from scheduler.timer_index import TimerIndex
 from storage.keys import decode_timer_key, time_bound, topic_shard
 
 if TYPE_CHECKING:
+    from scheduler.backlog_store import Lazy
     from scheduler.intake import PreparedMessage
     from storage.rocks import RocksStore
 
@@ -91,20 +92,21 @@ class Backlog:
         return sum(topics.values())
 
     def load(self, series: Mapping[str | None, tuple[dict[int, int], ...]],
-             levels: Mapping[int, int]) -> int:
+             levels: Mapping[int, int], lazy: Lazy | None = None) -> int:
         """Start from persisted counts (scheduler/backlog_store.py) instead of the scan:
         ``series`` as the Timeline keeps them (per topic, per level unit), ``levels``: pending
-        per delay level. Every topic's oldest is then a lower bound (the first second that
-        holds one of its messages), refreshed when read. Returns the pending messages."""
+        per delay level, ``lazy``: the per-second counts ``series`` does not hold yet
+        (``Timeline.replace``). Every topic's oldest is then a lower bound (the first minute
+        that holds one of its messages), refreshed when read. Returns the pending messages."""
         topics = {t: sum(tables[2].values()) for t, tables in series.items() if t is not None}
-        oldest = {t: _first_second(tables) * RESOLUTION_MS
+        oldest = {t: _first_minute(tables) * MINUTE
                   for t, tables in series.items() if t is not None and topics[t]}
         with self._lock:
             self._topics = {t: n for t, n in topics.items() if n}
             self._oldest = oldest
             self._stale = set(self._topics)
             self._levels = {level: n for level, n in levels.items() if n}
-        self.timeline.replace(dict(series))
+        self.timeline.replace(dict(series), lazy)
         return sum(self._topics.values())
 
     def scheduled(self, messages: Sequence[PreparedMessage]) -> None:
@@ -260,14 +262,13 @@ class Backlog:
                         self._stale.add(topic)
 
 
-def _first_second(tables: tuple[dict[int, int], ...]) -> int:
-    """The first second that holds a pending message (Timeline tables: seconds, minutes,
-    hours), found from the hour down: no pass over every second."""
-    seconds, minutes, hours = tables
+def _first_minute(tables: tuple[dict[int, int], ...]) -> int:
+    """The first minute that holds a pending message (Timeline tables: seconds, minutes,
+    hours), found from the hour down: no pass over every minute."""
+    _, minutes, hours = tables
     hour = min(hours)
-    per_minute, per_hour = MINUTE // RESOLUTION_MS, HOUR // MINUTE
-    minute = min(m for m in range(hour * per_hour, (hour + 1) * per_hour) if m in minutes)
-    return min(s for s in range(minute * per_minute, (minute + 1) * per_minute) if s in seconds)
+    per_hour = HOUR // MINUTE
+    return min(m for m in range(hour * per_hour, (hour + 1) * per_hour) if m in minutes)
 
 
 __all__ = ["OTHER", "Backlog"]

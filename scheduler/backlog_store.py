@@ -15,8 +15,10 @@ record, so the counts on disk move atomically with the keys they count:
 
 The maintenance thread *folds* the deltas into the base about once a second
 (``fold``): the base is one record per (topic, hour of deliverAt), ``META_BACKLOG_BASE_PREFIX``
-+ topic + NUL + 4-byte hour -> msgpack ``[{second: n}, {minute: n}]`` (topic "" holds all
-topics together, so that a start loads the all-topics series as it stands), and
++ topic + NUL + 4-byte hour -> the 4-byte length of the minutes, msgpack ``{minute: n}``,
+msgpack ``{second: n}`` (topic "" holds all topics together, so that a start loads the
+all-topics series as it stands; it decodes the minutes only, and the Timeline decodes an
+hour's seconds when a query needs them), and
 ``META_BACKLOG_LEVELS`` -> ``{level: n}``. A fold reads the deltas with ids below the next id
 (read under every shard lock and the commit lock: every delta below it is written, the writes
 happen inside those locks), adds them to the base records they touch, and in ONE write puts
@@ -33,6 +35,7 @@ the messages pending. A data directory written before the counts were persisted 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 from collections import Counter
@@ -61,6 +64,8 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 
 #: per topic (None: all), per level (LEVELS order): deliverAt // unit -> count (the Timeline's)
 Series = dict[str | None, tuple[dict[int, int], ...]]
+#: per topic (None: all), per hour: what reads the per-second counts of the base
+Lazy = dict[str | None, dict[int, Callable[[], Mapping[int, int]]]]
 
 
 def _unpack(raw: bytes) -> Any:
@@ -73,6 +78,21 @@ def _delta_key(delta_id: int) -> bytes:
 
 def _base_key(topic: str, hour: int) -> bytes:
     return META_BACKLOG_BASE_PREFIX + topic.encode("utf-8") + b"\x00" + hour.to_bytes(4, "big")
+
+
+def _bucket(seconds: Mapping[int, int], minutes: Mapping[int, int]) -> bytes:
+    """A base record: 4-byte length of the minutes, the minutes, the seconds (msgpack maps):
+    a start decodes the minutes only."""
+    packed = _pack(minutes)
+    return len(packed).to_bytes(4, "big") + packed + _pack(seconds)
+
+
+def _bucket_minutes(raw: bytes) -> dict[int, int]:
+    return _unpack(raw[4:4 + int.from_bytes(raw[:4], "big")])  # type: ignore[no-any-return]
+
+
+def _bucket_seconds(raw: bytes) -> dict[int, int]:
+    return _unpack(raw[4 + int.from_bytes(raw[:4], "big"):])  # type: ignore[no-any-return]
 
 
 def _split_base_key(key: bytes) -> tuple[str, int]:
@@ -144,20 +164,26 @@ class BacklogStore:
         self.put(batch, sign, by_topic, levels)
 
     # --- reading at start --------------------------------------------------------------------
-    def load(self) -> tuple[Series, dict[int, int]]:
-        """The counts as they stand: the base plus every delta not folded yet (the Timeline's
-        series, the pending count per delay level). Call before any write."""
+    def load(self) -> tuple[Series, dict[int, int], Lazy]:
+        """The counts as they stand: the base plus every delta not folded yet. Returns the
+        Timeline's series (their per-second tables hold only the deltas' changes), per
+        topic (None: all) and hour what reads the base's per-second counts (the Timeline
+        reads them when a query needs them), and the pending count per delay level. Call
+        before any write."""
         store = self._store
         series: Series = {}
+        lazy: Lazy = {}
         for key, raw in store.scan(CF_META, META_BACKLOG_BASE_PREFIX, _BASE_END):
             topic, hour = _split_base_key(key)
-            seconds, minutes = _unpack(raw)
-            tables = series.get(topic or None)
+            name = topic or None
+            minutes = _bucket_minutes(raw)
+            tables = series.get(name)
             if tables is None:
-                tables = series[topic or None] = ({}, {}, {})
-            tables[0].update(seconds)
+                tables = series[name] = ({}, {}, {})
+                lazy[name] = {}
             tables[1].update(minutes)
             tables[2][hour] = sum(minutes.values())
+            lazy[name][hour] = functools.partial(_bucket_seconds, raw)
         raw_levels = store.get(CF_META, META_BACKLOG_LEVELS)
         levels: dict[int, int] = {} if raw_levels is None else _unpack(raw_levels)
         for _, raw in store.scan(CF_META, _delta_key(self._folded), _DELTA_END):
@@ -173,7 +199,7 @@ class BacklogStore:
             for level, n in delta_levels.items():
                 _add(levels, level, n)
             self.unfolded += 1
-        return series, levels
+        return series, levels, lazy
 
     def initialise(self, series: Series, levels: Mapping[int, int]) -> None:
         """A data directory from before the counts were persisted: write the base from the
@@ -189,7 +215,7 @@ class BacklogStore:
                     bucket[second] = n
             for hour, seconds in buckets.items():
                 batch.put(CF_META, _base_key(topic or _ALL, hour),
-                          _pack([seconds, _minutes(seconds)]))
+                          _bucket(seconds, _minutes(seconds)))
         batch.put(CF_META, META_BACKLOG_LEVELS, _pack(dict(levels)))
         next_id = next(self._ids)
         batch.put(CF_META, META_BACKLOG_FOLDED, pack_u64(next_id))
@@ -239,13 +265,13 @@ class BacklogStore:
             if old is None:
                 seconds, minutes = {}, {}
             else:
-                seconds, minutes = _unpack(old)
+                seconds, minutes = _bucket_seconds(old), _bucket_minutes(old)
             for second, n in changes.items():
                 if n:
                     _add(seconds, second, n)
                     _add(minutes, second // _MINUTE_S, n)
             if seconds:
-                batch.put(CF_META, key, _pack([seconds, minutes]))
+                batch.put(CF_META, key, _bucket(seconds, minutes))
             elif old is not None:
                 batch.delete(CF_META, key)
         if level_changes:
@@ -278,4 +304,4 @@ def _minutes(seconds: Mapping[int, int]) -> dict[int, int]:
     return out
 
 
-__all__ = ["BacklogStore", "Series"]
+__all__ = ["BacklogStore", "Lazy", "Series"]

@@ -298,7 +298,8 @@ class Broker:
             counts=counts)
         counts.levels_pending = lambda: backlog.has_levels
         if counts.enabled:  # the counts as the last write left them: no scan
-            self.metrics.pending.set(backlog.load(*counts.load()))
+            series, levels, lazy = counts.load()
+            self.metrics.pending.set(backlog.load(series, levels, lazy))
         else:  # a data directory from before they were persisted: scan once, keep them
             self.metrics.pending.set(backlog.rebuild())
             if not follower:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import floordiv
@@ -101,6 +101,10 @@ class Timeline:
         # per topic (None: every topic), per level (LEVELS order): deliverAt // unit -> count
         self._series: dict[str | None, tuple[dict[int, int], ...]] = {}
         self._totals: dict[str | None, int] = {}  # topic (None: all) -> pending
+        # per topic (None: all), per hour: per-second counts persisted (backlog_store.py) and
+        # not read yet (``load_seconds`` decodes them into the series when a query needs them):
+        # a start reads the minutes and hours only
+        self._lazy: dict[str | None, dict[int, Callable[[], Mapping[int, int]]]] = {}
         # (+1 became pending / -1 stopped being, topics, deliverAt values), not yet counted
         self._buffered: list[tuple[int, str | Sequence[str], Sequence[int]]] = []
         self._buffered_n = 0
@@ -120,13 +124,36 @@ class Timeline:
         """One message stopped being pending (cancelled)."""
         self.remove(topic, (deliver_at,))
 
-    def replace(self, series: dict[str | None, tuple[dict[int, int], ...]]) -> None:
-        """Start again from per-topic (None: all) tables of counts per level (``Loader``)."""
-        totals = {key: sum(levels[0].values()) for key, levels in series.items()}
+    def replace(self, series: dict[str | None, tuple[dict[int, int], ...]],
+                lazy: dict[str | None, dict[int, Callable[[], Mapping[int, int]]]] | None = None,
+                ) -> None:
+        """Start again from per-topic (None: all) tables of counts per level (``Loader``).
+        ``lazy``: per topic, per hour, what reads the per-second counts of that hour that
+        ``series`` does not hold yet (its seconds table holds only changes to them)."""
+        totals = {key: sum(levels[2].values()) for key, levels in series.items()}
         with self._lock:
             self._series = {key: levels for key, levels in series.items() if totals[key]}
             self._totals = {key: n for key, n in totals.items() if n}
+            self._lazy = {key: hours for key, hours in (lazy or {}).items()
+                          if key in self._series and hours}
             self._buffered, self._buffered_n = [], 0
+
+    def _load_seconds(self, key: str | None, first: int, end: int) -> None:
+        """Read the lazily kept per-second counts of ``key`` in seconds [first, end) (lock
+        held), adding them to the changes the seconds table holds."""
+        hours = self._lazy.get(key)
+        if not hours:
+            return
+        ratio = _RATIOS[2]
+        lo, hi = first // ratio, -(-end // ratio)
+        wanted = ([h for h in hours if lo <= h < hi] if len(hours) < hi - lo
+                  else [h for h in range(lo, hi) if h in hours])
+        seconds = self._series[key][0]
+        for hour in wanted:
+            for second, n in hours.pop(hour)().items():
+                _bump(seconds, second, n)
+        if not hours:
+            del self._lazy[key]
 
     def _buffer(self, sign: int, topics: str | Sequence[str],
                 deliver_ats: Sequence[int]) -> None:
@@ -181,6 +208,7 @@ class Timeline:
                     _merge(table, level, sign)
                 if not _bump(totals, key, n):  # nothing pending left: free its tables
                     del series[key]
+                    self._lazy.pop(key, None)  # (what it held is all gone too)
 
     # --- reading -------------------------------------------------------------------------------
     def query(self, from_ms: int, to_ms: int, buckets: int, topic: str | None) -> TimelineView:
@@ -194,6 +222,8 @@ class Timeline:
         with self._lock:
             if self._buffered:
                 self._fold()
+            if unit == SECOND:
+                self._load_seconds(topic, first, first + n * per)
             levels = self._series.get(topic)
             if levels is None:
                 values = [0] * (n * per)
@@ -217,14 +247,22 @@ class Timeline:
         with self._lock:
             if self._buffered:
                 self._fold()
-            return {key: tuple(dict(table) for table in levels)
-                    for key, levels in self._series.items()}
+            out = {key: tuple(dict(table) for table in levels)
+                   for key, levels in self._series.items()}
+            for key, hours in self._lazy.items():  # (read, not kept: they stay lazy)
+                seconds = out[key][0]
+                for read in hours.values():
+                    for second, n in read().items():
+                        _bump(seconds, second, n)
+            return out
 
     def entries(self) -> int:
         """Counts held (every level, every series): what the timeline's memory grows with."""
         with self._lock:
             if self._buffered:
                 self._fold()
+            for key in list(self._lazy):
+                self._load_seconds(key, 0, 1 << 62)
             return sum(len(table) for levels in self._series.values() for table in levels)
 
 
@@ -301,9 +339,13 @@ def _coarser(per_second: Iterable[tuple[int, int]]) -> tuple[Counter[int], ...]:
 def _merge(table: dict[int, int], counts: Mapping[int, int], sign: int) -> None:
     """``table`` += ``sign`` x ``counts``, dropping what reaches 0."""
     get = table.get
-    if sign > 0:
+    if sign > 0:  # (a count may start below 0: changes to lazily read ones, replace)
         for key, n in counts.items():
-            table[key] = get(key, 0) + n
+            value = get(key, 0) + n
+            if value:
+                table[key] = value
+            else:
+                del table[key]
         return
     for key, n in counts.items():
         value = get(key, 0) - n
