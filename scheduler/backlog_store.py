@@ -40,7 +40,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -60,7 +60,11 @@ _MINUTE_S = LEVELS[1] // LEVELS[0]
 _ALL = ""  # the base's topic of all topics together (no topic name is empty)
 _DELTA_END = META_BACKLOG_DELTA_PREFIX + b"\xff" * 9
 _BASE_END = META_BACKLOG_BASE_PREFIX[:-1] + bytes([META_BACKLOG_BASE_PREFIX[-1] + 1])
-_pack = msgpack.Packer(use_bin_type=True).pack
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def _pack(obj: object) -> bytes:
+    return bytes(_packer.pack(obj))
 
 #: per topic (None: all), per level (LEVELS order): deliverAt // unit -> count (the Timeline's)
 Series = dict[str | None, tuple[dict[int, int], ...]]
@@ -88,11 +92,11 @@ def _bucket(seconds: Mapping[int, int], minutes: Mapping[int, int]) -> bytes:
 
 
 def _bucket_minutes(raw: bytes) -> dict[int, int]:
-    return _unpack(raw[4:4 + int.from_bytes(raw[:4], "big")])  # type: ignore[no-any-return]
+    return cast("dict[int, int]", _unpack(raw[4:4 + int.from_bytes(raw[:4], "big")]))
 
 
 def _bucket_seconds(raw: bytes) -> dict[int, int]:
-    return _unpack(raw[4 + int.from_bytes(raw[:4], "big"):])  # type: ignore[no-any-return]
+    return cast("dict[int, int]", _unpack(raw[4 + int.from_bytes(raw[:4], "big"):]))
 
 
 def _split_base_key(key: bytes) -> tuple[str, int]:

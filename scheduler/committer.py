@@ -319,8 +319,8 @@ class Committer:
                 raise
             batch = self._store.batch()
             self._advance_watermarks(batch, scans)
-            counts = self._counts
-            if counts is not None and counts.enabled:  # what the frontiers pass leaves
+            persisted = self._counts
+            if persisted is not None and persisted.enabled:  # what the frontiers pass leaves
                 topics, ats, values = pending.topics, pending.deliver_ats, pending.extra
                 if parked:
                     topics, ats, values = list(topics), list(ats), list(values)
@@ -328,8 +328,8 @@ class Committer:
                         topics.append(key[8:].partition(b"\x00")[0].decode("utf-8", "replace"))
                         ats.append(unpack_u64(key))
                         values.append(value)
-                counts.put_columns(batch, -1, topics, ats, map(_level, values)
-                                   if counts.levels_pending() else ())
+                persisted.put_columns(batch, -1, topics, ats, map(_level, values)
+                                      if persisted.levels_pending() else ())
             outcome = self._append_and_commit(batch, pending, offsets, payloads, now)
             skip.difference_update(skipped)
             outcome.skipped = len(skipped)

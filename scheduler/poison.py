@@ -130,13 +130,13 @@ class Quarantine:
         self._park(poison)
         clean = [dataclasses.replace(scan, items=[i for i in scan.items if i[0] not in poison])
                  for scan in scans]
-        parked = [(key, value) for key, (value, _) in poison.items()]
-        outcome = self._committer.commit_due(clean, parked)
+        taken = [(key, value) for key, (value, _) in poison.items()]
+        outcome = self._committer.commit_due(clean, taken)
         if self._backlog is not None:
             self._backlog.delivered(
-                [_label(key)[0] for key, _ in parked],
-                [_level(value) for _, value in parked] if self._backlog.has_levels else (),
-                deliver_ats=[unpack_u64(key) for key, _ in parked])
+                [_label(key)[0] for key, _ in taken],
+                [_level(value) for _, value in taken] if self._backlog.has_levels else (),
+                deliver_ats=[unpack_u64(key) for key, _ in taken])
         for scan in scans:  # the parked keys are below the new frontier too: count them
             parked = len(scan.items) - sum(1 for i in scan.items if i[0] not in poison)
             removed = outcome.removed_by_shard

@@ -19,7 +19,6 @@ from scheduler.backlog_store import BacklogStore
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.model import SendRequest
-from scheduler.timeline import HOUR
 from storage.constants import CF_META, META_BACKLOG_FOLDED, timer_cf
 from storage.errors import AlreadyDelivered, NotFound
 from tests.support.engine import START_MS, make_config
