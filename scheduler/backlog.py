@@ -4,9 +4,11 @@ per-topic timer metrics).
 
 Exact, and cheap. The counts are kept incrementally by whoever changes the backlog: a send
 that schedules (scheduler/writes.py, under the shard locks, so before any scan or cancel
-sees the message), a cancel, a delivery commit and a run-time replay (scheduler/broker.py);
-on start they are rebuilt by the Broker's one scan over the pending
-keys (``rebuild``), so they survive restarts. A message's delay level is kept in its stored
+sees the message), a cancel, a delivery commit and a run-time replay (scheduler/broker.py),
+parking and redriving poison messages (scheduler/poison.py); each of those writes persists
+its change too (scheduler/backlog_store.py), and a start ``load``s the persisted counts. A
+data directory from before they were persisted is counted once by a scan over the pending
+keys (``rebuild``). A message's delay level is kept in its stored
 flags (``storage.records.FLAG_LEVEL_SHIFT``): the engine reads the level of a delivered or
 cancelled message only while some message sent with a level is pending (``has_levels``).
 

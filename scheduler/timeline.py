@@ -16,7 +16,10 @@ hour counts).
 
 Kept by the Backlog (scheduler/backlog.py), at the same points and under the same locks as
 its per-topic counts: a send that schedules, a cancel, a delivery commit, a run-time replay;
-rebuilt from the keys by the Backlog's start-up scan (``Loader``: in C, a chunk at a time).
+loaded at start from the persisted counts (scheduler/backlog_store.py: the minutes and hours,
+and per hour what reads its seconds when a query first needs them, ``_load_seconds``), or,
+for a data directory from before they were persisted, counted once by the Backlog's scan
+(``Loader``: in C, a chunk at a time).
 The cost is per batch of batches: a send or a delivery only appends its topics and deliverAt
 values to a buffer (two list references, under the lock), and the buffer is folded into the
 counts when a query reads them, or once it holds ``FOLD_AT`` messages. A fold counts the
@@ -26,8 +29,8 @@ all). Folded per batch, a send batch of 1000 messages due over an hour (each in 
 second) cost ~1.2 ms, ~1.2 µs a message and ~10 % of the ingest's CPU; folded by the
 hundred thousand, messages share their seconds and the fold costs ~0.1 µs a message.
 
-Parked poison messages (scheduler/poison.py) stay counted at their first deliverAt until a
-restart, as in the Backlog's per-topic counts.
+Parked poison messages (scheduler/poison.py) leave the counts when parked, as in the
+Backlog's per-topic counts; a redrive counts them again.
 """
 
 from __future__ import annotations
