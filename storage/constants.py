@@ -66,8 +66,8 @@ META_CLUSTER_LOG_END = b"cluster/log_end"  # 8-byte BE: the CommitLog's end afte
 META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log position,
 #                              records, commit time (scheduler/ledger.py)
 # the backlog's counts, persisted (scheduler/backlog_store.py)
-META_BACKLOG_DELTA_PREFIX = b"bld/"  # + 8-byte BE id -> msgpack [{topic: {second: n}},
-#                                       {level: n}]: one write's change, n signed
+META_BACKLOG_DELTA_PREFIX = b"bld/"  # + 8-byte BE id -> msgpack [sign, {topic: deliverAt
+#                                       values, int64 LE}, {level: n}]: one write's change
 META_BACKLOG_BASE_PREFIX = b"blb/"  # + topic NUL 4-byte BE hour -> msgpack [{second: n},
 #                                      {minute: n}]: the folded counts (topic "": all topics)
 META_BACKLOG_LEVELS = b"bll"  # -> msgpack {level: n}: the folded counts per delay level
