@@ -159,7 +159,7 @@ def kill_round(data_dir: Path, tmp: Path, token: str, args: argparse.Namespace,
     ready_ms = int(time.time() * 1000)
     try:
         pending = _pending(port, token)
-        due = {m for m, at in known.items() if at <= ready_ms}
+        due = {m for m, at in load.acked.items() if at <= ready_ms}  # this round's
         deadline = time.monotonic() + 600
         got: list[dict[str, Any]] = []
         while time.monotonic() < deadline:  # until every acknowledged message is in the log
