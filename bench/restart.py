@@ -8,9 +8,9 @@ stop and after a kill -9 under load, and the catch-up after the kill.
 2. ``--rounds`` times: starts ``hourglass serve`` and times start to ``/readyz`` 200, then a
    clean stop (SIGTERM).
 3. ``--rounds`` times: starts it, sends ``--rate`` messages/s over HTTP (batches of 100,
-   topic ``load``, each due 0-``--delay-ms`` ms later) for ``--load-s`` seconds, kills it
+   a topic of this run, each due 0-``--delay-ms`` ms later) for ``--load-s`` seconds, kills it
    (SIGKILL) in the middle of that load, restarts it at once and times start to ready; then
-   reads the topic ``load`` until every acknowledged message is in the log: the catch-up
+   reads that topic until every acknowledged message is in the log: the catch-up
    (from ready until the last one due by then is in the log: how many, how fast), and
    checks that none is lost, none twice and none early (``storedAt`` >= ``deliverAt``).
    Lateness after the restart: ``storedAt - max(deliverAt, ready)`` of the messages due
@@ -50,7 +50,7 @@ from storage.rocks import RocksStore
 TOPICS = tuple(f"topic-{i}" for i in range(8))
 WRITE_BATCH = 10_000
 TARGET_S = 2.0
-LOAD_TOPIC = "load"
+LOAD_TOPIC = f"load-{secrets.token_hex(4)}"  # a topic (and msgIds) of this run only
 
 
 def write_pending(data_dir: Path, messages: int, now: int, seed: int = 17) -> float:
