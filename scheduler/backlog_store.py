@@ -57,6 +57,7 @@ from storage.constants import (
     META_BACKLOG_DELTA_PREFIX,
     META_BACKLOG_FOLDED,
     META_BACKLOG_LEVELS,
+    META_BACKLOG_SECONDS_PREFIX,
 )
 from storage.keys import pack_u64, unpack_u64
 from storage.rocks import Batch, RocksStore
@@ -90,19 +91,15 @@ def _base_key(topic: str, hour: int) -> bytes:
     return META_BACKLOG_BASE_PREFIX + topic.encode("utf-8") + b"\x00" + hour.to_bytes(4, "big")
 
 
-def _bucket(seconds: Mapping[int, int], minutes: Mapping[int, int]) -> bytes:
-    """A base record: 4-byte length of the minutes, the minutes, the seconds (msgpack maps):
-    a start decodes the minutes only."""
-    packed = _pack(minutes)
-    return len(packed).to_bytes(4, "big") + packed + _pack(seconds)
+def _seconds_key(topic: str, hour: int) -> bytes:
+    return (META_BACKLOG_SECONDS_PREFIX + topic.encode("utf-8") + b"\x00"
+            + hour.to_bytes(4, "big"))
 
 
-def _bucket_minutes(raw: bytes) -> dict[int, int]:
-    return cast("dict[int, int]", _unpack(raw[4:4 + int.from_bytes(raw[:4], "big")]))
-
-
-def _bucket_seconds(raw: bytes) -> dict[int, int]:
-    return cast("dict[int, int]", _unpack(raw[4 + int.from_bytes(raw[:4], "big"):]))
+def _read_seconds(store: RocksStore, key: bytes) -> dict[int, int]:
+    """A base hour's per-second counts as stored now (what a lazy Timeline hour reads)."""
+    raw = store.get(CF_META, key)
+    return {} if raw is None else cast("dict[int, int]", _unpack(raw))
 
 
 def _split_base_key(key: bytes) -> tuple[str, int]:
@@ -128,6 +125,11 @@ class BacklogStore:
         #: some message sent with a delay level is pending (the Backlog's ``has_levels``):
         #: whether a delivery must read the levels of what it delivers
         self.levels_pending: Callable[[], bool] = lambda: True
+        #: called by a fold, before it rewrites them, with the per-second counts of the base
+        #: hours it rewrites, per (topic, None: all; hour): the Timeline reads the hours it
+        #: holds lazily from them (``Timeline.settle``), never a record the fold changed
+        self.on_rewrite: Callable[[dict[tuple[str | None, int], dict[int, int]]], None] | None \
+            = None
 
     # --- writing -----------------------------------------------------------------------------
     def put(self, batch: Batch, sign: int, deliver_ats: Mapping[str, Sequence[int]],
@@ -179,14 +181,14 @@ class BacklogStore:
         for key, raw in store.scan(CF_META, META_BACKLOG_BASE_PREFIX, _BASE_END):
             topic, hour = _split_base_key(key)
             name = topic or None
-            minutes = _bucket_minutes(raw)
+            minutes = _unpack(raw)
             tables = series.get(name)
             if tables is None:
                 tables = series[name] = ({}, {}, {})
                 lazy[name] = {}
             tables[1].update(minutes)
             tables[2][hour] = sum(minutes.values())
-            lazy[name][hour] = functools.partial(_bucket_seconds, raw)
+            lazy[name][hour] = functools.partial(_read_seconds, store, _seconds_key(topic, hour))
         raw_levels = store.get(CF_META, META_BACKLOG_LEVELS)
         levels: dict[int, int] = {} if raw_levels is None else _unpack(raw_levels)
         for _, raw in store.scan(CF_META, _delta_key(self._folded), _DELTA_END):
@@ -218,8 +220,8 @@ class BacklogStore:
                 else:
                     bucket[second] = n
             for hour, seconds in buckets.items():
-                batch.put(CF_META, _base_key(topic or _ALL, hour),
-                          _bucket(seconds, _minutes(seconds)))
+                batch.put(CF_META, _base_key(topic or _ALL, hour), _pack(_minutes(seconds)))
+                batch.put(CF_META, _seconds_key(topic or _ALL, hour), _pack(seconds))
         batch.put(CF_META, META_BACKLOG_LEVELS, _pack(dict(levels)))
         next_id = next(self._ids)
         batch.put(CF_META, META_BACKLOG_FOLDED, pack_u64(next_id))
@@ -283,21 +285,31 @@ class BacklogStore:
                 else:
                     bucket[second] = n
         batch = store.batch()
-        keys = [_base_key(topic, hour) for topic, hour in seconds_by_bucket]
-        olds = store.multi_get(CF_META, keys) if keys else []
-        for key, old, changes in zip(keys, olds, seconds_by_bucket.values(), strict=True):
-            if old is None:
-                seconds, minutes = {}, {}
-            else:
-                seconds, minutes = _bucket_seconds(old), _bucket_minutes(old)
+        buckets = list(seconds_by_bucket)
+        minute_keys = [_base_key(topic, hour) for topic, hour in buckets]
+        second_keys = [_seconds_key(topic, hour) for topic, hour in buckets]
+        old_minutes = store.multi_get(CF_META, minute_keys) if buckets else []
+        old_seconds = store.multi_get(CF_META, second_keys) if buckets else []
+        olds: dict[tuple[str | None, int], dict[int, int]] = {
+            (topic or None, hour): {} if raw is None else _unpack(raw)
+            for (topic, hour), raw in zip(buckets, old_seconds, strict=True)}
+        if self.on_rewrite is not None:  # lazily read hours: read before they change
+            self.on_rewrite(olds)
+        for mkey, skey, raw_minutes, seconds, changes in zip(
+                minute_keys, second_keys, old_minutes, olds.values(),
+                seconds_by_bucket.values(), strict=True):
+            seconds = dict(seconds)
+            minutes = {} if raw_minutes is None else _unpack(raw_minutes)
             for second, n in changes.items():
                 if n:
                     _add(seconds, second, n)
                     _add(minutes, second // _MINUTE_S, n)
             if seconds:
-                batch.put(CF_META, key, _bucket(seconds, minutes))
-            elif old is not None:
-                batch.delete(CF_META, key)
+                batch.put(CF_META, mkey, _pack(minutes))
+                batch.put(CF_META, skey, _pack(seconds))
+            elif raw_minutes is not None:
+                batch.delete(CF_META, mkey)
+                batch.delete(CF_META, skey)
         if level_changes:
             raw_levels = store.get(CF_META, META_BACKLOG_LEVELS)
             levels = {} if raw_levels is None else _unpack(raw_levels)

@@ -297,6 +297,7 @@ class Broker:
             check_running=self._check_running, notify=self._notify, ledger=ledger,
             counts=counts)
         counts.levels_pending = lambda: backlog.has_levels
+        counts.on_rewrite = backlog.timeline.settle
         if counts.enabled:  # the counts as the last write left them: no scan
             series, levels, lazy = counts.load()
             self.metrics.pending.set(backlog.load(series, levels, lazy))

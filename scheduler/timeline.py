@@ -158,6 +158,20 @@ class Timeline:
         if not hours:
             del self._lazy[key]
 
+    def settle(self, hours: Mapping[tuple[str | None, int], Mapping[int, int]]) -> None:
+        """The per-second counts of lazily held hours, as they stand before their records
+        change (scheduler/backlog_store.py's fold): counted now, never read again."""
+        with self._lock:
+            for (key, hour), counts in hours.items():
+                lazy = self._lazy.get(key)
+                if lazy is None or lazy.pop(hour, None) is None:
+                    continue
+                seconds = self._series[key][0]
+                for second, n in counts.items():
+                    _bump(seconds, second, n)
+                if not lazy:
+                    del self._lazy[key]
+
     def _buffer(self, sign: int, topics: str | Sequence[str],
                 deliver_ats: Sequence[int]) -> None:
         with self._lock:

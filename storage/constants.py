@@ -68,8 +68,10 @@ META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log
 # the backlog's counts, persisted (scheduler/backlog_store.py)
 META_BACKLOG_DELTA_PREFIX = b"bld/"  # + 8-byte BE id -> msgpack [sign, {topic: deliverAt
 #                                       values, int64 LE}, {level: n}]: one write's change
-META_BACKLOG_BASE_PREFIX = b"blb/"  # + topic NUL 4-byte BE hour -> msgpack [{second: n},
-#                                      {minute: n}]: the folded counts (topic "": all topics)
+META_BACKLOG_BASE_PREFIX = b"blb/"  # + topic NUL 4-byte BE hour -> msgpack {minute: n}: the
+#                                      folded counts (topic "": all topics), read at start
+META_BACKLOG_SECONDS_PREFIX = b"bls/"  # + topic NUL 4-byte BE hour -> msgpack {second: n}:
+#                                         the same hour per second, read when a query needs it
 META_BACKLOG_LEVELS = b"bll"  # -> msgpack {level: n}: the folded counts per delay level
 META_BACKLOG_FOLDED = b"blw"  # 8-byte BE: every delta id below it is folded into the base
 #                               (absent: a data directory from before; counted by a scan)
