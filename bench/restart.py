@@ -42,7 +42,7 @@ from bench.support.analysis_workload import WorkloadSpec, _future_delay
 from scheduler.backlog_store import BacklogStore
 from scheduler.codec import message_value
 from scheduler.config import EngineConfig
-from scheduler.timeline import HOUR, Loader, Timeline
+from scheduler.timeline import HOUR, Loader, TimelineCounts
 from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key, topic_shard
 from storage.rocks import RocksStore
@@ -77,7 +77,7 @@ def write_pending(data_dir: Path, messages: int, now: int, seed: int = 17) -> fl
             for cf, items in by_cf.items():
                 batch.put_many(cf, sorted(items))
             store.write(batch)
-        timeline = Timeline()
+        timeline = TimelineCounts()
         loader.into(timeline)
         BacklogStore(store).initialise(timeline.series(), {})
         store.flush()

@@ -33,7 +33,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
-from scheduler.timeline import HOUR, MINUTE, Loader, Timeline
+from scheduler.timeline import HOUR, MINUTE, Loader, TimelineCounts
 from scheduler.timer_index import TimerIndex
 from storage.keys import decode_timer_key, time_bound, topic_shard
 
@@ -59,7 +59,7 @@ class Backlog:
         self._stale: set[str] = set()
         self._levels: dict[int, int] = {}  # pending count, > 0
         self._refreshing: frozenset[str] = frozenset()  # topics ``_refresh`` is looking up
-        self.timeline = Timeline()  # the same backlog by deliver time (scheduler/timeline.py)
+        self.timeline = TimelineCounts()  # the same backlog by deliver time (scheduler/timeline.py)
 
     # --- keeping it --------------------------------------------------------------------------
     def rebuild(self) -> int:
@@ -96,9 +96,9 @@ class Backlog:
     def load(self, series: Mapping[str | None, tuple[dict[int, int], ...]],
              levels: Mapping[int, int], lazy: Lazy | None = None) -> int:
         """Start from persisted counts (scheduler/backlog_store.py) instead of the scan:
-        ``series`` as the Timeline keeps them (per topic, per level unit), ``levels``: pending
+        ``series`` as the TimelineCounts keeps them (per topic, per level unit), ``levels``: pending
         per delay level, ``lazy``: the per-second counts ``series`` does not hold yet
-        (``Timeline.replace``). Every topic's oldest is then a lower bound (the first minute
+        (``TimelineCounts.replace``). Every topic's oldest is then a lower bound (the first minute
         that holds one of its messages), refreshed when read. Returns the pending messages."""
         topics = {t: sum(tables[2].values()) for t, tables in series.items() if t is not None}
         oldest = {t: _first_minute(tables) * MINUTE
@@ -265,7 +265,7 @@ class Backlog:
 
 
 def _first_minute(tables: tuple[dict[int, int], ...]) -> int:
-    """The first minute that holds a pending message (Timeline tables: seconds, minutes,
+    """The first minute that holds a pending message (TimelineCounts tables: seconds, minutes,
     hours), found from the hour down: no pass over every minute."""
     _, minutes, hours = tables
     hour = min(hours)

@@ -1,7 +1,7 @@
 """The backlog's counts, persisted: a start reads them instead of scanning every pending key.
 
 What is kept: the pending messages per (topic, second of deliverAt) and per delay level, the
-counts the Backlog and its Timeline hold in memory (scheduler/backlog.py, timeline.py); the
+counts the Backlog and its TimelineCounts hold in memory (scheduler/backlog.py, timeline.py); the
 per-topic pending counts are their sums. Exact after ``kill -9`` at any point: every RocksDB
 write that changes the backlog carries its change in the same WriteBatch, as a *delta*
 record, so the counts on disk move atomically with the keys they count:
@@ -19,7 +19,7 @@ The maintenance thread *folds* the deltas into the base about once a second
 (``fold``): the base is one record per (topic, hour of deliverAt), ``META_BACKLOG_BASE_PREFIX``
 + topic + NUL + 4-byte hour -> the 4-byte length of the minutes, msgpack ``{minute: n}``,
 msgpack ``{second: n}`` (topic "" holds all topics together, so that a start loads the
-all-topics series as it stands; it decodes the minutes only, and the Timeline decodes an
+all-topics series as it stands; it decodes the minutes only, and the TimelineCounts decodes an
 hour's seconds when a query needs them), and
 ``META_BACKLOG_LEVELS`` -> ``{level: n}``. A fold reads the deltas with ids below the next id
 (read under every shard lock and the commit lock: every delta below it is written, the writes
@@ -73,7 +73,7 @@ _packer = msgpack.Packer(use_bin_type=True)
 def _pack(obj: object) -> bytes:
     return bytes(_packer.pack(obj))
 
-#: per topic (None: all), per level (LEVELS order): deliverAt // unit -> count (the Timeline's)
+#: per topic (None: all), per level (LEVELS order): deliverAt // unit -> count (the TimelineCounts's)
 Series = dict[str | None, tuple[dict[int, int], ...]]
 #: per topic (None: all), per hour: what reads the per-second counts of the base
 Lazy = dict[str | None, dict[int, Callable[[], Mapping[int, int]]]]
@@ -97,7 +97,7 @@ def _seconds_key(topic: str, hour: int) -> bytes:
 
 
 def _read_seconds(store: RocksStore, key: bytes) -> dict[int, int]:
-    """A base hour's per-second counts as stored now (what a lazy Timeline hour reads)."""
+    """A base hour's per-second counts as stored now (what a lazy TimelineCounts hour reads)."""
     raw = store.get(CF_META, key)
     return {} if raw is None else cast("dict[int, int]", _unpack(raw))
 
@@ -126,8 +126,8 @@ class BacklogStore:
         #: whether a delivery must read the levels of what it delivers
         self.levels_pending: Callable[[], bool] = lambda: True
         #: called by a fold, before it rewrites them, with the per-second counts of the base
-        #: hours it rewrites, per (topic, None: all; hour): the Timeline reads the hours it
-        #: holds lazily from them (``Timeline.settle``), never a record the fold changed
+        #: hours it rewrites, per (topic, None: all; hour): the TimelineCounts reads the hours it
+        #: holds lazily from them (``TimelineCounts.settle``), never a record the fold changed
         self.on_rewrite: Callable[[dict[tuple[str | None, int], dict[int, int]]], None] | None \
             = None
 
@@ -171,8 +171,8 @@ class BacklogStore:
     # --- reading at start --------------------------------------------------------------------
     def load(self) -> tuple[Series, dict[int, int], Lazy]:
         """The counts as they stand: the base plus every delta not folded yet. Returns the
-        Timeline's series (their per-second tables hold only the deltas' changes), per
-        topic (None: all) and hour what reads the base's per-second counts (the Timeline
+        TimelineCounts's series (their per-second tables hold only the deltas' changes), per
+        topic (None: all) and hour what reads the base's per-second counts (the TimelineCounts
         reads them when a query needs them), and the pending count per delay level. Call
         before any write."""
         store = self._store
@@ -209,7 +209,7 @@ class BacklogStore:
 
     def initialise(self, series: Series, levels: Mapping[int, int]) -> None:
         """A data directory from before the counts were persisted: write the base from the
-        start-up scan's counts (``series`` as the Timeline holds them), then keep them."""
+        start-up scan's counts (``series`` as the TimelineCounts holds them), then keep them."""
         batch = self._store.batch()
         for topic, tables in series.items():
             buckets: dict[int, dict[int, int]] = {}

@@ -52,7 +52,7 @@ _END = META_PARKED_PREFIX[:-1] + bytes([META_PARKED_PREFIX[-1] + 1])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ParkedMessage:
+class ParkedEntry:
     topic: str
     msg_id: str
     deliver_at: int
@@ -148,7 +148,7 @@ class Quarantine:
         for key, (value, reason) in poison.items():
             batch.put(CF_META, META_PARKED_PREFIX + key, msgpack.packb([reason, value]))
         with self._committer.lock:
-            self._committer.commit_plain(batch)
+            self._committer.commit_no_append(batch)
         new = {META_PARKED_PREFIX + key for key in poison} - self._parked
         self._parked |= new
         self._metrics.pending.dec(len(new))
@@ -157,13 +157,13 @@ class Quarantine:
             log.error("message %s/%s parked (POST /v1/admin/parked:redrive hands it back): %s",
                       topic, msg_id, reason)
 
-    def messages(self, limit: int = 1000) -> list[ParkedMessage]:
+    def messages(self, limit: int = 1000) -> list[ParkedEntry]:
         out = []
         for pkey, raw in self._store.scan(CF_META, META_PARKED_PREFIX, _END, limit=limit):
             key = pkey[len(META_PARKED_PREFIX):]
             reason, value = msgpack.unpackb(raw)
             topic, msg_id = _label(key)
-            out.append(ParkedMessage(topic=topic, msg_id=msg_id, deliver_at=unpack_u64(key[:8]),
+            out.append(ParkedEntry(topic=topic, msg_id=msg_id, deliver_at=unpack_u64(key[:8]),
                                      reason=reason, size=len(value)))
         return out
 
@@ -205,7 +205,7 @@ class Quarantine:
                 woken[shard.shard] = at
             if self._counts is not None:
                 self._counts.put(batch, 1, back, levels)
-            self._committer.commit_plain(batch)
+            self._committer.commit_no_append(batch)
             if self._backlog is not None:
                 self._backlog.scheduled_at(back, [level for level in levels if level])
             for shard_no, at in woken.items():

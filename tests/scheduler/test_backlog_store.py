@@ -1,6 +1,6 @@
 """The backlog's persisted counts (scheduler/backlog_store.py) against a full scan of the
 pending keys: after every step of sends (with and without delay levels, one topic or
-several, plain batches), cancels, deliveries, redriven poison messages, folds and restarts,
+several, column batches), cancels, deliveries, redriven poison messages, folds and restarts,
 the counts in memory, the counts a start would load (base + deltas) and the counts the
 start-up scan finds are the same. Real RocksDB and CommitLog, FakeClock."""
 
