@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from scheduler.backlog import Backlog
+from scheduler.backlog_store import BacklogStore
 from scheduler.checkback.registry import CallbackRegistration
 from scheduler.clock import Clock, SystemClock
 from scheduler.codec import message_level
@@ -216,6 +217,7 @@ class Broker:
         self._groups: GroupManager | None = None
         self._quarantine: Quarantine | None = None
         self._backlog: Backlog  # set by start
+        self._counts: BacklogStore  # set by start
         self.cluster = cluster
         self.role = LEADER if cluster is None else STARTING
         self._guard: FollowerGuard | None = None  # a follower's (storage/replication.py)
@@ -264,9 +266,10 @@ class Broker:
         self._intake = Intake(levels=self.levels, max_delay_ms=cfg.max_delay_ms,
                               max_body_bytes=cfg.max_body_bytes, shards=cfg.timer_shards,
                               max_record_bytes=cfg.max_record_bytes)
+        self._counts = counts = BacklogStore(store)  # the backlog's counts, persisted
         self._committer = Committer(store=store, log=self._log, queues=self._queues,
                                     clock=self.clock, retention_ms=cfg.retention_ms,
-                                    on_replayed=self._on_replayed)
+                                    on_replayed=self._on_replayed, counts=counts)
         self._transactions = TransactionManager(
             store=store, config=cfg, clock=self.clock, intake=self._intake,
             committer=self._committer, submit=self.submit, metrics=self.metrics,
@@ -296,8 +299,17 @@ class Broker:
         self._writes = WritePaths(
             store=store, committer=self._committer, shards=self._shards, clock=self.clock,
             metrics=self.metrics, backlog=backlog, retention_ms=cfg.retention_ms,
-            check_running=self._check_running, notify=self._notify, ledger=ledger)
-        self.metrics.pending.set(backlog.rebuild())  # the one scan of pending keys
+            check_running=self._check_running, notify=self._notify, ledger=ledger,
+            counts=counts)
+        counts.levels_pending = lambda: backlog.has_levels
+        counts.on_rewrite = backlog.timeline.settle
+        if counts.enabled:  # the counts as the last write left them: no scan
+            series, levels, lazy = counts.load()
+            self.metrics.pending.set(backlog.load(series, levels, lazy))
+        else:  # a data directory from before they were persisted: scan once, keep them
+            self.metrics.pending.set(backlog.rebuild())
+            if not follower:
+                counts.initialise(backlog.timeline.series(), backlog.by_level())
         self.metrics.pending_by_topic.set_label_function(
             lambda: {t: n for t, (n, _) in backlog.labelled().items()})
         self.metrics.oldest_pending_ms.set_label_function(
@@ -307,7 +319,7 @@ class Broker:
         self._quarantine = Quarantine(
             committer=self._committer, store=store, shards=self._shards,
             max_payload=cfg.segment_size - HEADER_SIZE, clock=self.clock,
-            metrics=self.metrics, shard_locks=self._locks)
+            metrics=self.metrics, shard_locks=self._locks, backlog=backlog, counts=counts)
         self._delivery = DeliveryStage(
             committer=self._quarantine, clock=self.clock, metrics=self.metrics,
             progress=self._progress, queue_batches=cfg.delivery_queue_batches,
@@ -324,7 +336,9 @@ class Broker:
         self._maintenance = Maintenance(
             store=store, ledger=ledger, clock=self.clock, metrics=self.metrics,
             retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes,
-            cleanup_interval_ms=cfg.cleanup_interval_ms, retention=self.retention)
+            cleanup_interval_ms=cfg.cleanup_interval_ms, retention=self.retention,
+            fold=lambda: counts.fold(self._all_locks))
+        counts.on_first_delta = self._maintenance.ask
         self.metrics.watermark_lag_ms.set_label_function(self._lags)
         if not follower:
             self._delivery.start()
@@ -539,6 +553,7 @@ class Broker:
             self._maintenance.stop()
         with self._all_locks():  # sends and cancels in progress finish first
             try:
+                self._fold_counts()  # the next start reads no delta
                 if self._log is not None:
                     self._log.close()  # flushes
             finally:
@@ -969,6 +984,17 @@ class Broker:
         """Metrics and listeners for messages another path appended (transaction commits)."""
         assert self._writes is not None
         self._writes.count_sent([], list(due), 0, outcome)
+
+    def _fold_counts(self) -> None:
+        """On a clean stop (every lock held): fold the backlog's deltas (backlog_store.py)."""
+        counts, store = getattr(self, "_counts", None), self._store
+        if (counts is None or store is None or store.closed or self.role != LEADER
+                or self._maintenance is None or self.cluster is not None):
+            return
+        try:
+            counts.fold(contextlib.nullcontext)
+        except Exception as exc:  # the next start reads them instead
+            log.warning("could not fold the backlog's counts on stop: %s", exc)
 
     def _lags(self, now: int | None = None) -> dict[str, float]:
         now = self.clock.now_ms() if now is None else now
