@@ -640,6 +640,41 @@ def pull_frame_json(list payloads, bint once=False):
     return buf[:w + 1]
 
 
+def received_json(list payloads, list receipts, list counts, bint once=False):
+    """The ``Received`` documents of leased messages (``delivered_json`` with receipts and
+    counts) joined by commas in one buffer (a receive answer's messages); None when any is
+    one ``delivered_json`` leaves to Python (the caller then goes that way)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w = 0, size = 0, receipt_size
+    cdef int64_t qo = 0
+    cdef uint8_t* o
+    cdef const char* receipt
+    if PyList_GET_SIZE(receipts) != count or PyList_GET_SIZE(counts) != count:
+        raise ValueError("receipts and counts: one of each per payload")
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        r = <object>PyList_GET_ITEM(receipts, k)
+        c = <object>PyList_GET_ITEM(counts, k)
+        if type(payload) is not bytes or type(r) is not str or type(c) is not int \
+                or not 0 <= c < (1 << 63):
+            return None
+        size += 8 * PyBytes_GET_SIZE(payload) + _jroom + 6 * len(<str>r) * 4 + 65
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(buf)
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        receipt = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(receipts, k), &receipt_size)
+        if k:
+            o[w] = 44
+            w += 1
+        n = _delivered_json(<const uint8_t*>PyBytes_AS_STRING(payload),
+                            PyBytes_GET_SIZE(payload), o + w, once, True, receipt,
+                            receipt_size, <int64_t>(<object>PyList_GET_ITEM(counts, k)), &qo)
+        if n < 0:
+            return None
+        w += n
+    return buf[:w]
+
+
 # --- the keys, from the schemas ----------------------------------------------------------------
 from api.wire_keys import key_table as _key_table
 

@@ -143,6 +143,16 @@ def _receive_json_native(result: LeasedBatch, acked: AckCounts | None,
     assert native is not None
     messages = result.messages
     at = [i for i, m in enumerate(messages) if m.payload is not None and not m.reconsume_times]
+    head, lease, acked_key, stale_key = RECEIVE_JSON
+    tail = [lease, _json.encode(result.lease_until)]
+    if acked is not None:
+        tail += [acked_key, _json.encode(acked.acked), stale_key, _json.encode(acked.stale)]
+    if len(at) == len(messages):  # the usual receive: nothing retried, all in one buffer
+        joined = native.received_json([m.payload for m in messages],
+                                      [m.receipt for m in messages],
+                                      [m.delivery_count for m in messages], once)
+        if joined is not None:
+            return b"".join((head, joined, *tail, b"}"))
     shown = messages if len(at) == len(messages) else [messages[i] for i in at]
     done, _ = native.delivered_json([m.payload for m in shown], [m.receipt for m in shown],
                                     [m.delivery_count for m in shown], once)
@@ -155,10 +165,6 @@ def _receive_json_native(result: LeasedBatch, acked: AckCounts | None,
     for i, part in enumerate(parts):
         if part is None:
             parts[i] = _json.encode(received(messages[i], once))
-    head, lease, acked_key, stale_key = RECEIVE_JSON
-    tail = [lease, _json.encode(result.lease_until)]
-    if acked is not None:
-        tail += [acked_key, _json.encode(acked.acked), stale_key, _json.encode(acked.stale)]
     return b"".join((head, b",".join(parts), *tail, b"}"))
 
 
