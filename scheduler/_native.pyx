@@ -21,7 +21,7 @@ from libc.string cimport memcmp, memcpy
 
 from scheduler._handles cimport _handle
 from storage._msgpack cimport (K_ARRAY, K_BIN, K_MAP, Item, _be, _body_tags_keys, _head, _int,
-                               _same, _str, _w_bin, _w_head, _w_int, _w_raw, _w_str)
+                               _same, _str, _utf8, _w_bin, _w_head, _w_int, _w_raw, _w_str)
 
 # --- delivery: stored MessageRecord value -> LogRecord payload -----------------------------
 def log_payloads(list values, list topics, list msg_ids, list offsets, list deliver_ats,
@@ -647,6 +647,165 @@ def msgpack_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
                 if seen & F_ID else None)
     if i != n:
         return None
+    return out.columns()
+
+
+# --- the same from a JSON request body ------------------------------------------------------
+cdef struct _JMsg:
+    Py_ssize_t body, body_size, msg_id, msg_id_size
+    int64_t at
+
+
+cdef inline Py_ssize_t _jws(const uint8_t* p, Py_ssize_t n, Py_ssize_t i) noexcept:
+    """Past JSON's whitespace at ``i``."""
+    while i < n and (p[i] == 32 or p[i] == 10 or p[i] == 13 or p[i] == 9):
+        i += 1
+    return i
+
+
+cdef inline Py_ssize_t _jstr(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Py_ssize_t* start,
+                             Py_ssize_t* size) noexcept:
+    """A JSON string at ``i`` without escapes or control characters (its content is then
+    its bytes): the index past it, else -1 (the schema's decoder reads the rest)."""
+    cdef Py_ssize_t j
+    if i >= n or p[i] != 34:
+        return -1
+    j = i + 1
+    while j < n and p[j] != 34:
+        if p[j] == 92 or p[j] < 32:
+            return -1
+        j += 1
+    if j >= n:
+        return -1
+    start[0] = i + 1
+    size[0] = j - i - 1
+    return j + 1
+
+
+cdef inline Py_ssize_t _jint(const uint8_t* p, Py_ssize_t n, Py_ssize_t i,
+                             int64_t* value) noexcept:
+    """A JSON integer >= 0 of at most 18 digits at ``i`` (no fraction, no exponent): the
+    index past it, else -1."""
+    cdef Py_ssize_t j = i
+    cdef int64_t v = 0
+    while j < n and 48 <= p[j] <= 57 and j - i < 19:
+        v = v * 10 + (p[j] - 48)
+        j += 1
+    if j == i or j - i > 18 or (p[i] == 48 and j - i > 1):
+        return -1
+    if j < n and (p[j] == 46 or p[j] == 101 or p[j] == 69 or 48 <= p[j] <= 57):
+        return -1
+    value[0] = v
+    return j
+
+
+def json_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now, int64_t max_delay,
+                 Py_ssize_t max_body, str id_prefix, object counter):
+    """``msgpack_columns`` from a JSON request body (``{"messages": [...]}``, at most
+    ``max_count`` of them, at most 1000), without decoding it into MessageIn first. Takes
+    only body-only messages written without escapes: per message the keys ``body`` (valid UTF-8, no
+    escape), ``msgId`` (a valid one), ``deliverAt`` or ``delayMs`` (integers >= 0 in
+    digits), each once, no key but ``messages`` around them; None for anything else
+    (``bodyBase64``, an escaped string, ``null``, a number written otherwise...), which the
+    schema's decoder then reads and checks."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw), i, k, count = 0, ks, kn, vs, vn
+    cdef int seen, flag
+    cdef int64_t num = 0, at
+    cdef _JMsg msgs[1000]
+    cdef _JMsg* m
+    cdef _Columns out
+    if max_count > 1000:
+        max_count = 1000
+    i = _jws(p, n, 0)
+    if i >= n or p[i] != 123:
+        return None
+    i = _jstr(p, n, _jws(p, n, i + 1), &ks, &kn)
+    if i < 0 or kn != 8 or memcmp(p + ks, b"messages", 8) != 0:
+        return None
+    i = _jws(p, n, i)
+    if i >= n or p[i] != 58:
+        return None
+    i = _jws(p, n, i + 1)
+    if i >= n or p[i] != 91:
+        return None
+    i = _jws(p, n, i + 1)
+    while True:  # a message, then "," or "]"
+        if count >= max_count or i >= n or p[i] != 123:
+            return None
+        m = &msgs[count]
+        count += 1
+        seen = 0
+        i = _jws(p, n, i + 1)
+        while True:  # a key, its value, then "," or "}"
+            i = _jstr(p, n, i, &ks, &kn)
+            if i < 0:
+                return None
+            i = _jws(p, n, i)
+            if i >= n or p[i] != 58:
+                return None
+            i = _jws(p, n, i + 1)
+            flag = 0
+            if kn == 4 and memcmp(p + ks, b"body", 4) == 0:
+                flag = F_BODY
+                i = _jstr(p, n, i, &m.body, &m.body_size)
+                if i >= 0 and not _utf8(p + m.body, m.body_size):
+                    i = -1
+            elif kn == 5 and memcmp(p + ks, b"msgId", 5) == 0:
+                flag = F_ID
+                i = _jstr(p, n, i, &vs, &vn)
+                if i >= 0 and not _msg_id_ok(p + vs, vn):
+                    i = -1
+                m.msg_id, m.msg_id_size = vs, vn
+            elif kn == 9 and memcmp(p + ks, b"deliverAt", 9) == 0:
+                flag = F_AT
+                i = _jint(p, n, i, &num)
+            elif kn == 7 and memcmp(p + ks, b"delayMs", 7) == 0:
+                flag = F_DELAY
+                i = _jint(p, n, i, &num)
+            if flag == 0 or i < 0 or seen & flag:
+                return None
+            seen |= flag
+            i = _jws(p, n, i)
+            if i < n and p[i] == 44:
+                i = _jws(p, n, i + 1)
+                continue
+            if i < n and p[i] == 125:
+                break
+            return None
+        if not seen & F_BODY or (seen & (F_AT | F_DELAY)) not in (F_AT, F_DELAY):
+            return None
+        if m.body_size > max_body:
+            return None
+        if seen & F_AT:
+            at = num
+            if at > now + max_delay:
+                return None
+        else:
+            if num > max_delay:
+                return None
+            at = now + num
+        if at <= now:
+            return None
+        m.at = at
+        if not seen & F_ID:
+            m.msg_id = -1
+        i = _jws(p, n, i + 1)
+        if i < n and p[i] == 44:
+            i = _jws(p, n, i + 1)
+            continue
+        if i < n and p[i] == 93:
+            break
+        return None
+    i = _jws(p, n, i + 1)
+    if i >= n or p[i] != 125 or _jws(p, n, i + 1) != n:
+        return None
+    out = _Columns(count, prefix, now, id_prefix, counter)
+    for k in range(count):
+        m = &msgs[k]
+        out.add(k, <const char*>p + m.body, m.body_size, m.at,
+                PyUnicode_DecodeUTF8(<const char*>p + m.msg_id, m.msg_id_size, NULL)
+                if m.msg_id >= 0 else None)
     return out.columns()
 
 
