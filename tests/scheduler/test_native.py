@@ -4,6 +4,7 @@ copy of equal their Python definitions."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import struct
 from collections import Counter
@@ -23,7 +24,7 @@ from scheduler.codec import (
     scheduled_values_py,
     split_due_py,
 )
-from scheduler.group_state import receipt_offsets_py
+from scheduler.group_state import Seal, receipt_offsets_py
 from scheduler.levels import DelayLevels
 from scheduler.native import native
 from scheduler.timeline import _per_second_py
@@ -190,6 +191,35 @@ def test_receipt_offsets(receipt_offsets: Callable[[list[str], str], list[int] |
         assert got == [int(s, 16) for _, s in rows]
     else:
         assert got is None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(key=st.binary(min_size=1, max_size=32), head=st.from_regex(r"\A3[01][0-9a-f]{1,16}\Z"),
+       offsets=st.lists(st.integers(0, (1 << 64) - 1), max_size=40))
+def test_seal_receipts(key: bytes, head: str, offsets: list[int]) -> None:
+    """BLAKE2s keyed, written in C from RFC 7693: the receipts hashlib's seals, for offsets
+    of every width in hex (1-16 digits)."""
+    assert native is not None
+    seal = Seal(key, "t", "g")
+    lease_key = seal.lease_key(head)
+    assert native.seal_receipts(lease_key, head, offsets) == seal.receipts_py(head, offsets)
+    assert native.seal_receipts(key, head, offsets) == [
+        f"{head}.{tag}.{o:x}" for o, tag in zip(offsets, native.seal_tags(
+            key, [f"{o:x}" for o in offsets]), strict=True)]
+
+
+@needs_native
+@settings(max_examples=200)
+@given(key=st.binary(min_size=1, max_size=32), offsets=st.lists(st.text(max_size=200).filter(
+    lambda t: "\n" not in t), max_size=10))
+def test_seal_tags(key: bytes, offsets: list[str]) -> None:
+    """Any text as the offset (a forged receipt's), of one block, several or none."""
+    assert native is not None
+    want = [hashlib.blake2s(o.encode(), key=key, digest_size=8).hexdigest() for o in offsets]
+    assert native.seal_tags(key, offsets) == want
+    seal = Seal(key, "t", "g")
+    assert native.seal_tags(seal.lease_key("30a"), offsets) == seal.tags_py("30a", offsets)
 
 
 # --- the rules C keeps its own copy of, held equal to their one definition in Python --------

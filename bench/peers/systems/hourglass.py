@@ -78,9 +78,12 @@ class _Page(msgspec.Struct, rename="camel"):
     next_offset: int = 0
 
 
-#: decodes msgpack answers into typed structs, as a generated client would (4-5x less client
-#: CPU than a dict per message: the consumers share the load generator's interpreter)
+#: decode msgpack and JSON answers into typed structs, as a generated client would (4-5x less
+#: client CPU than a dict per message in msgpack, ~2.8x in JSON (a stream frame of 1000 with
+#: both bodies: 0.35 against 0.97 ms with orjson's dicts): the consumers share the load
+#: generator's interpreter)
 _read_page = msgspec.msgpack.Decoder(_Page).decode
+_read_page_json = msgspec.json.Decoder(_Page).decode
 
 
 class _Frames:
@@ -352,7 +355,7 @@ class HourglassSystem(System):
         headers = {**(MSGPACK_BODY | {"Accept": MSGPACK} if self.msgpack else JSON_BODY),
                    **self.consume_headers}
         pack = msgpack.packb if self.msgpack else orjson.dumps
-        unpack = msgpack.unpackb if self.msgpack else orjson.loads
+        read = _read_page if self.msgpack else _read_page_json
         receipts: list[str] = []  # the previous batch's, acknowledged with the next receive
         while not stop.is_set():
             body = {**ask, "ack": receipts} if receipts else ask
@@ -360,17 +363,10 @@ class HourglassSystem(System):
             if r.status != 200:
                 raise RuntimeError(f"hourglass receive: HTTP {r.status}: {_text(r)}")
             t = now_ms()
-            if self.msgpack:
-                page = _read_page(r.data).messages
-                receipts = [m.receipt for m in page]
-                if page:
-                    sink([m.msg_id for m in page], t, [m.stored_at - m.deliver_at for m in page])
-                continue
-            msgs = unpack(r.data).get("messages") or []
-            receipts = [m["receipt"] for m in msgs]
-            if msgs:
-                sink([m["msgId"] for m in msgs], t,
-                     [m["storedAt"] - m["deliverAt"] for m in msgs])
+            page = read(r.data).messages
+            receipts = [m.receipt for m in page]
+            if page:
+                sink([m.msg_id for m in page], t, [m.stored_at - m.deliver_at for m in page])
         if receipts:
             a = self._call("POST", f"{group}:ack", pack({"receipts": receipts}), headers)
             if a.status != 200:
@@ -387,20 +383,11 @@ class HourglassSystem(System):
             if r.status != 200:
                 raise RuntimeError(f"hourglass pull: HTTP {r.status}: {_text(r)}")
             t = now_ms()
-            if self.msgpack:
-                page = _read_page(r.data)
-                if page.messages:
-                    sink([m.msg_id for m in page.messages], t,
-                         [m.stored_at - m.deliver_at for m in page.messages])
-                    offset = page.next_offset
-                continue
-            doc = orjson.loads(r.data)
-            msgs = doc.get("messages") or []
-            if not msgs:
-                continue
-            sink([m["msgId"] for m in msgs], t,
-                 [m["storedAt"] - m["deliverAt"] for m in msgs])
-            offset = doc["nextOffset"]
+            page = (_read_page if self.msgpack else _read_page_json)(r.data)
+            if page.messages:
+                sink([m.msg_id for m in page.messages], t,
+                     [m.stored_at - m.deliver_at for m in page.messages])
+                offset = page.next_offset
 
     def _stream_loop(self, sink: Sink, stop: threading.Event) -> None:
         """One standing stream (GET …/messages:stream), a frame per delivery, renewed every
@@ -432,12 +419,11 @@ class HourglassSystem(System):
                 else:
                     lines = (rest + chunk).split(b"\n")
                     rest = lines.pop()
-                    for doc in map(orjson.loads, filter(None, lines)):
-                        msgs = doc["messages"]
-                        if msgs:
-                            sink([m["msgId"] for m in msgs], t,
-                                 [m["storedAt"] - m["deliverAt"] for m in msgs])
-                        offset = doc["nextOffset"]
+                    for page in map(_read_page_json, filter(None, lines)):
+                        if page.messages:
+                            sink([m.msg_id for m in page.messages], t,
+                                 [m.stored_at - m.deliver_at for m in page.messages])
+                        offset = page.next_offset
                 if offset != committed and time.monotonic() - last_commit >= 1.0:
                     self._commit(offsets, offset)
                     committed, last_commit = offset, time.monotonic()
