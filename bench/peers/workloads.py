@@ -4,6 +4,9 @@
   batches of ``batch`` by ``producers`` threads; msgs/s. Then, with the N messages pending:
   memory and disk growth per million pending messages, and the pending count (correctness:
   pending + already delivered must be N; hourglass delivers due messages without a consumer).
+  Last, the disk once compacted, where the system has such a step (``System.compacted_disk``:
+  hourglass stops its server and compacts its RocksDB, what background compaction reaches
+  in time; right after the ingest RocksDB still holds its WAL and uncompacted L0 files).
 - W2 burst: N messages all due at one instant, a few seconds after the ingest is expected to end
   (2 × the time the W1 rate predicts, + 5 s; without W1, from a short pilot); consumers run
   throughout. Drain time (due → last message received), drain rate, lateness percentiles.
@@ -55,6 +58,7 @@ class Params:
     w3_delay_max_ms: int = 3000
     drain_timeout_s: float = 1800.0
     seed: int = 7
+    payload: int = 100  # bytes of each body
 
 
 class CpuMeter:
@@ -114,7 +118,7 @@ def produce(system: System, tracker: Tracker | None, n: int, due_of: Callable[[i
             if tracker is not None:
                 tracker.set_due(ids, due)
             try:
-                system.send(Batch(ids, due, random_bodies(e - s)))
+                system.send(Batch(ids, due, random_bodies(e - s, p.payload)))
             except BaseException as exc:
                 errors.append(exc)
                 stop.set()
@@ -193,10 +197,15 @@ def w1_ingest(system: System, p: Params, ctx: dict) -> dict:
     for k, v in after.items():
         b = base.get(k)
         per_million[k] = None if v is None or b is None else (v - b) * 1e6 / p.n
+    # last, as it may stop the server: the disk once the system compacted what it stores
+    compacted = system.compacted_disk()
+    if compacted is not None and base.get("disk") is not None:
+        per_million["disk_compacted"] = (compacted - base["disk"]) * 1e6 / p.n
     ctx.setdefault("ingest_rate", {})[system.name] = rate
     return {
-        "n": p.n, "elapsed_s": round(elapsed, 3), "msgs_per_s": rate, **cpu_res,
-        "footprint_before": base, "footprint_after": after,
+        "n": p.n, "payload": p.payload, "elapsed_s": round(elapsed, 3), "msgs_per_s": rate,
+        **cpu_res, "footprint_before": base, "footprint_after": after,
+        "disk_compacted": compacted,
         "per_million_pending": per_million,
         "correctness": {"expected": p.n, "pending": pending, "delivered": delivered,
                         "ok": pending is None or pending + delivered == p.n},
@@ -277,7 +286,7 @@ def w3_steady(system: System, p: Params, ctx: dict) -> dict:
             due = (now + delays[s:e]).astype(np.int64).tolist()
             tracker.set_due(ids, due)
             try:
-                system.send(Batch(ids, due, random_bodies(e - s)))
+                system.send(Batch(ids, due, random_bodies(e - s, p.payload)))
             except BaseException as exc:
                 errors.append(exc)
                 continue
