@@ -273,7 +273,9 @@ def _log_summary(name: str, wl: str, res: dict) -> None:
         log(f"{name} {wl.upper()}: lateness p50 {lat.get('p50')} p99 {lat.get('p99')} "
             f"max {lat.get('max')} ms; early {res.get('early')}; missing {c.get('missing')}, "
             f"duplicates {c.get('duplicates')}"
-            + (f"; drain {res.get('drain_s'):.1f} s" if res.get("drain_s") else ""))
+            + (f"; drain {res.get('drain_s'):.1f} s" if res.get("drain_s") else "")
+            + (f"; server RSS growth {_fmt_mib(res['server_rss_growth'])}"
+               if res.get("server_rss_growth") is not None else ""))
 
 
 def _fmt_mib(v: float | None) -> str:

@@ -9,7 +9,8 @@
   in time; right after the ingest RocksDB still holds its WAL and uncompacted L0 files).
 - W2 burst: N messages all due at one instant, a few seconds after the ingest is expected to end
   (2 × the time the W1 rate predicts, + 5 s; without W1, from a short pilot); consumers run
-  throughout. Drain time (due → last message received), drain rate, lateness percentiles.
+  throughout. Drain time (due → last message received), drain rate, lateness percentiles,
+  and the servers' RSS: before the ingest, at its end and at its peak until the drain ended.
 - W3 steady: ``rate`` msgs/s for ``duration`` s, each due 1-3 s (uniform) after it is sent;
   lateness percentiles and the number received before their due time (must be 0).
 
@@ -93,6 +94,47 @@ class CpuMeter:
         server, client = self._measure()
         return {"server_cpu_s": round(server - self.server0, 2),
                 "client_cpu_s": round(client - self.client0, 2)}
+
+
+class RssPeak:
+    """The servers' RSS (summed over their processes), sampled every ``interval_s`` in a
+    thread: its value when started, at each ``mark``, and its peak."""
+
+    def __init__(self, system: System, interval_s: float = 0.05) -> None:
+        self.system = system
+        self.interval_s = interval_s
+        self.start_rss = self._rss()
+        self.peak = self.start_rss
+        self.marks: dict[str, int | None] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-peak", daemon=True)
+        self._thread.start()
+
+    def _rss(self) -> int | None:
+        procs = self.system.server_processes()
+        if not procs:
+            return None
+        total = 0
+        for proc in procs:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            rss = self._rss()
+            if rss is not None and (self.peak is None or rss > self.peak):
+                self.peak = rss
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = self._rss()
+
+    def result(self) -> dict[str, int | None]:
+        self._stop.set()
+        self._thread.join()
+        return {"start": self.start_rss, **self.marks, "peak": self.peak}
 
 
 # ---------------------------------------------------------------- producing
@@ -226,15 +268,18 @@ def w2_burst(system: System, p: Params, ctx: dict) -> dict:
     log(f"{system.name} W2: {p.n:,} messages all due at +{lead_ms / 1000:.1f} s "
         f"(est. ingest {p.n / est_rate:.1f} s)")
     cpu = CpuMeter(system)
+    rss = RssPeak(system)
     elapsed = produce(system, tracker, p.n, lambda s, e: [due] * (e - s), p,
                       f"{system.name} W2 ingest")
     ingest_end = now_ms()
+    rss.mark("ingest_end")
     if ingest_end > due:
         log(f"{system.name} W2: ingest ended {ingest_end - due:,.0f} ms after the due time")
     complete = wait_received(system, tracker, p.n, due + p.drain_timeout_s * 1000,
                              f"{system.name} W2 drain")
     cpu_res = cpu.result()
     system.stop_consumers()
+    server_rss = rss.result()
     lat = tracker.lateness()
     recv = tracker.recv[~np.isnan(tracker.recv)]
     first = float(recv.min() - due) if recv.size else None
@@ -252,6 +297,11 @@ def w2_burst(system: System, p: Params, ctx: dict) -> dict:
         "server_early": int((tracker.server_lateness() < 0).sum()),
         "lateness_quantiles_ms": quantile_curve(lat),
         **cpu_res,
+        # bytes: the servers' RSS before the ingest, at its end, and at its peak (sampled
+        # every 50 ms until the drain ended); growth = peak - before the ingest
+        "server_rss": server_rss,
+        "server_rss_growth": (None if server_rss["peak"] is None or server_rss["start"] is None
+                              else server_rss["peak"] - server_rss["start"]),
         "correctness": _correctness(tracker, p.n, complete),
     }
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.peers.common import Batch, random_bodies
 from bench.peers.run import parse_args
 from bench.peers.systems.base import System
 from bench.peers.systems.hourglass import HourglassSystem
-from bench.peers.workloads import Params, w1_ingest
+from bench.peers.workloads import Params, RssPeak, w1_ingest
 from storage.rocks import RocksStore
 
 
@@ -98,3 +100,28 @@ def test_hourglass_compacted_disk_stops_the_server_and_keeps_every_message(
     finally:
         store.close()
     assert timers == 3000  # compaction kept every pending message
+
+
+class ThisProcess(Recorder):
+    def server_processes(self) -> list[psutil.Process]:
+        return [psutil.Process()]
+
+
+def test_rss_peak_sees_memory_taken_and_given_back_between_marks() -> None:
+    rss = RssPeak(ThisProcess(compacted=None), interval_s=0.005)
+    big = bytearray(64 << 20)  # touched: zero pages of a bytearray are written
+    for i in range(0, len(big), 4096):
+        big[i] = 1
+    rss.mark("held")
+    while rss.peak is None or rss.start_rss is None or rss.peak < rss.start_rss + (60 << 20):
+        time.sleep(0.01)  # the sampler's next round sees it (no bound on when: not timed)
+    del big
+    res = rss.result()
+    assert res["start"] is not None and res["held"] is not None and res["peak"] is not None
+    assert res["held"] >= res["start"] + (60 << 20)
+    assert res["peak"] >= res["held"] - (4 << 20)
+
+
+def test_rss_peak_is_none_without_server_processes() -> None:
+    res = RssPeak(Recorder(compacted=None), interval_s=0.005).result()
+    assert res == {"start": None, "peak": None}
