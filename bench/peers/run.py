@@ -274,8 +274,10 @@ def _log_summary(name: str, wl: str, res: dict) -> None:
             f"max {lat.get('max')} ms; early {res.get('early')}; missing {c.get('missing')}, "
             f"duplicates {c.get('duplicates')}"
             + (f"; drain {res.get('drain_s'):.1f} s" if res.get("drain_s") else "")
-            + (f"; server RSS growth {_fmt_mib(res['server_rss_growth'])}"
-               if res.get("server_rss_growth") is not None else ""))
+            + (f"; server RSS growth {_fmt_mib(res['server_rss_growth']['rss'])} (anon "
+               f"{_fmt_mib(res['server_rss_growth'].get('anon'))}, file-backed "
+               f"{_fmt_mib(res['server_rss_growth'].get('file'))})"
+               if res.get("server_rss_growth") else ""))
 
 
 def _fmt_mib(v: float | None) -> str:

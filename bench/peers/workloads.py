@@ -98,43 +98,66 @@ class CpuMeter:
 
 class RssPeak:
     """The servers' RSS (summed over their processes), sampled every ``interval_s`` in a
-    thread: its value when started, at each ``mark``, and its peak."""
+    thread: its value when started, at each ``mark``, and its peak; on Linux also its
+    anonymous and file-backed parts (``/proc/PID/status`` RssAnon, RssFile: a mapped log's
+    pages are file-backed, and the kernel takes them back under memory pressure)."""
 
     def __init__(self, system: System, interval_s: float = 0.05) -> None:
         self.system = system
         self.interval_s = interval_s
         self.start_rss = self._rss()
-        self.peak = self.start_rss
-        self.marks: dict[str, int | None] = {}
+        self.peak = dict(self.start_rss) if self.start_rss is not None else None
+        self.marks: dict[str, dict[str, int] | None] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-peak", daemon=True)
         self._thread.start()
 
-    def _rss(self) -> int | None:
+    def _rss(self) -> dict[str, int] | None:
         procs = self.system.server_processes()
         if not procs:
             return None
-        total = 0
+        total = {"rss": 0}
         for proc in procs:
             try:
-                total += proc.memory_info().rss
+                total["rss"] += proc.memory_info().rss
             except psutil.Error:
-                pass
+                continue
+            parts = _rss_parts(proc.pid)
+            for key, value in parts.items():
+                total[key] = total.get(key, 0) + value
         return total
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             rss = self._rss()
-            if rss is not None and (self.peak is None or rss > self.peak):
-                self.peak = rss
+            if rss is None:
+                continue
+            if self.peak is None:
+                self.peak = dict(rss)
+            for key, value in rss.items():
+                self.peak[key] = max(self.peak.get(key, 0), value)
 
     def mark(self, name: str) -> None:
         self.marks[name] = self._rss()
 
-    def result(self) -> dict[str, int | None]:
+    def result(self) -> dict[str, dict[str, int] | None]:
         self._stop.set()
         self._thread.join()
         return {"start": self.start_rss, **self.marks, "peak": self.peak}
+
+
+def _rss_parts(pid: int) -> dict[str, int]:
+    """RssAnon and RssFile of a process, in bytes ({} where /proc does not say)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    name, value = line.split(":", 1)
+                    out["anon" if name == "RssAnon" else "file"] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
 
 
 # ---------------------------------------------------------------- producing
@@ -298,10 +321,9 @@ def w2_burst(system: System, p: Params, ctx: dict) -> dict:
         "lateness_quantiles_ms": quantile_curve(lat),
         **cpu_res,
         # bytes: the servers' RSS before the ingest, at its end, and at its peak (sampled
-        # every 50 ms until the drain ended); growth = peak - before the ingest
+        # every 50 ms until the drain ended; each part's own peak); growth = peak - before
         "server_rss": server_rss,
-        "server_rss_growth": (None if server_rss["peak"] is None or server_rss["start"] is None
-                              else server_rss["peak"] - server_rss["start"]),
+        "server_rss_growth": _growth(server_rss),
         "correctness": _correctness(tracker, p.n, complete),
     }
 
@@ -389,6 +411,13 @@ def w3_steady(system: System, p: Params, ctx: dict) -> dict:
         **cpu_res,
         "correctness": _correctness(tracker, n, complete),
     }
+
+
+def _growth(rss: dict[str, dict[str, int] | None]) -> dict[str, int] | None:
+    start, peak = rss.get("start"), rss.get("peak")
+    if start is None or peak is None:
+        return None
+    return {key: peak[key] - start[key] for key in peak if key in start}
 
 
 def pilot_rate(system: System, p: Params, ctx: dict) -> dict:

@@ -113,13 +113,18 @@ def test_rss_peak_sees_memory_taken_and_given_back_between_marks() -> None:
     for i in range(0, len(big), 4096):
         big[i] = 1
     rss.mark("held")
-    while rss.peak is None or rss.start_rss is None or rss.peak < rss.start_rss + (60 << 20):
+    while (rss.peak is None or rss.start_rss is None
+           or rss.peak["rss"] < rss.start_rss["rss"] + (60 << 20)):
         time.sleep(0.01)  # the sampler's next round sees it (no bound on when: not timed)
     del big
     res = rss.result()
-    assert res["start"] is not None and res["held"] is not None and res["peak"] is not None
-    assert res["held"] >= res["start"] + (60 << 20)
-    assert res["peak"] >= res["held"] - (4 << 20)
+    start, held, peak = res["start"], res["held"], res["peak"]
+    assert start is not None and held is not None and peak is not None
+    assert held["rss"] >= start["rss"] + (60 << 20)
+    assert peak["rss"] >= held["rss"] - (4 << 20)
+    assert held["anon"] >= start["anon"] + (60 << 20)  # a bytearray: anonymous memory
+    assert peak["anon"] >= held["anon"] - (4 << 20)
+    assert set(peak) == {"rss", "anon", "file"}
 
 
 def test_rss_peak_is_none_without_server_processes() -> None:
