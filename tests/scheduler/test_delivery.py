@@ -302,3 +302,32 @@ def test_the_queue_holds_at_most_its_bytes_of_values_and_always_one_batch() -> N
     assert delivery.batch_bytes(mixed) == 3 * (10 + 40 + 70) // 3
     queue.close()
     assert queue.bytes == 0
+
+
+def test_a_commit_takes_queued_batches_up_to_its_bytes_not_only_its_count() -> None:
+    commits: list[list[int]] = []
+
+    class Recorder:
+        def commit_due(self, scans: Sequence[ScanBatch]) -> CommitOutcome:
+            commits.append([int(s.start) for s in scans])
+            return CommitOutcome()
+
+    def scan(name: int) -> ScanBatch:  # 1000 values of 10 000 bytes (one object, shared)
+        return ScanBatch(shard=0, start=str(name).encode(), end=b"~",
+                         items=[(b"k", b"v" * 10_000)] * 1000)
+
+    assert delivery.batch_bytes(scan(0)) * 2 > delivery.COMMIT_BYTES_MAX
+    progress = Progress()
+    stage = DeliveryStage(committer=Recorder(), clock=FakeClock(START_MS),
+                          metrics=EngineMetrics(), progress=progress, queue_batches=8,
+                          batch_max=100_000, max_backoff_ms=100, on_commit=lambda _: None)
+    for name in (1, 2, 3, 4, 5):  # queued while the stage was idle
+        assert stage.put(scan(name))
+    stage.start()
+    try:
+        with progress.cond:
+            assert progress.cond.wait_for(lambda: progress.committed == 5, 10)
+    finally:
+        stage.stop()
+    # the first alone (after a pause), then two at a time: the second takes it past 16 MiB
+    assert commits == [[1], [2, 3], [4, 5]]
