@@ -747,10 +747,11 @@ class CommitLog:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._interval_s):
+            # first, so that a slow flush (a burst's msync) does not hold the pages back
+            self._release_behind()
             with contextlib.suppress(StorageError):  # retried next tick; close() reports
                 self.flush()
                 self._prepare_spare()
-                self._release_behind()
 
     def _release_behind(self) -> int:
         """Give back the pages of every segment but the last ``KEEP_MAPPED`` that still holds
