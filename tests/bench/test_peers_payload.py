@@ -54,7 +54,8 @@ def test_random_bodies_have_the_size_asked_for() -> None:
     for size in (1, 3, 4, 100, 16384):
         bodies = random_bodies(5, size)
         assert [len(b) for b in bodies] == [size] * 5
-        assert len(set(bodies)) == 5  # random, not one body repeated
+        if size >= 16:  # (1-byte bodies repeat by chance: 64 symbols)
+            assert len(set(bodies)) == 5  # random, not one body repeated
     assert [len(b) for b in random_bodies(3)] == [100] * 3  # the default stays 100 bytes
 
 
