@@ -312,8 +312,11 @@ class HourglassSystem(System):
         self.stop()
         env = {**os.environ, **self.extra_env,
                "PYTHONPATH": str(self.src if self.src is not None else REPO)}
-        code = ("import sys; from pathlib import Path; from bench.footprint import "
-                "compact_rocksdb; compact_rocksdb(Path(sys.argv[1]))")
+        # (a frozen --hourglass-rev from before compact_rocksdb had it as _compact)
+        code = ("import sys; from pathlib import Path\n"
+                "try:\n    from bench.footprint import compact_rocksdb\n"
+                "except ImportError:\n    from bench.footprint import _compact as compact_rocksdb\n"
+                "compact_rocksdb(Path(sys.argv[1]))")
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-c", code, str(self.datadir / "rocksdb")], env=env,
                        cwd=self.src or REPO, check=True, timeout=1800)
