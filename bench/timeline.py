@@ -33,7 +33,7 @@ from bench.http import _call, _free_port, _start_server
 from bench.support.analysis_workload import WorkloadSpec, _future_delay
 from scheduler.codec import message_value
 from scheduler.config import EngineConfig
-from scheduler.timeline import DAY, HOUR, Timeline
+from scheduler.timeline import DAY, HOUR, TimelineCounts
 from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key, topic_shard
 from storage.rocks import RocksStore
@@ -114,7 +114,7 @@ def update_cost(rounds: int = 2_000) -> dict[str, float]:
                          ("1000_seconds", lambda: [now + 1_000 * rng.randrange(3_600)
                                                    for _ in range(1000)])):
         batches = [batch() for _ in range(rounds)]
-        timeline = Timeline()
+        timeline = TimelineCounts()
         t0 = time.perf_counter()
         for ats in batches:
             timeline.add(TOPICS[0], ats)

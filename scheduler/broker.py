@@ -37,8 +37,8 @@ from scheduler.delivery import DeliveryStage
 from scheduler.group_state import check_group
 from scheduler.groups import GroupManager, read_payloads
 from scheduler.intake import (
+    ColumnBatch,
     Intake,
-    PlainBatch,
     PreparedMessage,
     check_msg_id,
     check_topic,
@@ -49,23 +49,23 @@ from scheduler.listing import list_scheduled
 from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
 from scheduler.model import (
-    CancelResult,
+    Cancelled,
     EngineStats,
-    MessageInfo,
-    PullResult,
+    MessageLookup,
+    PendingCheck,
+    PulledPage,
+    SendOutcome,
     SendRequest,
-    SendResult,
-    TopicInfo,
-    TransactionCheck,
-    TransactionResult,
+    TopicStats,
+    TransactionOutcome,
 )
 from scheduler.overview import (
-    Overview,
+    OverviewCounts,
     delivered_by_topic,
     disk_bytes,
     waiting_transactions,
 )
-from scheduler.poison import ParkedMessage, Quarantine
+from scheduler.poison import ParkedEntry, Quarantine
 from scheduler.retention import LogRetention, disk_used_ratio
 from scheduler.scanner import Progress, Scanner, ShardState
 from scheduler.timeline import TimelineView
@@ -551,27 +551,27 @@ class Broker:
         now = self.clock.now_ms() if now_ms is None else now_ms
         return self._intake.prepare(request, now, tx_id=tx_id)
 
-    def send(self, request: SendRequest) -> SendResult:
+    def send(self, request: SendRequest) -> SendOutcome:
         """Raises InvalidArgument / DelayTooLong / Unavailable (storage.errors)."""
         return self.send_batch([request])[0]
 
-    def send_batch(self, requests: Sequence[SendRequest]) -> list[SendResult]:
+    def send_batch(self, requests: Sequence[SendRequest]) -> list[SendOutcome]:
         """All requests are validated before anything is stored; one atomic write."""
         if len(requests) > MAX_BATCH_MESSAGES:
             raise InvalidArgument(f"a batch holds at most {MAX_BATCH_MESSAGES} messages")
         self._check_running()
         now = self.clock.now_ms()
-        if requests:  # the common case from columns (Intake.plain), as the API's sends
-            plain = self._intake.plain(requests[0].topic, list(requests), now)
+        if requests:  # the common case from columns (Intake.columns), as the API's sends
+            columns = self._intake.columns(requests[0].topic, list(requests), now)
             assert self._writes is not None
-            if plain is not None and self._writes.submit_plain(plain):
-                return plain.results()
+            if columns is not None and self._writes.submit_columns(columns):
+                return columns.results()
         prepare = self._intake.prepare
         return self.submit([prepare(r, now) for r in requests])
 
-    def send_plain(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
-                   max_count: int = MAX_BATCH_MESSAGES) -> PlainBatch | None:
-        """A send batch of plain messages (``Intake.plain``: bodies due later, nothing else)
+    def send_columns(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
+                   max_count: int = MAX_BATCH_MESSAGES) -> ColumnBatch | None:
+        """A send batch of body-only messages (``Intake.columns``: bodies due later, nothing else)
         stored from columns, with no object per message: what ``send_batch`` would store and
         answer. ``messages``: as the API decoded them (``unset`` marking an absent field),
         or a msgpack request body of at most ``max_count`` messages. None, with nothing
@@ -581,17 +581,17 @@ class Broker:
             return None
         self._check_running()
         assert self._writes is not None
-        plain = self._intake.plain(topic, messages, self.clock.now_ms(), unset,
+        columns = self._intake.columns(topic, messages, self.clock.now_ms(), unset,
                                    max_count=min(max_count, MAX_BATCH_MESSAGES))
-        if plain is None or not self._writes.submit_plain(plain):
+        if columns is None or not self._writes.submit_columns(columns):
             return None
-        return plain
+        return columns
 
     def submit(
         self, messages: Sequence[PreparedMessage], *,
         extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
         atomic: bool = False,
-    ) -> list[SendResult]:
+    ) -> list[SendOutcome]:
         """Store prepared messages atomically: each is scheduled (timer key + index entry)
         or, when already due, appended to the log; idempotent on (topic, msgId).
 
@@ -615,14 +615,14 @@ class Broker:
         NotFound for a handle that is not one of ours."""
         return decode_handle(handle)[1]
 
-    def cancel_by_handle(self, handle: str) -> CancelResult:
+    def cancel_by_handle(self, handle: str) -> Cancelled:
         """Raises NotFound, AlreadyDelivered."""
         deliver_at, topic, msg_id = decode_handle(handle)
         self._check_running()
         assert self._writes is not None
         return self._writes.cancel(topic, msg_id, deliver_at)
 
-    def cancel(self, topic: str, msg_id: str) -> CancelResult:
+    def cancel(self, topic: str, msg_id: str) -> Cancelled:
         """Raises NotFound, AlreadyDelivered."""
         check_topic(topic, allow_system=True)
         check_msg_id(msg_id)
@@ -631,7 +631,7 @@ class Broker:
         return self._writes.cancel(topic, msg_id, None)
 
     # --- reading --------------------------------------------------------------------------
-    def status(self, topic: str, msg_id: str) -> MessageInfo:
+    def status(self, topic: str, msg_id: str) -> MessageLookup:
         """Raises NotFound."""
         check_topic(topic, allow_system=True)
         check_msg_id(msg_id)
@@ -644,13 +644,13 @@ class Broker:
         offset = entry.queue_offset
         if offset is not None and offset < self._queues.first_offset(topic):
             offset = None  # its record was deleted by retention: DELIVERED, without offset
-        return MessageInfo(msg_id=msg_id, topic=topic, status=entry.status,
+        return MessageLookup(msg_id=msg_id, topic=topic, status=entry.status,
                            deliver_at=entry.deliver_at, offset=offset)
 
     def list_scheduled(
         self, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
         cursor: str | None,
-    ) -> tuple[list[MessageInfo], str | None]:
+    ) -> tuple[list[MessageLookup], str | None]:
         """Pending messages of ``topic`` by deliver time; returns (page, next cursor or None).
         ``from_ms`` inclusive, ``to_ms`` exclusive; a page may be short (see listing.py)."""
         check_topic(topic, allow_system=True)
@@ -659,10 +659,10 @@ class Broker:
                               cursor=cursor, scan_budget=self.config.listing_scan_budget)
 
     # --- consuming ------------------------------------------------------------------------
-    def pull(self, topic: str, offset: int, max_messages: int) -> PullResult:
+    def pull(self, topic: str, offset: int, max_messages: int) -> PulledPage:
         messages = decode_log_records(self.read(topic, offset, max_messages))
         next_offset = messages[-1].queue_offset + 1 if messages else offset
-        return PullResult(messages=messages, next_offset=next_offset)
+        return PulledPage(messages=messages, next_offset=next_offset)
 
     def read(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
         """``pull`` before decoding: the LogRecord payloads (storage.records), checked
@@ -672,9 +672,9 @@ class Broker:
             raise InvalidArgument("offset must be >= 0")
         if not 1 <= max_messages <= MAX_PULL_MESSAGES:
             raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
-        return self.read_checked(topic, offset, max_messages)
+        return self.read_prevalidated(topic, offset, max_messages)
 
-    def read_checked(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
+    def read_prevalidated(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
         """``read`` for a reader whose topic, offset and ``max`` were checked when it
         began (a stream's frames, written after each commit: api/push.py)."""
         self._live()
@@ -694,13 +694,13 @@ class Broker:
                                 f"log starts at {first}", first_offset=first)
         return payloads
 
-    def topic(self, topic: str) -> TopicInfo:
+    def topic(self, topic: str) -> TopicStats:
         """The topic's log: first and end offsets, and messages pending for it."""
         check_topic(topic, allow_system=True)
         self._live()
         queues = self._queues
         end = queues.end_offset(topic)
-        return TopicInfo(topic=topic, first_offset=min(queues.first_offset(topic), end),
+        return TopicStats(topic=topic, first_offset=min(queues.first_offset(topic), end),
                          end_offset=end, pending=self._backlog.pending(topic))
 
     def first_offset(self, topic: str) -> int:
@@ -751,30 +751,30 @@ class Broker:
     def prepare_transaction(
         self, request: SendRequest, *, producer_group: str,
         check_immunity_seconds: str | float | None = None,
-    ) -> TransactionResult:
+    ) -> TransactionOutcome:
         """Store a half message (invisible to consumers). RocketMQ immunity rule:
         max(check_immunity_seconds parsed as RocketMQ does, transaction timeout)."""
         return self.transactions.prepare(request, producer_group=producer_group,
                                          check_immunity_seconds=check_immunity_seconds)
 
-    def commit_transaction(self, transaction_id: str) -> TransactionResult:
+    def commit_transaction(self, transaction_id: str) -> TransactionOutcome:
         """Idempotent; raises NotFound, Conflict (after a rollback)."""
         return self.transactions.commit(transaction_id)
 
-    def rollback_transaction(self, transaction_id: str) -> TransactionResult:
+    def rollback_transaction(self, transaction_id: str) -> TransactionOutcome:
         """Idempotent; raises NotFound, Conflict (after a commit)."""
         return self.transactions.rollback(transaction_id)
 
     def poll_transaction_checks(
         self, producer_group: str, max_checks: int, *,
         may_see: Callable[[str], bool] | None = None,
-    ) -> list[TransactionCheck]:
+    ) -> list[PendingCheck]:
         """Prepared messages of the group whose immunity passed and next check is due (of the
         topics ``may_see`` accepts); each returned check counts; past the maximum the message
         is DISCARDED."""
         return self.transactions.poll_checks(producer_group, max_checks, may_see=may_see)
 
-    def transaction_status(self, transaction_id: str) -> TransactionResult:
+    def transaction_status(self, transaction_id: str) -> TransactionOutcome:
         """Raises NotFound."""
         return self.transactions.get(transaction_id)
 
@@ -799,7 +799,7 @@ class Broker:
         return self._transactions
 
     # --- poison messages (scheduler/poison.py) -----------------------------------------------
-    def parked(self, limit: int = 1000) -> list[ParkedMessage]:
+    def parked(self, limit: int = 1000) -> list[ParkedEntry]:
         """Due messages parked as undeliverable for a reason of their own."""
         self._live()
         assert self._quarantine is not None
@@ -866,7 +866,7 @@ class Broker:
         self._check_running()
         return self._backlog.timeline.query(from_ms, to_ms, buckets, topic)
 
-    def overview(self) -> Overview:
+    def overview(self) -> OverviewCounts:
         """What the dashboard shows beside ``stats`` (scheduler/overview.py); reads RocksDB
         and the file system: call it off the event loop."""
         store, _ = self._live()
@@ -879,7 +879,7 @@ class Broker:
             free: int | None = st.f_bavail * st.f_frsize
         except OSError:
             ratio = free = None
-        return Overview(
+        return OverviewCounts(
             pending_by_topic=self._backlog.by_topic(),
             delivered_by_topic=delivered,
             transactions=transactions, transactions_truncated=truncated,

@@ -18,7 +18,7 @@ from api.native import native
 from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
 from api.routes.groups import _receive_msgpack_native, receive_msgpack_py
 from api.wire_keys import NEXT_OFFSET, PULL_HEAD, key_table
-from scheduler.groups import AckResult, Received, ReceiveResult
+from scheduler.groups import AckCounts, LeasedBatch, LeasedMessage
 from storage.errors import CorruptionError, HourglassError
 from storage.native import PURE_PYTHON_ENV
 from storage.records import (
@@ -140,11 +140,11 @@ def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease
                         acked: tuple[int, list[str]] | None, once: bool) -> None:
     """A receive's msgpack answer: messages shown as stored (their bytes transcoded in C)
     mixed with retries shown as their original (no bytes: encoded from the document)."""
-    result = ReceiveResult(lease_until=lease_until, messages=[
-        Received(receipt, count, times, encode_log_record(record)) if stored
-        else Received(receipt, count, times, shown=record)
+    result = LeasedBatch(lease_until=lease_until, messages=[
+        LeasedMessage(receipt, count, times, encode_log_record(record)) if stored
+        else LeasedMessage(receipt, count, times, shown=record)
         for record, stored, receipt, count, times in rows])
-    ack = None if acked is None else AckResult(acked=acked[0], stale=acked[1])
+    ack = None if acked is None else AckCounts(acked=acked[0], stale=acked[1])
     assert outcome(_receive_msgpack_native, result, ack, once) == outcome(
         receive_msgpack_py, result, ack, once)
 

@@ -223,7 +223,7 @@ def test_receipt_offsets(prefix: str, rows: list[tuple[bool, str]]) -> None:
 # --- the rules C keeps its own copy of, held equal to their one definition in Python --------
 @needs_native
 def test_the_msg_id_rule_is_msg_id_pattern() -> None:
-    """plain_requests and plain_msgpack check a msgId in C (``_msg_id_ok``); it accepts
+    """request_columns and msgpack_columns check a msgId in C (``_msg_id_ok``); it accepts
     exactly what storage.constants.MSG_ID_PATTERN matches: every character alone, at the
     edges of the allowed lengths, and in longer ids."""
     assert native is not None
@@ -252,7 +252,7 @@ DELAY_SAMPLES = [None, -1, 0, 1, 999, MAX_DELAY - 1, MAX_DELAY, MAX_DELAY + 1,
 
 def python_due_later(at: object, delay: object) -> int:
     """What the general path (scheduler.timing.resolve_timing) makes of a deliverAt and a
-    delayMs: the deliverAt of a message the plain path may take (one of the two given, due
+    delayMs: the deliverAt of a message the columns path may take (one of the two given, due
     later), else -1."""
     if (at is None) == (delay is None):  # neither (due now) or both (refused)
         return -1
@@ -268,13 +268,13 @@ def c_due_later(at: object, delay: object) -> int:
     assert native is not None
     try:
         return int(native.due_later(at, delay, None, NOW, MAX_DELAY))
-    except OverflowError:  # past int64: the plain paths catch it and leave the message
+    except OverflowError:  # past int64: the columns paths catch it and leave the message
         return -1
 
 
 @needs_native
 def test_the_timing_rule_is_resolve_timing() -> None:
-    """A plain message's deliverAt, computed in C (``_due_later``), is the general path's
+    """A body-only message's deliverAt, computed in C (``_due_later``), is the general path's
     (resolve_timing), and C takes no message that path would refuse or deliver at once."""
     wrong = [(at, delay, c_due_later(at, delay), python_due_later(at, delay))
              for at in AT_SAMPLES for delay in DELAY_SAMPLES
