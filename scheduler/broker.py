@@ -323,8 +323,8 @@ class Broker:
         self._delivery = DeliveryStage(
             committer=self._quarantine, clock=self.clock, metrics=self.metrics,
             progress=self._progress, queue_batches=cfg.delivery_queue_batches,
-            batch_max=cfg.delivery_batch_max, max_backoff_ms=cfg.retry_max_backoff_ms,
-            on_commit=self._on_commit)
+            queue_bytes=cfg.delivery_queue_bytes, batch_max=cfg.delivery_batch_max,
+            max_backoff_ms=cfg.retry_max_backoff_ms, on_commit=self._on_commit)
         self._scanners = [
             Scanner(state=st, store=store, clock=self.clock, batch_size=cfg.scan_batch_size,
                     interval_ms=cfg.scan_interval_ms,

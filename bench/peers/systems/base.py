@@ -135,6 +135,11 @@ class System(ABC):
         """Bytes: ``memory`` (server RSS/PSS or the store's own figure), ``disk`` (data dir),
         and any system-specific parts (``aof``, ``wal``, ``relation``, ...)."""
 
+    def compacted_disk(self) -> int | None:
+        """Bytes of the data dir once the system compacted what it stores, if it has such a
+        step (called last in W1: it may stop the server); None if it has none."""
+        return None
+
     def server_processes(self) -> list[psutil.Process]:
         """The server's processes (for CPU accounting); empty if not started here."""
         return []

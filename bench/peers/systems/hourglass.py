@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -304,6 +305,26 @@ class HourglassSystem(System):
         if self.proc is not None:
             self.proc.stop(timeout=60)
             self.proc = None
+
+    def compacted_disk(self) -> int | None:
+        """Stop the server, compact its RocksDB (every column family, down to the bottommost
+        level: what background compaction reaches in time; bench/footprint.py does the same)
+        and measure the data dir. None with ``--hourglass-url``."""
+        if self.proc is None or self.datadir is None:
+            return None
+        self.stop()
+        env = {**os.environ, **self.extra_env,
+               "PYTHONPATH": str(self.src if self.src is not None else REPO)}
+        # (a frozen --hourglass-rev from before compact_rocksdb had it as _compact)
+        code = ("import sys; from pathlib import Path\n"
+                "try:\n    from bench.footprint import compact_rocksdb\n"
+                "except ImportError:\n    from bench.footprint import _compact as compact_rocksdb\n"
+                "compact_rocksdb(Path(sys.argv[1]))")
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code, str(self.datadir / "rocksdb")], env=env,
+                       cwd=self.src or REPO, check=True, timeout=1800)
+        log(f"hourglass: server stopped, RocksDB compacted in {time.perf_counter() - t0:.1f} s")
+        return dir_size(self.datadir)
 
     def _refresh_stats(self) -> dict:
         try:
