@@ -73,7 +73,8 @@ _packer = msgpack.Packer(use_bin_type=True)
 def _pack(obj: object) -> bytes:
     return bytes(_packer.pack(obj))
 
-#: per topic (None: all), per level (LEVELS order): deliverAt // unit -> count (as TimelineCounts keeps them)
+#: per topic (None: all), per level (LEVELS order): deliverAt // unit -> count, as
+#: TimelineCounts keeps them
 Series = dict[str | None, tuple[dict[int, int], ...]]
 #: per topic (None: all), per hour: what reads the per-second counts of the base
 Lazy = dict[str | None, dict[int, Callable[[], Mapping[int, int]]]]

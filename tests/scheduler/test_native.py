@@ -5,6 +5,7 @@ copy of equal their Python definitions."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import struct
 from collections import Counter
