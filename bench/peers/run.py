@@ -32,7 +32,7 @@ import psutil
 
 from . import report
 from .common import log, stop_all
-from .systems import SYSTEM_NAMES, SystemUnavailable, make_system
+from .systems import DEFAULT_SYSTEMS, SYSTEM_NAMES, SystemUnavailable, make_system
 from .workloads import WORKLOADS, Params, pilot_rate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,8 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.peers.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1_000_000, help="messages in W1 and W2")
-    ap.add_argument("--systems", default=",".join(SYSTEM_NAMES),
-                    help=f"comma-separated, from {','.join(SYSTEM_NAMES)}")
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                    help=f"comma-separated, from {','.join(SYSTEM_NAMES)} (default: "
+                         f"{','.join(DEFAULT_SYSTEMS)})")
     ap.add_argument("--workloads", default="w1,w2,w3", help="comma-separated, from w1,w2,w3")
     ap.add_argument("--out", default="bench/peers/results", help="output directory")
     ap.add_argument("--merge", action="store_true",
@@ -183,6 +184,8 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
             entry["config"] = system.config()
             fn = pilot_rate if wl == "pilot" else WORKLOADS[wl]
             res = fn(system, params, ctx)
+            if wl != "pilot":
+                res.update(system.extra_results())
             res["wall_s"] = round(time.perf_counter() - t0, 1)
             res["loadavg_1m"] = {"start": load0, "end": round(os.getloadavg()[0], 2)}
             if wl == "pilot":

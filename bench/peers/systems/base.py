@@ -148,6 +148,11 @@ class System(ABC):
         """The settings that matter for reading the numbers (shown in the report)."""
         return {}
 
+    def extra_results(self) -> dict[str, object]:
+        """System-specific figures of the workload just run, merged into its results (the
+        cluster's follower lag); called once it finished, before ``stop``."""
+        return {}
+
     def describe(self) -> dict[str, object]:
         return {"label": self.label, "guarantee": self.guarantee,
                 "durability": self.durability, "config": self.config()}
