@@ -264,7 +264,7 @@ def test_storage_fault_is_503_and_stores_nothing(live: Live,
     def broken(*_: object, **__: object) -> None:
         raise StorageError("disk full")
 
-    monkeypatch.setattr(live.broker, "submit", broken)  # the storing step of every send
+    monkeypatch.setattr(live.broker.parts.writes, "submit", broken)  # the storing step of a send
     with live.client() as c:
         problem(send(c, msgId="x"), 503, "UNAVAILABLE")
         problem(c.post(f"/v1/topics/{TOPIC}/messages:batch",
