@@ -640,5 +640,4 @@ class Broker:
                 log.exception("delivery listener %r failed", listener)
 
 
-__all__ = ["Broker",
-           "open_commitlog", "open_store"]
+__all__ = ["Broker"]

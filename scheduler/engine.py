@@ -72,9 +72,9 @@ def open_store(directory: Path, config: EngineConfig) -> RocksStore:
 
 @dataclass(eq=False)
 class EngineParts:
-    """One opening of the engine: its parts, built and wired by ``build_engine``. A follower's
-    run no thread (``start`` leaves them); ``stop`` ends what ``start`` began and closes
-    storage."""
+    """One opening of the engine: its parts, built and wired by ``build_engine``. A
+    follower's parts run no thread (``start`` leaves them); ``stop`` ends what ``start``
+    began and closes storage."""
 
     follower: bool
     store: RocksStore
@@ -121,11 +121,11 @@ class EngineParts:
                 scanner.join()
         self.delivery.stop()
         self.maintenance.stop()
-        with self.all_locks():  # sends and cancels in progress finish first
+        with self._all_locks():  # sends and cancels in progress finish first
             _close_storage(self.store, self.log)
 
     @contextlib.contextmanager
-    def all_locks(self) -> Iterator[None]:
+    def _all_locks(self) -> Iterator[None]:
         """Every shard lock, then the commit lock (the order of the Broker's docstring)."""
         with self.writes.locks(range(len(self.shards))), self.committer.lock:
             yield
