@@ -290,7 +290,7 @@ cdef inline Py_ssize_t _w_dec(uint8_t* o, int64_t v) noexcept:
 # known length (a memcpy of a constant size: a move or two), which a key taken at run time
 # would make ~10 % slower. Not a second definition left to drift: this module does not load
 # unless api/wire_keys.py builds exactly these from the schemas (_use_keys), and
-# tests/api/test_plain_send.py compares the answers with msgspec's.
+# tests/api/test_columns_send.py compares the answers with msgspec's.
 SEND_MSGPACK = (b"\x81\xa7results", b"\x86\xa5msgId", b"\xa5topic", b"\xa9deliverAt",
                 b"\xa6status\xa9SCHEDULED\xaccancelHandle", b"\xa9duplicate\xc2")
 SEND_JSON = (b'{"results":[', b'{"msgId":"', b'","topic":"', b'","deliverAt":',

@@ -3,7 +3,7 @@ background work included.
 
 In process, on the server's defaults (2 timer shards, 256 MiB RocksDB budget): sends of 1000
 msgpack-encoded messages (client msgIds, 100-byte bodies) through the path HTTP sends take
-(``Broker.send_plain``), each due at random within an hour that starts 10 minutes on (nothing
+(``Broker.send_columns``), each due at random within an hour that starts 10 minutes on (nothing
 comes due during the run). Every ``--slice`` messages it reports the send rate and the CPU
 per message of the Python threads (the sending one: with nothing due, the engine's own
 threads sleep) and of RocksDB's threads (flushes and compactions, ``rocksdb:*``), read from
@@ -79,7 +79,7 @@ def run(data_dir: Path, messages: int, slice_: int, settle_s: float) -> dict[str
     try:
         rng = random.Random(11)
         now = broker.clock.now_ms()
-        # the topic's first send takes the general path; the plain path then knows it
+        # the topic's first send takes the general path; the columns path then knows it
         broker.send_batch([SendRequest(topic=TOPIC, body=b"x", deliver_at=now + 600_000)])
         slices = []
         for first in range(0, messages, slice_):
@@ -87,8 +87,8 @@ def run(data_dir: Path, messages: int, slice_: int, settle_s: float) -> dict[str
             bodies = batches(sent, first, now, rng)  # (made before the clock starts)
             machine, before, began = cpu_times(), thread_cpu(), time.perf_counter()
             for body in bodies:
-                if broker.send_plain(TOPIC, body, max_count=BATCH) is None:
-                    raise RuntimeError("a send left the plain path: the figures would mix two")
+                if broker.send_columns(TOPIC, body, max_count=BATCH) is None:
+                    raise RuntimeError("a send left the columns path: the figures would mix two")
             wall = time.perf_counter() - began
             after = thread_cpu()
             row = {"pending": first + sent, "sent": sent, "msgs_per_s": sent / wall,

@@ -17,7 +17,6 @@ import asyncio
 import inspect
 import json
 import selectors
-import socket
 import statistics
 import sys
 import threading
@@ -28,6 +27,7 @@ import msgspec
 
 from api.push import ParkedStream, StreamPusher
 from api.routes.consume import pull_result
+from bench.support.push_streams import park_streams
 from scheduler.codec import log_payload
 
 TOPIC = "fan"
@@ -38,18 +38,6 @@ def _encode(payloads: list[bytes], at: int) -> bytes:
     return _json.encode(pull_result(payloads, at)) + b"\n"
 
 
-class _Drained:
-    """A transport with nothing queued: the pusher writes on the socket itself."""
-
-    @staticmethod
-    def is_closing() -> bool:
-        return False
-
-    @staticmethod
-    def get_write_buffer_size() -> int:
-        return 0
-
-
 def measure(*, streams: int, commits: int, per_commit: int,
             inline: int | None) -> dict[str, Any]:
     landed: list[bytes] = []
@@ -57,25 +45,16 @@ def measure(*, streams: int, commits: int, per_commit: int,
     pusher = StreamPusher()
     if inline is not None:
         pusher.inline_streams = inline
+    # (older pushers take no encoding)
     shares = "encoding" in inspect.signature(ParkedStream.__init__).parameters
-    extra: dict[str, Any] = {"encoding": "json"} if shares else {}  # (older pushers: none)
-    parked, ours, theirs = [], [], []
-    for _ in range(streams):
-        a, b = socket.socketpair()
-        a.setblocking(False)
-        b.setblocking(False)
-        stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=1000,
-                              encode=_encode, read=lambda _t, o, k: landed[o:o + k],
-                              transport=_Drained(), fd=a.fileno(), loop=loop, **extra)
-        stream.park(0, loop.create_future())
-        parked.append(stream)
-        ours.append(a)
-        theirs.append(b)
+    parked = park_streams(pusher, loop, streams, topic=TOPIC, encode=_encode,
+                          read=lambda _t, o, k: landed[o:o + k], max_messages=1000,
+                          encoding="json" if shares else None)
     stop = threading.Event()
 
     def drain() -> None:
         selector = selectors.DefaultSelector()
-        for sock in theirs:
+        for sock in parked.theirs:
             selector.register(sock, selectors.EVENT_READ)
         while not stop.is_set():
             for key, _ in selector.select(0.05):
@@ -102,10 +81,7 @@ def measure(*, streams: int, commits: int, per_commit: int,
         stop.set()
         reader.join(timeout=5)
         pusher.close()
-        for stream in parked:
-            stream.close()
-        for sock in ours + theirs:
-            sock.close()
+        parked.close()
         loop.close()
     times.sort()
     return {"streams": streams, "commits": commits,

@@ -9,7 +9,7 @@
    start-up to ready, and the server's memory.
 3. Times the endpoint over real HTTP: each window (all topics and one topic; from 1 h to 10
    years, 1 to 1000 buckets) ``--rounds`` times, after one warm-up call.
-4. In process: what keeping the counts costs per batch of 1000 (``Timeline.add``), for a
+4. In process: what keeping the counts costs per batch of 1000 (``TimelineCounts.add``), for a
    batch due in one second and for one spread over 1000 seconds.
 
 The target: every answer within 200 ms.
@@ -33,7 +33,7 @@ from bench.http import _call, _free_port, _start_server
 from bench.support.analysis_workload import WorkloadSpec, _future_delay
 from scheduler.codec import message_value
 from scheduler.config import EngineConfig
-from scheduler.timeline import DAY, HOUR, Timeline
+from scheduler.timeline import DAY, HOUR, TimelineCounts
 from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key, topic_shard
 from storage.rocks import RocksStore
@@ -104,7 +104,7 @@ def time_queries(port: int, token: str, now: int, rounds: int) -> list[dict[str,
 
 
 def update_cost(rounds: int = 2_000) -> dict[str, float]:
-    """µs per batch of 1000 messages of one topic kept in the counts (``Timeline.add``, and
+    """µs per batch of 1000 messages of one topic kept in the counts (``TimelineCounts.add``, and
     the folds that count what it buffers, the last one by a read): due in one second / in
     1000 seconds of the next hour, a different 1000 each batch."""
     now = int(time.time() * 1000)
@@ -114,7 +114,7 @@ def update_cost(rounds: int = 2_000) -> dict[str, float]:
                          ("1000_seconds", lambda: [now + 1_000 * rng.randrange(3_600)
                                                    for _ in range(1000)])):
         batches = [batch() for _ in range(rounds)]
-        timeline = Timeline()
+        timeline = TimelineCounts()
         t0 = time.perf_counter()
         for ats in batches:
             timeline.add(TOPICS[0], ats)

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
-"""Compiled twins of the scheduler's per-message loops: the send path's intake (a plain
+"""Compiled twins of the scheduler's per-message loops: the send path's intake (a column
 batch straight from the request), the codec (stored value -> log payload, index entries,
 cancel handles), a commit's columns, receipts, the due timeline's counts.
 
@@ -9,7 +9,7 @@ these or the pure-Python functions (scheduler/codec.py, scheduler/intake.py,
 scheduler/group_state.py, scheduler/timeline.py), and tests/scheduler/test_native.py checks
 that both give the same bytes. What it does not recognise exactly it leaves to the Python
 path (``None``), which then decodes with every check and raises where it must. The rules
-it needs its own copy of (the msgId pattern, a plain message's timing) are held equal to
+it needs its own copy of (the msgId pattern, a body-only message's timing) are held equal to
 their Python definitions by tests/scheduler/test_native.py (``msg_id_ok``, ``due_later``).
 """
 
@@ -122,7 +122,7 @@ def receipt_offsets(list receipts, str prefix):
 
 def split_due(list items):
     """(index keys, values, deliverAts, topics, msgIds) of scanned (timer key, value) pairs,
-    as scheduler/committer.py's ``_split_due_py`` gives them; None when a key is not
+    as scheduler/codec.py's ``split_due_py`` gives them; None when a key is not
     ``deliverAt(8) + topic + NUL + msgId`` (that path then raises)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(items), k, n, j
     cdef list ikeys = [None] * count, values = [None] * count, ats = [None] * count
@@ -296,12 +296,12 @@ def cancel_handles(list timer_keys):
     return out
 
 
-# --- send path: a plain batch, straight from the decoded request ---------------------------
+# --- send path: a column batch, straight from the decoded request ---------------------------
 cdef const char* _HEX = b"0123456789ABCDEF"
 
 
-cdef class _Plain:
-    """The columns of a plain batch as they are built (``plain_batch``, ``plain_msgpack``)."""
+cdef class _Columns:
+    """The columns of a column batch as they are built (``batch_columns``, ``msgpack_columns``)."""
     cdef list msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given
     cdef bytes prefix
     cdef int64_t now
@@ -390,9 +390,9 @@ cdef class _Plain:
 
 cdef int64_t _due_later(object given_at, object given_delay, object absent, int64_t now,
                         int64_t max_delay) except? -2:
-    """The deliverAt of a plain message from its deliverAt or its delayMs (``absent``: the
+    """The deliverAt of a body-only message from its deliverAt or its delayMs (``absent``: the
     value of the one not given): after ``now`` and at most ``max_delay`` ahead. -1 when it
-    is not plain: both or neither given (neither: due now, which the general path delivers
+    is not body-only: both or neither given (neither: due now, which the general path delivers
     at once), not an int, out of range, or due by now. OverflowError past int64."""
     cdef int64_t at, delay
     if given_at is not absent:
@@ -413,10 +413,10 @@ cdef int64_t _due_later(object given_at, object given_delay, object absent, int6
     return at if at > now else -1
 
 
-def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
+def batch_columns(list messages, bytes prefix, int64_t now, int64_t max_delay,
                 Py_ssize_t max_body, object unset, str id_prefix, object counter):
     """The columns a send batch stores, built from the decoded request (api.schemas.MessageIn:
-    ``unset`` for an absent field) when every message in it is *plain*: a body (text or
+    ``unset`` for an absent field) when every message in it is *body-only*: a body (text or
     base64) of at most ``max_body`` bytes; no tags, keys, properties nor delay level; due
     after ``now`` by ``deliverAt`` (at most ``max_delay`` ahead) or ``delayMs`` (at most
     ``max_delay``); a msgId or none. None for any other batch: the general path
@@ -431,7 +431,7 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
     cdef Py_ssize_t count = PyList_GET_SIZE(messages), k, n
     cdef const char* u
     cdef int64_t at
-    cdef _Plain out = _Plain(count, prefix, now, id_prefix, counter)
+    cdef _Columns out = _Columns(count, prefix, now, id_prefix, counter)
     try:
         for k in range(count):
             m = <object>PyList_GET_ITEM(messages, k)
@@ -461,14 +461,14 @@ def plain_batch(list messages, bytes prefix, int64_t now, int64_t max_delay,
             elif type(msg_id) is not str:
                 return None
             out.add(k, u, n, at, msg_id)
-    except (OverflowError, UnicodeEncodeError):  # past int64, a lone surrogate: not plain
+    except (OverflowError, UnicodeEncodeError):  # past int64, a lone surrogate: not body-only
         return None
     return out.columns()
 
 
-def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
+def request_columns(list requests, dict known, int64_t now, int64_t max_delay,
                    Py_ssize_t max_body, str id_prefix, object counter):
-    """``plain_batch`` for the engine's own requests (scheduler.model.SendRequest: bytes
+    """``batch_columns`` for the engine's own requests (scheduler.model.SendRequest: bytes
     body; None, () or {} for an absent field): the in-process ``Broker.send_batch``. Their
     topics may differ, each one sent to before (``known``: topic -> (key prefix, shard), as
     scheduler.intake.Intake caches them). A msgId must match storage.constants.MSG_ID_REGEX
@@ -478,7 +478,7 @@ def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
     cdef Py_ssize_t count = PyList_GET_SIZE(requests), k, n
     cdef const char* u
     cdef int64_t at
-    cdef _Plain out
+    cdef _Columns out
     cdef list topics = None, shards = None
     if count == 0:
         return None
@@ -488,7 +488,7 @@ def plain_requests(list requests, dict known, int64_t now, int64_t max_delay,
     entry = known.get(first)
     if entry is None:
         return None
-    out = _Plain(count, entry[0], now, id_prefix, counter)
+    out = _Columns(count, entry[0], now, id_prefix, counter)
     shard = entry[1]
     current = first
     try:
@@ -568,11 +568,11 @@ cdef enum:
     F_DELAY = 16
 
 
-def plain_msgpack(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
+def msgpack_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
                   int64_t max_delay, Py_ssize_t max_body, str id_prefix, object counter):
-    """``plain_batch`` straight from a msgpack request body (``{"messages": [...]}``, at
+    """``batch_columns`` straight from a msgpack request body (``{"messages": [...]}``, at
     most ``max_count`` of them), without decoding it into MessageIn first. Takes only what
-    is plain and written as msgpack writes it (canonical headers; per message the keys
+    is body-only and written as msgpack writes it (canonical headers; per message the keys
     ``body`` (str) or ``bodyBase64`` (bin), ``msgId`` (a valid one), ``deliverAt`` or
     ``delayMs`` (ints >= 0), each once); None for anything else, which the schema's decoder
     then reads and checks."""
@@ -581,14 +581,14 @@ def plain_msgpack(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
     cdef Item it, key, body, msg_id, num
     cdef int seen, flag
     cdef int64_t at
-    cdef _Plain out
+    cdef _Columns out
     if n < 10 or p[0] != 0x81 or memcmp(p + 1, b"\xa8messages", 9) != 0:
         return None
     i = _head(p, n, 10, &it)
     if i < 0 or it.kind != K_ARRAY or it.size < 1 or it.size > max_count:
         return None
     count = it.size
-    out = _Plain(count, prefix, now, id_prefix, counter)
+    out = _Columns(count, prefix, now, id_prefix, counter)
     for k in range(count):
         i = _head(p, n, i, &it)
         if i < 0 or it.kind != K_MAP:

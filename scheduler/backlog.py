@@ -31,7 +31,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
-from scheduler.timeline import Loader, Timeline
+from scheduler.timeline import Loader, TimelineCounts
 from scheduler.timer_index import TimerIndex
 from storage.keys import decode_timer_key, topic_shard
 
@@ -56,7 +56,7 @@ class Backlog:
         self._stale: set[str] = set()
         self._levels: dict[int, int] = {}  # pending count, > 0
         self._refreshing: frozenset[str] = frozenset()  # topics ``_refresh`` is looking up
-        self.timeline = Timeline()  # the same backlog by deliver time (scheduler/timeline.py)
+        self.timeline = TimelineCounts()  # the same backlog by deliver time (scheduler/timeline.py)
 
     # --- keeping it --------------------------------------------------------------------------
     def rebuild(self) -> int:

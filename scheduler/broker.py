@@ -43,21 +43,21 @@ from scheduler.engine import (
     open_store,
 )
 from scheduler.groups import GroupManager
-from scheduler.intake import PlainBatch, check_msg_id, check_topic
+from scheduler.intake import ColumnBatch, check_msg_id, check_topic
 from scheduler.listeners import BudgetedListener, DeliveryListener
 from scheduler.listing import list_scheduled
 from scheduler.metrics import EngineMetrics
 from scheduler.model import (
-    CancelResult,
+    Cancelled,
     EngineStats,
-    MessageInfo,
-    PullResult,
+    MessageLookup,
+    PulledPage,
+    SendOutcome,
     SendRequest,
-    SendResult,
-    TopicInfo,
+    TopicStats,
 )
 from scheduler.overview import (
-    Overview,
+    OverviewCounts,
     delivered_by_topic,
     disk_bytes,
     waiting_transactions,
@@ -370,25 +370,25 @@ class Broker:
                 progress.cond.wait(remaining)
 
     # --- producing ------------------------------------------------------------------------
-    def send(self, request: SendRequest) -> SendResult:
+    def send(self, request: SendRequest) -> SendOutcome:
         """Raises InvalidArgument / DelayTooLong / Unavailable (storage.errors)."""
         return self.send_batch([request])[0]
 
-    def send_batch(self, requests: Sequence[SendRequest]) -> list[SendResult]:
+    def send_batch(self, requests: Sequence[SendRequest]) -> list[SendOutcome]:
         """All requests are validated before anything is stored; one atomic write."""
         if len(requests) > MAX_BATCH_MESSAGES:
             raise InvalidArgument(f"a batch holds at most {MAX_BATCH_MESSAGES} messages")
         parts = self._running()
         now = self.clock.now_ms()
-        if requests:  # the common case from columns (Intake.plain), as the API's sends
-            plain = parts.intake.plain(requests[0].topic, list(requests), now)
-            if plain is not None and parts.writes.submit_plain(plain):
-                return plain.results()
+        if requests:  # the common case from columns (Intake.columns), as the API's sends
+            columns = parts.intake.columns(requests[0].topic, list(requests), now)
+            if columns is not None and parts.writes.submit_columns(columns):
+                return columns.results()
         prepare = parts.intake.prepare
         return parts.writes.submit([prepare(r, now) for r in requests])
 
-    def send_plain(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
-                   max_count: int = MAX_BATCH_MESSAGES) -> PlainBatch | None:
+    def send_columns(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
+                   max_count: int = MAX_BATCH_MESSAGES) -> ColumnBatch | None:
         """A send batch of plain messages (``Intake.plain``: bodies due later, nothing else)
         stored from columns, with no object per message: what ``send_batch`` would store and
         answer. ``messages``: as the API decoded them (``unset`` marking an absent field),
@@ -398,11 +398,11 @@ class Broker:
         if not isinstance(messages, bytes) and len(messages) > MAX_BATCH_MESSAGES:
             return None
         parts = self._running()
-        plain = parts.intake.plain(topic, messages, self.clock.now_ms(), unset,
-                                   max_count=min(max_count, MAX_BATCH_MESSAGES))
-        if plain is None or not parts.writes.submit_plain(plain):
+        columns = parts.intake.columns(topic, messages, self.clock.now_ms(), unset,
+                                       max_count=min(max_count, MAX_BATCH_MESSAGES))
+        if columns is None or not parts.writes.submit_columns(columns):
             return None
-        return plain
+        return columns
 
     # --- cancelling -----------------------------------------------------------------------
     @staticmethod
@@ -411,19 +411,19 @@ class Broker:
         NotFound for a handle that is not one of ours."""
         return decode_handle(handle)[1]
 
-    def cancel_by_handle(self, handle: str) -> CancelResult:
+    def cancel_by_handle(self, handle: str) -> Cancelled:
         """Raises NotFound, AlreadyDelivered."""
         deliver_at, topic, msg_id = decode_handle(handle)
         return self._running().writes.cancel(topic, msg_id, deliver_at)
 
-    def cancel(self, topic: str, msg_id: str) -> CancelResult:
+    def cancel(self, topic: str, msg_id: str) -> Cancelled:
         """Raises NotFound, AlreadyDelivered."""
         check_topic(topic, allow_system=True)
         check_msg_id(msg_id)
         return self._running().writes.cancel(topic, msg_id, None)
 
     # --- reading --------------------------------------------------------------------------
-    def status(self, topic: str, msg_id: str) -> MessageInfo:
+    def status(self, topic: str, msg_id: str) -> MessageLookup:
         """Raises NotFound."""
         check_topic(topic, allow_system=True)
         check_msg_id(msg_id)
@@ -436,13 +436,13 @@ class Broker:
         offset = entry.queue_offset
         if offset is not None and offset < parts.queues.first_offset(topic):
             offset = None  # its record was deleted by retention: DELIVERED, without offset
-        return MessageInfo(msg_id=msg_id, topic=topic, status=entry.status,
+        return MessageLookup(msg_id=msg_id, topic=topic, status=entry.status,
                            deliver_at=entry.deliver_at, offset=offset)
 
     def list_scheduled(
         self, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
         cursor: str | None,
-    ) -> tuple[list[MessageInfo], str | None]:
+    ) -> tuple[list[MessageLookup], str | None]:
         """Pending messages of ``topic`` by deliver time; returns (page, next cursor or None).
         ``from_ms`` inclusive, ``to_ms`` exclusive; a page may be short (see listing.py)."""
         check_topic(topic, allow_system=True)
@@ -451,10 +451,10 @@ class Broker:
                               scan_budget=self.config.listing_scan_budget)
 
     # --- consuming ------------------------------------------------------------------------
-    def pull(self, topic: str, offset: int, max_messages: int) -> PullResult:
+    def pull(self, topic: str, offset: int, max_messages: int) -> PulledPage:
         messages = decode_log_records(self.read(topic, offset, max_messages))
         next_offset = messages[-1].queue_offset + 1 if messages else offset
-        return PullResult(messages=messages, next_offset=next_offset)
+        return PulledPage(messages=messages, next_offset=next_offset)
 
     def read(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
         """``pull`` before decoding: the LogRecord payloads (storage.records), checked
@@ -464,9 +464,9 @@ class Broker:
             raise InvalidArgument("offset must be >= 0")
         if not 1 <= max_messages <= MAX_PULL_MESSAGES:
             raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
-        return self.read_checked(topic, offset, max_messages)
+        return self.read_prevalidated(topic, offset, max_messages)
 
-    def read_checked(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
+    def read_prevalidated(self, topic: str, offset: int, max_messages: int) -> list[bytes]:
         """``read`` for a reader whose topic, offset and ``max`` were checked when it
         began (a stream's frames, written after each commit: api/push.py)."""
         parts = self._running()
@@ -485,12 +485,12 @@ class Broker:
                                 f"log starts at {first}", first_offset=first)
         return payloads
 
-    def topic(self, topic: str) -> TopicInfo:
+    def topic(self, topic: str) -> TopicStats:
         """The topic's log: first and end offsets, and messages pending for it."""
         check_topic(topic, allow_system=True)
         parts = self._running()
         end = parts.queues.end_offset(topic)
-        return TopicInfo(topic=topic, first_offset=min(parts.queues.first_offset(topic), end),
+        return TopicStats(topic=topic, first_offset=min(parts.queues.first_offset(topic), end),
                          end_offset=end, pending=parts.backlog.pending(topic))
 
     def first_offset(self, topic: str) -> int:
@@ -584,7 +584,7 @@ class Broker:
             check_topic(topic, allow_system=True)
         return self._running().backlog.timeline.query(from_ms, to_ms, buckets, topic)
 
-    def overview(self) -> Overview:
+    def overview(self) -> OverviewCounts:
         """What the dashboard shows beside ``stats`` (scheduler/overview.py); reads RocksDB
         and the file system: call it off the event loop."""
         parts = self._running()
@@ -597,7 +597,7 @@ class Broker:
             free: int | None = st.f_bavail * st.f_frsize
         except OSError:
             ratio = free = None
-        return Overview(
+        return OverviewCounts(
             pending_by_topic=parts.backlog.by_topic(),
             delivered_by_topic=delivered,
             transactions=transactions, transactions_truncated=truncated,

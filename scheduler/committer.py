@@ -335,7 +335,7 @@ class Committer:
         outcome.lateness_ms = [now - max(m.deliver_at, m.born_at) for m in messages]
         return outcome
 
-    def commit_plain(self, batch: Batch) -> None:
+    def commit_no_append(self, batch: Batch) -> None:
         """Write ``batch`` under the commit lock with nothing appended (lock held)."""
         self.replay_if_needed()
         self._write(batch)

@@ -26,7 +26,7 @@ class EngineConfig:
     # name                          default           unit / meaning
     timer_shards: int = 2  #                           timer column families = scanner threads
     scan_batch_size: int = 1000  #                      keys per due-range scan
-    scan_interval_ms: int = 4  #                        ms of real time at least between two scans
+    scan_interval_ms: int = 2  #                        ms of real time at least between two scans
     #                                                   of a shard that found it all (0: none)
     delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
     delivery_batch_max: int = 4096  #                   messages per log append + RocksDB commit

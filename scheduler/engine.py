@@ -35,7 +35,7 @@ from scheduler.ledger import DeliveryLedger
 from scheduler.levels import DelayLevels
 from scheduler.maintenance import Maintenance
 from scheduler.metrics import EngineMetrics
-from scheduler.model import SendResult
+from scheduler.model import SendOutcome
 from scheduler.poison import Quarantine
 from scheduler.retention import LogRetention, disk_used_ratio
 from scheduler.scanner import Progress, Scanner, ShardState
@@ -216,7 +216,7 @@ def _wire(
 
     def submit(messages: Sequence[PreparedMessage], *,
                extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
-               atomic: bool = False) -> list[SendResult]:
+               atomic: bool = False) -> list[SendOutcome]:
         check_running()
         return writes.submit(messages, extra=extra, replace_prepared=replace_prepared,
                              atomic=atomic)

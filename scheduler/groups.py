@@ -59,7 +59,7 @@ from scheduler.group_state import (
 )
 from scheduler.intake import Intake, PreparedMessage, check_topic
 from scheduler.metrics import EngineMetrics
-from scheduler.model import GroupStats, SendRequest, SendResult
+from scheduler.model import GroupStats, SendOutcome, SendRequest
 from storage.constants import (
     CF_META,
     MAX_PULL_MESSAGES,
@@ -96,7 +96,7 @@ QUICK_RETRY_MS = 1_000  # a nack with a smaller delayMs is a quick retry (rate-b
 RECEIPT_KEY_BYTES = 32
 
 
-class Received(msgspec.Struct, frozen=True, gc=False):
+class LeasedMessage(msgspec.Struct, frozen=True, gc=False):
     """A leased message as its topic knows it (msgId, offset, properties of the original):
     its LogRecord bytes (``payload``) when it is shown as stored, decoded only when
     ``record`` is asked for (an answer in msgpack is transcoded from the bytes, in C where
@@ -117,23 +117,23 @@ class Received(msgspec.Struct, frozen=True, gc=False):
         return decode_log_record(self.payload)
 
 
-class ReceiveResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    messages: list[Received]
+class LeasedBatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    messages: list[LeasedMessage]
     lease_until: int
 
 
-class AckResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class AckCounts(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     acked: int
     stale: list[str]
 
 
-class NackResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class NackCounts(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     retrying: int
     dead_lettered: int
     stale: list[str]
 
 
-class GroupState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class GroupProgress(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     committed_offset: int
     end_offset: int
     leased: int
@@ -151,7 +151,7 @@ class GroupManager:
     def __init__(
         self, *, store: RocksStore, read: ReadPayloads,
         end_offset: Callable[[str], int], intake: Intake,
-        submit: Callable[..., list[SendResult]], clock: Clock, max_reconsume_times: int,
+        submit: Callable[..., list[SendOutcome]], clock: Clock, max_reconsume_times: int,
         window: int, check_running: Callable[[], None], metrics: EngineMetrics,
         max_answer_bytes: int = 8 << 20, max_groups_per_topic: int = 1_000,
         metric_labels: int = 50, quick_retries_per_s: int = 100,
@@ -282,14 +282,14 @@ class GroupManager:
 
     # --- receive ---------------------------------------------------------------------------
     def receive(self, topic: str, group: str, max_messages: int,
-                lease_ms: int) -> ReceiveResult:
+                lease_ms: int) -> LeasedBatch:
         if not 1 <= max_messages <= MAX_PULL_MESSAGES:
             raise InvalidArgument(f"max must be in 1..{MAX_PULL_MESSAGES}")
         if not LEASE_MS_MIN <= lease_ms <= LEASE_MS_MAX:
             raise InvalidArgument(f"leaseMs must be in {LEASE_MS_MIN}..{LEASE_MS_MAX}")
         self._check_running()
         g = self._group(topic, group)
-        out: list[Received] = []
+        out: list[LeasedMessage] = []
         room = self._max_bytes  # bytes of records past the first, as a pull
         with g.lock:
             now = self._clock.now_ms()
@@ -332,18 +332,18 @@ class GroupManager:
                 receipts = g.issue(lease)
                 counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
-                    out.extend(map(Received, receipts, counts, repeat(0), payloads))
+                    out.extend(map(LeasedMessage, receipts, counts, repeat(0), payloads))
                     continue
                 for record, receipt, count in zip(records, receipts, counts, strict=True):
                     shown, reconsumed = as_original(topic, record)
-                    out.append(Received(receipt, count, reconsumed, shown=shown))
+                    out.append(LeasedMessage(receipt, count, reconsumed, shown=shown))
             if len(g.expiry) > g.expiry_limit:  # drop the leases that hold nothing any more
                 g.expiry = [e for e in g.expiry if e[2].held > 0]
                 heapq.heapify(g.expiry)
                 g.issued = {e[2].head: e[2] for e in g.expiry if e[2].head in g.issued}
                 g.kept = sum(len(lease.receipts) for lease in g.issued.values())
                 g.expiry_limit = max(64, 2 * len(g.expiry))  # amortised: O(1) per receive
-        return ReceiveResult(messages=out, lease_until=until)
+        return LeasedBatch(messages=out, lease_until=until)
 
     def next_expiry(self, topic: str, group: str) -> int | None:
         """When the group's earliest lease ends (a long poll waits at most until then)."""
@@ -398,7 +398,7 @@ class GroupManager:
                 self._end_offset(g.streams[RETRY].log_topic))
         return g.plan(receipts, decoded, ends, self._window)
 
-    def ack(self, topic: str, group: str, receipts: Sequence[str]) -> AckResult:
+    def ack(self, topic: str, group: str, receipts: Sequence[str]) -> AckCounts:
         g, decoded = self._decode(topic, group, receipts)
         with g.lock:
             self._expire(g, self._clock.now_ms())
@@ -410,10 +410,10 @@ class GroupManager:
                 self._store.write(batch)
                 g.apply(plan, retrying)
                 self._metrics.group_acked.labels(g.label).inc(plan.taken)
-        return AckResult(acked=plan.taken, stale=plan.stale)
+        return AckCounts(acked=plan.taken, stale=plan.stale)
 
     def nack(self, topic: str, group: str, receipts: Sequence[str], *,
-             delay_level: int | None = None, delay_ms: int | None = None) -> NackResult:
+             delay_level: int | None = None, delay_ms: int | None = None) -> NackCounts:
         """Retry later (at ``delay_ms``, at ``delay_level``, or RocketMQ's level 3 +
         reconsumeTimes); a message nacked ``max_reconsume_times`` times already becomes a
         dead letter instead."""
@@ -427,7 +427,7 @@ class GroupManager:
             self._expire(g, now)
             plan = self._plan(g, receipts, decoded)
             if not plan.taken:
-                return NackResult(retrying=0, dead_lettered=0, stale=plan.stale)
+                return NackCounts(retrying=0, dead_lettered=0, stale=plan.stale)
             quick = plan.taken if delay_ms is not None and delay_ms < QUICK_RETRY_MS else 0
             if quick:
                 self._quick(g, quick, now, whole=True)
@@ -472,7 +472,7 @@ class GroupManager:
         self._metrics.group_nacked.labels(g.label).inc(plan.taken)
         if dead:
             self._metrics.group_dead_lettered.labels(g.label).inc(dead)
-        return NackResult(retrying=retried, dead_lettered=dead, stale=plan.stale)
+        return NackCounts(retrying=retried, dead_lettered=dead, stale=plan.stale)
 
     def _prepare(self, log_topic: str, shown: LogRecord, reconsume_times: int, now: int, *,
                  delay_ms: int | None = None, delay_level: int | None = None
@@ -498,18 +498,18 @@ class GroupManager:
         return as_original(g.topic, record)
 
     # --- state, offsets, dead letters ----------------------------------------------------------
-    def state(self, topic: str, group: str) -> GroupState:
+    def state(self, topic: str, group: str) -> GroupProgress:
         """The group's state; a group no receive made shows as a new one would (and is not
         made)."""
         self._check_running()
         return self._state(self._group(topic, group, create=False))
 
-    def _state(self, g: Group) -> GroupState:
+    def _state(self, g: Group) -> GroupProgress:
         topic = g.topic
         with g.lock:
             self._expire(g, self._clock.now_ms())
             committed, lost = self._behind(g)
-            return GroupState(
+            return GroupProgress(
                 committed_offset=committed,
                 end_offset=self._end_offset(topic), leased=g.leased, retrying=g.retrying,
                 dead_lettered=self._end_offset(g.dlq_topic) - max(
@@ -839,6 +839,15 @@ class ReadPayloads(Protocol):
                  max_bytes: int | None = None) -> list[bytes]: ...
 
 
-__all__ = ["LEASE_MS_MAX", "LEASE_MS_MIN", "AckResult", "DeadLetters",
-           "GroupManager", "GroupState", "NackResult", "ReceiveResult", "Received",
-           "read_payloads"]
+__all__ = [
+    "LEASE_MS_MAX",
+    "LEASE_MS_MIN",
+    "AckCounts",
+    "DeadLetters",
+    "GroupManager",
+    "GroupProgress",
+    "LeasedBatch",
+    "LeasedMessage",
+    "NackCounts",
+    "read_payloads",
+]

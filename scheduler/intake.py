@@ -19,7 +19,7 @@ import msgspec
 
 from scheduler.codec import cancel_handles, message_value
 from scheduler.levels import DelayLevels
-from scheduler.model import SendRequest, SendResult
+from scheduler.model import SendOutcome, SendRequest
 from scheduler.native import native
 from scheduler.timing import resolve_timing
 from storage.constants import (
@@ -108,8 +108,8 @@ class PreparedMessage(msgspec.Struct, kw_only=True, gc=False):
 
 
 @dataclass(frozen=True, slots=True)
-class PlainBatch:
-    """A send batch of *plain* messages as columns (``Intake.plain``): for each message, its
+class ColumnBatch:
+    """A send batch of *body-only* messages as columns (``Intake.columns``): for each message, its
     msgId, deliverAt, timer key, index key, stored value (MessageRecord) and SCHEDULED index
     entry; ``given``: the index keys of the msgIds the client chose. No object per message:
     the send path's common case (bodies due later, nothing else) stores these as they are.
@@ -141,11 +141,11 @@ class PlainBatch:
                 ats.append(at)
         return out
 
-    def results(self) -> list[SendResult]:
+    def results(self) -> list[SendOutcome]:
         """What the send path answers for these messages, stored and none a duplicate."""
         scheduled = MessageStatus.SCHEDULED
         topics = [self.topic] * len(self.msg_ids) if self.topics is None else self.topics
-        return [SendResult(msg_id=msg_id, topic=topic, deliver_at=at, status=scheduled,
+        return [SendOutcome(msg_id=msg_id, topic=topic, deliver_at=at, status=scheduled,
                            cancel_handle=handle)
                 for msg_id, topic, at, handle in zip(self.msg_ids, topics, self.deliver_ats,
                                                      cancel_handles(self.timer_keys),
@@ -184,40 +184,40 @@ class Intake:
     def new_msg_id(self, now_ms: int) -> str:
         return self._ids.next(now_ms)
 
-    def plain(self, topic: str, messages: list[Any] | bytes, now_ms: int,
-              unset: object = None, *, max_count: int = 0) -> PlainBatch | None:
-        """The columns of a batch of plain messages (``scheduler._native.plain_batch``: bodies
+    def columns(self, topic: str, messages: list[Any] | bytes, now_ms: int,
+              unset: object = None, *, max_count: int = 0) -> ColumnBatch | None:
+        """The columns of a batch of body-only messages (``scheduler._native.batch_columns``: bodies
         due later, no tags, keys, properties nor level) to a topic sent to before, as
         ``prepare`` would make them at ``now_ms``: from the decoded request (a list of
         api.schemas.MessageIn, ``unset`` marking an absent field), from a msgpack request
-        body of at most ``max_count`` messages (``plain_msgpack``), not decoded first, or
-        from the engine's SendRequests (``plain_requests``; ``topic``: the first one's, and
+        body of at most ``max_count`` messages (``msgpack_columns``), not decoded first, or
+        from the engine's SendRequests (``request_columns``; ``topic``: the first one's, and
         others may follow). None for any other batch, and without the compiled extension:
-        ``prepare`` takes it (tests/api/test_plain_send.py holds the paths equal)."""
+        ``prepare`` takes it (tests/api/test_columns_send.py holds the paths equal)."""
         if native is None:
             return None
         ids = self._ids
         if messages and type(messages[0]) is SendRequest:  # the engine's own (send_batch)
-            made = native.plain_requests(messages, self._topics, now_ms, self._max_delay_ms,
+            made = native.request_columns(messages, self._topics, now_ms, self._max_delay_ms,
                                          self._max_body, ids.prefix(now_ms), ids.counter)
             if made is None:
                 return None
             (msg_ids, deliver_ats, timer_keys, index_keys, values, entries, given), topics, \
                 shards = made
-            return PlainBatch(topic, self._topics[topic][1], msg_ids, deliver_ats, timer_keys,
+            return ColumnBatch(topic, self._topics[topic][1], msg_ids, deliver_ats, timer_keys,
                               index_keys, values, entries, given, topics, shards)
         known = self._topics.get(topic)
         if known is None:
             return None
         if isinstance(messages, bytes):
-            columns = native.plain_msgpack(messages, max_count, known[0], now_ms,
+            columns = native.msgpack_columns(messages, max_count, known[0], now_ms,
                                            self._max_delay_ms, self._max_body,
                                            ids.prefix(now_ms), ids.counter)
         else:
-            columns = native.plain_batch(messages, known[0], now_ms, self._max_delay_ms,
+            columns = native.batch_columns(messages, known[0], now_ms, self._max_delay_ms,
                                          self._max_body, unset, ids.prefix(now_ms),
                                          ids.counter)
-        return None if columns is None else PlainBatch(topic, known[1], *columns)
+        return None if columns is None else ColumnBatch(topic, known[1], *columns)
 
     def prepare(
         self, request: SendRequest, now_ms: int, *, flags: int = 0, allow_system: bool = False,
@@ -328,5 +328,15 @@ def expiry_group_key(expires_at: int, position: int) -> bytes:
     return pack_u64(expires_at) + EXPIRY_GROUP_MARK + pack_u64(position)
 
 
-__all__ = ["EXPIRY_GROUP_MARK", "Intake", "MessageIdGenerator", "PlainBatch", "PreparedMessage",
-           "check_msg_id", "check_topic", "expiry_group_key", "expiry_key", "topic_shard"]
+__all__ = [
+    "EXPIRY_GROUP_MARK",
+    "ColumnBatch",
+    "Intake",
+    "MessageIdGenerator",
+    "PreparedMessage",
+    "check_msg_id",
+    "check_topic",
+    "expiry_group_key",
+    "expiry_key",
+    "topic_shard",
+]

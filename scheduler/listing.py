@@ -18,7 +18,7 @@ import binascii
 import heapq
 from collections.abc import Iterator
 
-from scheduler.model import MessageInfo
+from scheduler.model import MessageLookup
 from scheduler.timer_index import TimerIndex
 from storage.constants import timer_cf
 from storage.errors import InvalidArgument
@@ -73,7 +73,7 @@ def _shard_keys(store: RocksStore, cf: str, start: bytes, end: bytes | None) -> 
 def list_scheduled(
     store: RocksStore, topic: str, *, from_ms: int | None, to_ms: int | None, limit: int,
     cursor: str | None, scan_budget: int = SCAN_BUDGET,
-) -> tuple[list[MessageInfo], str | None]:
+) -> tuple[list[MessageLookup], str | None]:
     """Pending messages of ``topic`` with from_ms <= deliverAt < to_ms, by deliver time."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidArgument(f"limit must be in 1..{MAX_PAGE}")
@@ -92,13 +92,13 @@ def list_scheduled(
     merged = heapq.merge(*(_shard_keys(store, timer_cf(shard), max(start, timers.frontier(shard)),
                                        end) for shard in range(timers.shards)))
     wanted = topic.encode("utf-8") + b"\x00"
-    page: list[MessageInfo] = []
+    page: list[MessageLookup] = []
     last = None
     for read, key in enumerate(merged, start=1):
         last = key
         if key[8:8 + len(wanted)] == wanted:
             deliver_at, _, msg_id = decode_timer_key(key)
-            page.append(MessageInfo(msg_id=msg_id, topic=topic,
+            page.append(MessageLookup(msg_id=msg_id, topic=topic,
                                     status=MessageStatus.SCHEDULED, deliver_at=deliver_at))
             if len(page) == limit:
                 break

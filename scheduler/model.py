@@ -34,7 +34,7 @@ class SendRequest(_Record, frozen=True, kw_only=True, gc=False):
     delay_level: int | None = None
 
 
-class CancelOutcome(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
+class CancelMarkerEffect(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
     """What a cancel marker (a send with TIMER_DEL_UNIQKEY) did to the message it names: the
     answer a cancel by id would give, CANCELLED, ALREADY_DELIVERED, NOT_FOUND or CONFLICT (a
     transactional message)."""
@@ -43,7 +43,7 @@ class CancelOutcome(_Record, frozen=True, kw_only=True, gc=False, rename="camel"
     status: str
 
 
-class SendResult(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
+class SendOutcome(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
     """Encodes (msgspec, camelCase) exactly as the API's ``SendResult`` schema: the send
     routes answer with it as it is, not with a copy per message. ``cancel`` only for a
     cancel marker (UNSET, so left out of the encoding, otherwise)."""
@@ -54,16 +54,16 @@ class SendResult(_Record, frozen=True, kw_only=True, gc=False, rename="camel"):
     status: MessageStatus  # SCHEDULED or DELIVERED; CANCELLED for a cancel marker
     cancel_handle: str
     duplicate: bool = False
-    cancel: CancelOutcome | UnsetType = UNSET
+    cancel: CancelMarkerEffect | UnsetType = UNSET
 
 
-class CancelResult(_Record, frozen=True, kw_only=True, gc=False):
+class Cancelled(_Record, frozen=True, kw_only=True, gc=False):
     msg_id: str
     topic: str
     status: MessageStatus  # CANCELLED; ALREADY_DELIVERED is raised as errors.AlreadyDelivered
 
 
-class MessageInfo(_Record, frozen=True, kw_only=True, gc=False):
+class MessageLookup(_Record, frozen=True, kw_only=True, gc=False):
     msg_id: str
     topic: str
     status: MessageStatus
@@ -71,7 +71,7 @@ class MessageInfo(_Record, frozen=True, kw_only=True, gc=False):
     offset: int | None = None  # queue offset once delivered
 
 
-class TopicInfo(_Record, frozen=True, kw_only=True, gc=False):
+class TopicStats(_Record, frozen=True, kw_only=True, gc=False):
     """A topic's log: offsets [first_offset, end_offset) are readable (retention deleted
     those below), ``pending`` messages wait to be delivered to it."""
 
@@ -81,22 +81,22 @@ class TopicInfo(_Record, frozen=True, kw_only=True, gc=False):
     pending: int
 
 
-class PullResult(_Record, frozen=True, kw_only=True, gc=False):
+class PulledPage(_Record, frozen=True, kw_only=True, gc=False):
     messages: list[LogRecord]  # in queue order; LogRecord.offset is the queue offset
     next_offset: int
 
 
-class TransactionResult(_Record, frozen=True, kw_only=True, gc=False):
+class TransactionOutcome(_Record, frozen=True, kw_only=True, gc=False):
     transaction_id: str
     msg_id: str
     topic: str
     status: str  # PREPARED, COMMITTED, ROLLED_BACK, DISCARDED
     deliver_at: int | None = None  # set once committed
     duplicate: bool = False  # a re-sent prepare of the same (topic, msgId): the first result
-    cancel: CancelOutcome | None = None  # a committed cancel marker: what it did
+    cancel: CancelMarkerEffect | None = None  # a committed cancel marker: what it did
 
 
-class TransactionCheck(_Record, frozen=True, kw_only=True, gc=False):
+class PendingCheck(_Record, frozen=True, kw_only=True, gc=False):
     """A prepared message whose producer must say COMMIT, ROLLBACK or UNKNOWN."""
 
     transaction_id: str

@@ -23,7 +23,7 @@ TRANSACTIONS_SCAN_MAX = 100_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WaitingTransactions:
+class PreparedCounts:
     """Prepared transactions of one producer group."""
 
     prepared: int
@@ -32,10 +32,10 @@ class WaitingTransactions:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Overview:
+class OverviewCounts:
     pending_by_topic: dict[str, tuple[int, int]]  # topic -> (pending, oldest deliverAt)
     delivered_by_topic: dict[str, int]  # topic -> messages in its log (its end offset)
-    transactions: dict[str, WaitingTransactions]  # producer group -> ...
+    transactions: dict[str, PreparedCounts]  # producer group -> ...
     transactions_truncated: bool
     disk_bytes: dict[str, int] = field(default_factory=dict)  # "rocksdb", "commitlog"
     first_by_topic: dict[str, int] = field(default_factory=dict)  # topic -> first offset in
@@ -62,7 +62,7 @@ def delivered_by_topic(store: RocksStore, end_offset: Callable[[str], int],
 
 
 def waiting_transactions(store: RocksStore, now: int, limit: int = TRANSACTIONS_SCAN_MAX,
-                         ) -> tuple[dict[str, WaitingTransactions], bool]:
+                         ) -> tuple[dict[str, PreparedCounts], bool]:
     """Per producer group: prepared transactions, how many are due for a check, the next
     check; and whether ``limit`` keys were not enough to see them all."""
     counts: dict[bytes, list[int]] = {}  # group -> [prepared, due, next check]
@@ -77,7 +77,7 @@ def waiting_transactions(store: RocksStore, now: int, limit: int = TRANSACTIONS_
         else:
             entry[0] += 1
             entry[1] += at <= now
-    return ({group.decode("utf-8"): WaitingTransactions(prepared=p, due=d, next_check_at=n)
+    return ({group.decode("utf-8"): PreparedCounts(prepared=p, due=d, next_check_at=n)
              for group, (p, d, n) in sorted(counts.items())}, seen >= limit)
 
 
@@ -94,5 +94,5 @@ def disk_bytes(directory: Path) -> int:
     return total
 
 
-__all__ = ["Overview", "WaitingTransactions", "delivered_by_topic", "disk_bytes",
+__all__ = ["OverviewCounts", "PreparedCounts", "delivered_by_topic", "disk_bytes",
            "waiting_transactions"]

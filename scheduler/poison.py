@@ -47,7 +47,7 @@ _END = META_PARKED_PREFIX[:-1] + bytes([META_PARKED_PREFIX[-1] + 1])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ParkedMessage:
+class ParkedEntry:
     topic: str
     msg_id: str
     deliver_at: int
@@ -124,7 +124,7 @@ class Quarantine:
         for key, (value, reason) in poison.items():
             batch.put(CF_META, META_PARKED_PREFIX + key, msgpack.packb([reason, value]))
         with self._committer.lock:
-            self._committer.commit_plain(batch)
+            self._committer.commit_no_append(batch)
         new = {META_PARKED_PREFIX + key for key in poison} - self._parked
         self._parked |= new
         self._metrics.pending.dec(len(new))
@@ -133,13 +133,13 @@ class Quarantine:
             log.error("message %s/%s parked (POST /v1/admin/parked:redrive hands it back): %s",
                       topic, msg_id, reason)
 
-    def messages(self, limit: int = 1000) -> list[ParkedMessage]:
+    def messages(self, limit: int = 1000) -> list[ParkedEntry]:
         out = []
         for pkey, raw in self._store.scan(CF_META, META_PARKED_PREFIX, _END, limit=limit):
             key = pkey[len(META_PARKED_PREFIX):]
             reason, value = msgpack.unpackb(raw)
             topic, msg_id = _label(key)
-            out.append(ParkedMessage(topic=topic, msg_id=msg_id, deliver_at=unpack_u64(key[:8]),
+            out.append(ParkedEntry(topic=topic, msg_id=msg_id, deliver_at=unpack_u64(key[:8]),
                                      reason=reason, size=len(value)))
         return out
 
@@ -175,7 +175,7 @@ class Quarantine:
                         batch.put(CF_INDEX, key[8:], encode_index(
                             msgspec.structs.replace(entry, deliver_at=at, updated_at=now)))
                 woken[shard.shard] = at
-            self._committer.commit_plain(batch)
+            self._committer.commit_no_append(batch)
             for shard_no, at in woken.items():
                 self._shards[shard_no].note_scheduled(at)
         self._parked.difference_update(redriven)

@@ -33,7 +33,7 @@ CommitLog opens. No consume-queue entry ever points into a missing segment.
 
 Readers. Before the write, the topics' first offsets move in memory (``ConsumeQueue
 .moved_first``): a reader checks its offset against the first offset AFTER it read the
-consume queue (``Broker.read_checked``), so a reader that saw entries gone also sees the new
+consume queue (``Broker.read_prevalidated``), so a reader that saw entries gone also sees the new
 first offset and answers 410 ``OFFSET_EXPIRED`` instead of skipping silently; a reader that
 read positions before the write and the log after step 2 gets ``OffsetExpired`` from the
 CommitLog, answered the same way. A mapping is closed one round after its segment left the

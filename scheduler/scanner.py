@@ -37,6 +37,8 @@ Each shard's state is shared with the send and cancel paths and guarded by the s
   of a steady flow was spread evenly over [0, interval_ms); on the boundaries it is a whole
   number of ms below ``interval_ms``: at 4 ms, p99 3.7 instead of 4.5 ms at the same scans a
   second (W3 of bench/peers, docs/performance.md at f86b3f2, section 14).
+- The default interval (scheduler/config.py, 2 ms) is W3's trade of lateness against CPU,
+  measured with ``python -m bench.peers.tradeoff`` (docs/performance.md, W3).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def check_window(from_ms: int, to_ms: int, buckets: int) -> None:
         raise InvalidArgument(f"buckets must be between 1 and {MAX_BUCKETS}, got {buckets}")
 
 
-class Timeline:
+class TimelineCounts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # per topic (None: every topic), per level (LEVELS order): deliverAt // unit -> count
@@ -246,7 +246,7 @@ class Loader:
                                                                 repeat(ratio)))
         self.prefixes.clear()
 
-    def into(self, timeline: Timeline) -> None:
+    def into(self, timeline: TimelineCounts) -> None:
         """Replace ``timeline``'s counts with what was loaded."""
         self.flush()
         series: dict[str | None, tuple[dict[int, int], ...]] = {
@@ -316,4 +316,4 @@ def _bump(table: dict[Any, int], key: object, n: int) -> int:
 
 __all__ = ["FOLD_AT", "LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS",
            "Loader",
-           "Timeline", "TimelineView", "check_window", "pick_width"]
+           "TimelineCounts", "TimelineView", "check_window", "pick_width"]

@@ -35,7 +35,7 @@ from scheduler.committer import CommitOutcome
 from scheduler.config import EngineConfig
 from scheduler.intake import Intake, PreparedMessage, expiry_key
 from scheduler.metrics import EngineMetrics
-from scheduler.model import SendRequest, SendResult, TransactionCheck, TransactionResult
+from scheduler.model import PendingCheck, SendOutcome, SendRequest, TransactionOutcome
 from scheduler.tx_records import (
     HalfMessage,
     TransactionEntry,
@@ -95,7 +95,7 @@ class Committing(Protocol):
     @property
     def lock(self) -> AbstractContextManager[object]: ...
     def replay_if_needed(self) -> None: ...
-    def commit_plain(self, batch: Batch) -> None: ...
+    def commit_no_append(self, batch: Batch) -> None: ...
     def commit_immediate(self, batch: Batch,
                          messages: Sequence[PreparedMessage]) -> CommitOutcome: ...
 
@@ -106,7 +106,7 @@ class Submit(Protocol):
 
     def __call__(self, messages: Sequence[PreparedMessage], *,
                  extra: Callable[[Batch], None] | None = None,
-                 replace_prepared: bool = False) -> list[SendResult]: ...
+                 replace_prepared: bool = False) -> list[SendOutcome]: ...
 
 
 class _Settled(Exception):
@@ -175,7 +175,7 @@ class TransactionManager:
 
     # --- prepare / commit / rollback ------------------------------------------------------
     def prepare(self, request: SendRequest, *, producer_group: str,
-                check_immunity_seconds: str | int | float | None = None) -> TransactionResult:
+                check_immunity_seconds: str | int | float | None = None) -> TransactionOutcome:
         """Store a half message. The immunity is ``check_immunity_seconds`` (else the message
         property CHECK_IMMUNITY_TIME_IN_SECONDS) under RocketMQ's rule (tx_records).
         A re-sent prepare of the same (topic, msgId) by the same group answers the first
@@ -212,7 +212,7 @@ class TransactionManager:
             batch.put(CF_INDEX, prepared.index_key, encode_index(IndexEntry(
                 status=MessageStatus.PREPARED, deliver_at=prepared.deliver_at, updated_at=now,
                 tx_id=tx_id)))
-            committer.commit_plain(batch)
+            committer.commit_no_append(batch)
             if producer_group in self._floor:
                 self._floor[producer_group] = min(self._floor[producer_group], half_key)
             if half_key < self._unanswered_floor:  # (no immunity: due at once)
@@ -226,7 +226,7 @@ class TransactionManager:
         return _result(tx_id, entry)
 
     def _duplicate(self, index: IndexEntry, prepared: PreparedMessage,
-                   group: str) -> TransactionResult:
+                   group: str) -> TransactionOutcome:
         if index.tx_id is not None:
             raw = self._store.get(CF_TX, entry_key(index.tx_id))
             if raw is not None:
@@ -236,7 +236,7 @@ class TransactionManager:
         raise Conflict(f"msgId {prepared.msg_id!r} of topic {prepared.topic!r} is already "
                        f"used by another message")
 
-    def commit(self, transaction_id: str) -> TransactionResult:
+    def commit(self, transaction_id: str) -> TransactionOutcome:
         """The half message becomes a normal message, scheduled by its own timing (a
         relative delay counts from now, as RocketMQ resolves it when it stores the committed
         message), or delivered now. Idempotent; Conflict after a rollback or a discard."""
@@ -269,12 +269,12 @@ class TransactionManager:
             return self._settled_result(transaction_id, settled.entry, "commit")
         self._metrics.tx_committed.inc()
         self._metrics.tx_prepared_pending.dec()
-        return TransactionResult(transaction_id=transaction_id, msg_id=entry.msg_id,
+        return TransactionOutcome(transaction_id=transaction_id, msg_id=entry.msg_id,
                                  topic=entry.topic, status=TransactionState.COMMITTED.value,
                                  deliver_at=sent.deliver_at,
                                  cancel=sent.cancel or None)  # a cancel marker: what it did
 
-    def rollback(self, transaction_id: str) -> TransactionResult:
+    def rollback(self, transaction_id: str) -> TransactionOutcome:
         """The half message is removed and never delivered. Idempotent; Conflict after a
         commit or a discard."""
         committer = self._committer
@@ -286,17 +286,17 @@ class TransactionManager:
             now = self._clock.now_ms()
             batch = self._store.batch()
             done = self._end(batch, transaction_id, entry, TransactionState.ROLLED_BACK, now)
-            committer.commit_plain(batch)
+            committer.commit_no_append(batch)
         self._metrics.tx_rolled_back.inc()
         self._metrics.tx_prepared_pending.dec()
         return _result(transaction_id, done)
 
-    def get(self, transaction_id: str) -> TransactionResult:
+    def get(self, transaction_id: str) -> TransactionOutcome:
         """The transaction's current state; NotFound if unknown."""
         return _result(transaction_id, self._entry(transaction_id))
 
     @staticmethod
-    def _settled_result(tx_id: str, entry: TransactionEntry, action: str) -> TransactionResult:
+    def _settled_result(tx_id: str, entry: TransactionEntry, action: str) -> TransactionOutcome:
         """Repeating what was done answers it again; anything else is a Conflict."""
         wanted = TransactionState.COMMITTED if action == "commit" else TransactionState.ROLLED_BACK
         if entry.state is wanted:
@@ -305,7 +305,7 @@ class TransactionManager:
 
     # --- check-back -------------------------------------------------------------------------
     def poll_checks(self, producer_group: str, max_checks: int, *,
-                    may_see: Callable[[str], bool] | None = None) -> list[TransactionCheck]:
+                    may_see: Callable[[str], bool] | None = None) -> list[PendingCheck]:
         """Claim up to ``max_checks`` of the group's prepared messages whose next check is due
         (so their immunity has passed), oldest first, and past the first at most
         ``max_answer_bytes`` of bodies. Each returned check counts (checkTimes + 1) and the
@@ -332,7 +332,7 @@ class TransactionManager:
                 floor = due[taken][0]
             outcome = committer.commit_immediate(batch, discards) if discards else None
             if outcome is None:
-                committer.commit_plain(batch)
+                committer.commit_no_append(batch)
             self._floor[producer_group] = min(floor, skipped or floor)
         if outcome is not None:
             self._on_appended(discards, outcome)
@@ -393,7 +393,7 @@ class TransactionManager:
                 checks, discards, batch, _ = self._claim(group, due, now, answered=False)
                 outcome = committer.commit_immediate(batch, discards) if discards else None
                 if outcome is None:
-                    committer.commit_plain(batch)
+                    committer.commit_no_append(batch)
                 results.append((len(checks), discards, outcome))
             following = next(iter(self._store.scan(CF_HALF, end, limit=1)), None)
             again = min((at for at in (
@@ -411,14 +411,14 @@ class TransactionManager:
 
     def _claim(self, group: str, due: list[tuple[bytes, str]], now: int, *,
                answered: bool = True,
-               ) -> tuple[list[TransactionCheck], list[PreparedMessage], Batch, int]:
+               ) -> tuple[list[PendingCheck], list[PreparedMessage], Batch, int]:
         """Claim (or discard) ``due`` in order until the answer holds ``max_answer_bytes``
         of bodies (``answered``: the checks go to a poller; else all of ``due``); also
         returns how many of ``due`` were taken."""
         halves = self._store.multi_get(CF_HALF, [half_key for half_key, _ in due])
         entries = self._store.multi_get(CF_TX, [entry_key(tx_id) for _, tx_id in due])
         batch = self._store.batch()
-        checks: list[TransactionCheck] = []
+        checks: list[PendingCheck] = []
         discards: list[PreparedMessage] = []
         next_check = now + self._config.transaction_check_interval_ms
         room = self._config.max_answer_bytes if answered else None
@@ -600,14 +600,14 @@ def _tx_expiry_key(expires_at: int, tx_id: str) -> bytes:
     return pack_u64(expires_at) + SEP + entry_key(tx_id)
 
 
-def _result(tx_id: str, entry: TransactionEntry) -> TransactionResult:
-    return TransactionResult(
+def _result(tx_id: str, entry: TransactionEntry) -> TransactionOutcome:
+    return TransactionOutcome(
         transaction_id=tx_id, msg_id=entry.msg_id, topic=entry.topic, status=entry.state.value,
         deliver_at=entry.deliver_at if entry.state is TransactionState.COMMITTED else None)
 
 
-def _check(tx_id: str, entry: TransactionEntry, half: HalfMessage) -> TransactionCheck:
-    return TransactionCheck(
+def _check(tx_id: str, entry: TransactionEntry, half: HalfMessage) -> PendingCheck:
+    return PendingCheck(
         transaction_id=tx_id, msg_id=entry.msg_id, topic=entry.topic,
         producer_group=entry.producer_group, check_times=entry.check_times,
         prepared_at=entry.prepared_at, body=half.body, tags=half.tags, keys=half.keys,

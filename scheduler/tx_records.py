@@ -115,7 +115,8 @@ def decode_entry(raw: bytes) -> TransactionEntry:
 
 
 def _packb(values: tuple[Any, ...]) -> bytes:
-    return msgpack.packb(values, use_bin_type=True)
+    out: bytes = msgpack.packb(values, use_bin_type=True)
+    return out
 
 
 def _unpackb(raw: bytes, name: str, length: int) -> tuple[Any, ...]:

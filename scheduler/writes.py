@@ -26,10 +26,10 @@ from scheduler.codec import (
     scheduled_values,
 )
 from scheduler.committer import CommitOutcome, Committer
-from scheduler.intake import PlainBatch, PreparedMessage, expiry_key, topic_shard
+from scheduler.intake import ColumnBatch, PreparedMessage, expiry_key, topic_shard
 from scheduler.ledger import DeliveryLedger
 from scheduler.metrics import EngineMetrics
-from scheduler.model import CancelOutcome, CancelResult, SendResult
+from scheduler.model import Cancelled, CancelMarkerEffect, SendOutcome
 from scheduler.scanner import ShardState
 from storage.constants import CF_EXPIRY, CF_INDEX
 from storage.errors import AlreadyDelivered, Conflict, NotFound
@@ -68,7 +68,7 @@ class WritePaths:
         self, messages: Sequence[PreparedMessage], *,
         extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
         atomic: bool = False,
-    ) -> list[SendResult]:
+    ) -> list[SendOutcome]:
         """Store prepared messages atomically: each is scheduled (timer key + index entry)
         or, when already due, appended to the log; idempotent on (topic, msgId).
 
@@ -83,7 +83,7 @@ class WritePaths:
         if not messages:
             return []
         store, committer = self._store, self._committer
-        results: list[SendResult | None] = [None] * len(messages)
+        results: list[SendOutcome | None] = [None] * len(messages)
         shards = sorted({m.shard for m in messages})
         # encode before taking the locks: they are held only for the decision and the write;
         # not for messages already due by this reading (they are delivered at once)
@@ -144,19 +144,19 @@ class WritePaths:
         return self._results(messages, results, {m.index_key for m in due},
                              duplicates + len(markers))
 
-    def submit_plain(self, plain: PlainBatch) -> bool:
-        """Store a plain batch (``Intake.plain``) when every message in it is new and due
+    def submit_columns(self, cols: ColumnBatch) -> bool:
+        """Store a column batch (``Intake.columns``) when every message in it is new and due
         later, as ``submit`` would (same locks, look-up, checks and write, from columns);
         False, with nothing written, for any other: ``submit`` then takes the batch."""
-        if len(set(plain.given)) != len(plain.given):  # a msgId twice: a duplicate
+        if len(set(cols.given)) != len(cols.given):  # a msgId twice: a duplicate
             return False
         store = self._store
         by_shard: dict[int, tuple[list[bytes], list[bytes]]]
-        if plain.shards is None:
-            by_shard = {plain.shard: (plain.timer_keys, plain.values)}
+        if cols.shards is None:
+            by_shard = {cols.shard: (cols.timer_keys, cols.values)}
         else:
             by_shard = {}
-            for shard_, key, value in zip(plain.shards, plain.timer_keys, plain.values,
+            for shard_, key, value in zip(cols.shards, cols.timer_keys, cols.values,
                                           strict=True):
                 columns = by_shard.get(shard_)
                 if columns is None:
@@ -173,14 +173,14 @@ class WritePaths:
             first = batch.put_sorted(shard.cf, keys, values)
             assert first is not None  # (a shard is here for a key of its own)
             shards.append((shard, first))
-        batch.put_sorted(CF_INDEX, plain.index_keys, plain.entries)
-        first_at = min(plain.deliver_ats)
+        batch.put_sorted(CF_INDEX, cols.index_keys, cols.entries)
+        first_at = min(cols.deliver_ats)
         with self.locks(by_shard):
             self._check_running()
             if self._committer.needs_replay:
                 return False
-            if plain.given and store.multi_get(CF_INDEX, plain.given).count(None) != len(
-                    plain.given):
+            if cols.given and store.multi_get(CF_INDEX, cols.given).count(None) != len(
+                    cols.given):
                 return False
             if first_at <= self._clock.now_ms() or any(first < shard.frontier_key
                                                        for shard, first in shards):
@@ -190,13 +190,13 @@ class WritePaths:
             finally:  # also when the write raised: it may have landed (else: one idle scan)
                 for shard, first in shards:  # (a timer key begins with its deliverAt)
                     shard.note_scheduled(unpack_u64(first))
-            self._backlog.scheduled_at(plain.deliver_ats_by_topic())
-        self._metrics.scheduled.inc(len(plain.timer_keys))
-        self._metrics.pending.inc(len(plain.timer_keys))
+            self._backlog.scheduled_at(cols.deliver_ats_by_topic())
+        self._metrics.scheduled.inc(len(cols.timer_keys))
+        self._metrics.pending.inc(len(cols.timer_keys))
         return True
 
     def _find_duplicates(
-        self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
+        self, messages: Sequence[PreparedMessage], results: list[SendOutcome | None],
         replace_prepared: bool,
     ) -> tuple[int, list[int]]:
         """Fill ``results`` for re-sends (stored before, or earlier in this batch); returns
@@ -231,7 +231,7 @@ class WritePaths:
         return count, markers or _NO_MARKERS
 
     def _cancel_marked(self, batch: Batch, messages: Sequence[PreparedMessage],
-                       markers: list[int], results: list[SendResult | None],
+                       markers: list[int], results: list[SendOutcome | None],
                        now: int) -> list[_Cancel]:
         """Stage in ``batch`` what the cancel markers do (every lock held): each cancels the
         message it names as ``cancel`` would, and its result says how; the marker itself is
@@ -257,10 +257,10 @@ class WritePaths:
                 batch.put(CF_INDEX, m.index_key, index_value(
                     _CANCELLED, m.deliver_at, now, tx_id=m.tx_id))
                 batch.put(CF_EXPIRY, expiry_key(expires, m.index_key), b"")
-            results[i] = SendResult(
+            results[i] = SendOutcome(
                 msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
                 status=MessageStatus.CANCELLED, cancel_handle=cancel_handle(m.timer_key),
-                cancel=CancelOutcome(msg_id=m.cancels or "", status=outcome))
+                cancel=CancelMarkerEffect(msg_id=m.cancels or "", status=outcome))
         return cancelled
 
     def _entries(self, messages: Sequence[PreparedMessage], msg_ids: Sequence[str],
@@ -324,22 +324,22 @@ class WritePaths:
                 batch.put_sorted(cf, keys, values)
         batch.put_sorted(CF_INDEX, [m.index_key for m in later], [entry for _, entry in stored])
 
-    def _results(self, messages: Sequence[PreparedMessage], results: list[SendResult | None],
-                 delivered: set[bytes], duplicates: int) -> list[SendResult]:
+    def _results(self, messages: Sequence[PreparedMessage], results: list[SendOutcome | None],
+                 delivered: set[bytes], duplicates: int) -> list[SendOutcome]:
         if not duplicates:  # the common case: one new result per message, in order
             scheduled, at_once = MessageStatus.SCHEDULED, MessageStatus.DELIVERED
             handles = cancel_handles([m.timer_key for m in messages])
-            return [SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
+            return [SendOutcome(msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
                                status=at_once if delivered and m.index_key in delivered
                                else scheduled, cancel_handle=handle)
                     for m, handle in zip(messages, handles, strict=True)]
-        out: list[SendResult] = []
-        first: dict[bytes, SendResult] = {}
+        out: list[SendOutcome] = []
+        first: dict[bytes, SendOutcome] = {}
         for m, result in zip(messages, results, strict=True):
             if result is _PENDING_DUPLICATE:
                 result = replace(first[m.index_key], duplicate=True)
             elif result is None:
-                result = SendResult(
+                result = SendOutcome(
                     msg_id=m.msg_id, topic=m.topic, deliver_at=m.deliver_at,
                     status=(MessageStatus.DELIVERED if m.index_key in delivered
                             else MessageStatus.SCHEDULED),
@@ -369,7 +369,7 @@ class WritePaths:
             metrics.commit_batch_size.observe(len(due))
             self._notify(outcome.topics)
 
-    def cancel(self, topic: str, msg_id: str, handle_at: int | None) -> CancelResult:
+    def cancel(self, topic: str, msg_id: str, handle_at: int | None) -> Cancelled:
         """Cancel a SCHEDULED message (``handle_at``: the deliverAt its handle names)."""
         store, committer = self._store, self._committer
         shard = self._shards[topic_shard(topic, len(self._shards))]
@@ -382,7 +382,7 @@ class WritePaths:
             if entry is not None and handle_at is not None and entry.deliver_at != handle_at:
                 entry = None
             outcome = _cancel_outcome(entry)
-            result = CancelResult(msg_id=msg_id, topic=topic, status=MessageStatus.CANCELLED)
+            result = Cancelled(msg_id=msg_id, topic=topic, status=MessageStatus.CANCELLED)
             if outcome == _CANCELLED:
                 return result
             if outcome == _NOT_FOUND:
@@ -396,7 +396,7 @@ class WritePaths:
             batch = store.batch()
             staged = self._stage_cancel(batch, shard, topic, msg_id, ikey, entry,
                                         self._clock.now_ms())
-            committer.commit_plain(batch)
+            committer.commit_no_append(batch)
             self._cancelled([staged])
         return result
 
@@ -411,7 +411,7 @@ class _Cancel(NamedTuple):
     level: int
 
 
-_PENDING_DUPLICATE = SendResult(msg_id="", topic="", deliver_at=0,
+_PENDING_DUPLICATE = SendOutcome(msg_id="", topic="", deliver_at=0,
                                 status=MessageStatus.SCHEDULED, cancel_handle="")
 _PENDING_MARKER = replace(_PENDING_DUPLICATE, status=MessageStatus.CANCELLED)
 _NO_MARKERS: list[int] = []  # never mutated
@@ -434,14 +434,14 @@ def _cancel_outcome(entry: IndexEntry | None) -> str:
     return _CONFLICT  # a transactional message: PREPARED, ROLLED_BACK, DISCARDED
 
 
-def _duplicate_result(m: PreparedMessage, entry: IndexEntry) -> SendResult:
+def _duplicate_result(m: PreparedMessage, entry: IndexEntry) -> SendOutcome:
     if entry.status in (MessageStatus.PREPARED, MessageStatus.ROLLED_BACK,
                         MessageStatus.DISCARDED):
         raise Conflict(f"msgId {m.msg_id!r} of topic {m.topic!r} belongs to a transactional "
                        f"message ({entry.status})")
     status = (MessageStatus.DELIVERED if entry.status is MessageStatus.DELIVERED
               else MessageStatus.SCHEDULED)
-    return SendResult(msg_id=m.msg_id, topic=m.topic, deliver_at=entry.deliver_at,
+    return SendOutcome(msg_id=m.msg_id, topic=m.topic, deliver_at=entry.deliver_at,
                       status=status,
                       cancel_handle=encode_handle(entry.deliver_at, m.topic, m.msg_id),
                       duplicate=True)

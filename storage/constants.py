@@ -63,8 +63,12 @@ META_GROUP_EXPIRED_PREFIX = b"gexp/"  # + topic NUL group -> 8-byte BE messages 
 # cluster mode (storage/replication.py): written with every record a node applies
 META_CLUSTER_SEQ = b"cluster/seq"  # 8-byte BE: the write-ahead stream sequence applied
 META_CLUSTER_LOG_END = b"cluster/log_end"  # 8-byte BE: the CommitLog's end after that record
-META_LEDGER_PREFIX = b"dl/"  # + 2-byte BE shard + a scan's end key -> first log position,
-#                              records, commit time (scheduler/ledger.py)
+# The delivery ledger (scheduler/ledger.py): + 2-byte BE shard + a scan's end key -> the
+# scan's first log position, record count and commit time. "dl" is *d*elivery *l*edger, NOT
+# dead letters (those are topics, TOPIC_DLQ_PREFIX). The bytes stay as they are: every data
+# directory, snapshot and cluster stream written so far holds them, and a new prefix would
+# need a format-version bump and a migration on open to say the same thing.
+META_LEDGER_PREFIX = b"dl/"
 
 # --- transaction keys (CF_TX; see scheduler/tx_records.py) ------------------------------------
 TX_ENTRY_PREFIX = b"t/"  # + transaction id -> encoded TransactionEntry

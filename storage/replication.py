@@ -104,7 +104,8 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 
 def encode_record(log_ops: Sequence[LogOp], ops: Sequence[tuple[int, str, Any, Any]]) -> bytes:
-    return _packer.pack((RECORD_VERSION, log_ops, ops))
+    out: bytes = _packer.pack((RECORD_VERSION, log_ops, ops))
+    return out
 
 
 def decode_record(data: bytes) -> Record:

@@ -69,7 +69,8 @@ def populate(mm: mmap.mmap) -> bool:
     start, and each page's writeback a TLB shoot-down: module doc.)"""
     view = ctypes.c_char.from_buffer(mm)
     try:
-        return _madvise(ctypes.addressof(view), len(mm), _MADV_POPULATE_READ) == 0
+        rc: int = _madvise(ctypes.addressof(view), len(mm), _MADV_POPULATE_READ)
+        return rc == 0
     finally:
         del view
 

@@ -5,7 +5,9 @@ benchmarks, in support/)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,15 +69,19 @@ def shared_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 @pytest.fixture
 def live_factory(tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    """Start servers with custom settings (each on its own data directory)."""
-    stack: list[Any] = []
+    """Start servers with custom settings (``overrides``; ``engine``: engine settings), each
+    on a data directory of its own unless ``data`` names one (a restart); stopped in reverse
+    order at the end of the test."""
+    with ExitStack() as stack:
+        started = 0
 
-    def start(clock: Clock | None = None, **overrides: Any) -> Live:
-        cm = serve(make_settings(tmp_path / f"data{len(stack)}", **overrides),
-                   clock=clock or FakeClock(T0))
-        stack.append(cm)
-        return cm.__enter__()
+        def start(clock: Clock | None = None, *, data: str | None = None,
+                  engine: Mapping[str, Any] | None = None, **overrides: Any) -> Live:
+            nonlocal started
+            settings = make_settings(tmp_path / (data or f"data{started}"), **overrides)
+            if engine:
+                settings = replace(settings, engine=replace(settings.engine, **engine))
+            started += 1
+            return stack.enter_context(serve(settings, clock=clock or FakeClock(T0)))
 
-    yield start
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
+        yield start

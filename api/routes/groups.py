@@ -33,7 +33,7 @@ from api.routes.consume import (
     msgpack_array_header,
 )
 from api.schemas import TOPIC_PARAMETER, Topic
-from scheduler.groups import AckResult, Received, ReceiveResult
+from scheduler.groups import AckCounts, LeasedBatch, LeasedMessage
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.records import LogRecord, decode_log_records
 
@@ -56,7 +56,7 @@ def _fields(record: LogRecord, once: bool = False) -> dict[str, Any]:
             "deliver_at": record.deliver_at, "stored_at": record.stored_at}
 
 
-def received(m: Received, once: bool = False,
+def received(m: LeasedMessage, once: bool = False,
              record: LogRecord | None = None) -> schemas.Received:
     """A leased message's document (``record``: its record, when decoded already); the
     fields of ``_fields`` spelled out, no dict made and unpacked per message (half the cost
@@ -71,13 +71,13 @@ def received(m: Received, once: bool = False,
                             reconsume_times=m.reconsume_times)
 
 
-def _received_size(m: Received) -> int:
+def _received_size(m: LeasedMessage) -> int:
     """``body_size`` of a leased message, its stored bytes read directly when it has them."""
     payload = m.payload
     return len(payload) if payload is not None else body_size(m)
 
 
-def receive_answer(result: ReceiveResult, acked: AckResult | None,
+def receive_answer(result: LeasedBatch, acked: AckCounts | None,
                    once: bool = False) -> schemas.ReceiveResult:
     """The answer to a receive (and to the ``ack`` it carried, if any). The records kept as
     stored are decoded in one C loop (``decode_log_records``), not one call per message."""
@@ -93,13 +93,13 @@ def receive_answer(result: ReceiveResult, acked: AckResult | None,
     return answer
 
 
-def receive_msgpack_py(result: ReceiveResult, acked: AckResult | None,
+def receive_msgpack_py(result: LeasedBatch, acked: AckCounts | None,
                        once: bool = False) -> bytes:
     """``receive_answer`` in msgpack."""
     return _msgpack.encode(receive_answer(result, acked, once))
 
 
-def _receive_msgpack_native(result: ReceiveResult, acked: AckResult | None,
+def _receive_msgpack_native(result: LeasedBatch, acked: AckCounts | None,
                             once: bool = False) -> bytes:
     """The same bytes; each message shown as stored is transcoded from its LogRecord bytes
     in C with its receipt and counts (api/_native.pyx, see api/routes/consume.py); the
@@ -178,7 +178,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         return body_once_applied(response, once)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
-                         timeout_s: float) -> ReceiveResult:
+                         timeout_s: float) -> LeasedBatch:
         """Wait for a delivery to the topic or the group's retry topic, or for a lease to
         end, then receive again; until ``timeout_s``."""
         groups = broker.groups

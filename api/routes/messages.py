@@ -26,7 +26,7 @@ from api.native import native
 from api.openapi import operation
 from api.schemas import TOPIC_PARAMETER, Topic
 from scheduler import model
-from scheduler.intake import PlainBatch, check_msg_id
+from scheduler.intake import ColumnBatch, check_msg_id
 from scheduler.listing import MAX_PAGE
 from storage.constants import MAX_BATCH_MESSAGES, MSG_ID_REGEX
 from storage.errors import InvalidArgument
@@ -43,14 +43,14 @@ PREFER = {"name": "Prefer", "in": "header", "required": False,
 MsgIdPath = Annotated[str, Path(alias="msgId", json_schema_extra={"pattern": MSG_ID_REGEX})]
 
 
-def scheduled_answer(plain: PlainBatch, request: Request) -> Response:
-    """The 201 answer to a plain batch just scheduled (``Broker.send_plain``): what
+def scheduled_answer(columns: ColumnBatch, request: Request) -> Response:
+    """The 201 answer to a column batch just scheduled (``Broker.send_columns``): what
     ``respond`` would write for its SendResults, encoded in C from the columns."""
     accept_msgpack = is_msgpack(request.headers.get("accept"))
     body = None if native is None else native.scheduled_answer(
-        plain.msg_ids, plain.topic, plain.deliver_ats, plain.timer_keys, accept_msgpack)
+        columns.msg_ids, columns.topic, columns.deliver_ats, columns.timer_keys, accept_msgpack)
     if body is None:  # (a string JSON would have to escape: never, by the API)
-        return respond({"results": plain.results()}, 201, request)
+        return respond({"results": columns.results()}, 201, request)
     return Response(body, status_code=201, media_type=MSGPACK if accept_msgpack else JSON)
 
 
@@ -104,18 +104,18 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         limit = ctx.limits.max_batch_messages
         minimal = prefers_minimal(request)
         if is_msgpack(content_type):  # the common case read straight from the bytes
-            plain = broker.send_plain(topic, raw, max_count=limit)
-            if plain is not None:  # (a plain batch holds no duplicate)
-                return (summary_answer(len(plain.msg_ids), [], request) if minimal
-                        else scheduled_answer(plain, request))
+            columns = broker.send_columns(topic, raw, max_count=limit)
+            if columns is not None:  # (a column batch holds no duplicate)
+                return (summary_answer(len(columns.msg_ids), [], request) if minimal
+                        else scheduled_answer(columns, request))
         batch = decode(raw, content_type, schemas.BatchIn)
         if len(batch.messages) > limit:
             raise InvalidArgument(f"a batch holds at most {limit} messages, got "
                                   f"{len(batch.messages)}")
-        plain = broker.send_plain(topic, batch.messages, UNSET)
-        if plain is not None:  # the common case, with no object per message
-            return (summary_answer(len(plain.msg_ids), [], request) if minimal
-                    else scheduled_answer(plain, request))
+        columns = broker.send_columns(topic, batch.messages, UNSET)
+        if columns is not None:  # the common case, with no object per message
+            return (summary_answer(len(columns.msg_ids), [], request) if minimal
+                    else scheduled_answer(columns, request))
         requests = [to_send_request(m, topic, i) for i, m in enumerate(batch.messages)]
         results = broker.send_batch(requests)
         if minimal:
@@ -187,7 +187,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
 
 
 
-def message_info(info: model.MessageInfo) -> schemas.MessageInfo:
+def message_info(info: model.MessageLookup) -> schemas.MessageInfo:
     out = schemas.MessageInfo(msg_id=info.msg_id, topic=info.topic, status=info.status,
                               deliver_at=info.deliver_at)
     if info.offset is not None:

@@ -205,7 +205,7 @@ class StreamResponse(Response):
         try:
             return ParkedStream(
                 self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
-                encode=self._encode, read=self._broker.read_checked, transport=held.transport,
+                encode=self._encode, read=self._broker.read_prevalidated, transport=held.transport,
                 fd=held.fd, loop=loop, encoding=self._encoding)
         except OSError as exc:
             log.warning("stream of %s written by the event loop only: %s", self._topic, exc)

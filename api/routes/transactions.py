@@ -30,7 +30,7 @@ TransactionId = Annotated[str, Path(alias="transactionId", min_length=1, max_len
                                     description="From the prepare result.")]
 
 
-def transaction_result(result: model.TransactionResult) -> schemas.TransactionResult:
+def transaction_result(result: model.TransactionOutcome) -> schemas.TransactionResult:
     out = schemas.TransactionResult(transaction_id=result.transaction_id, msg_id=result.msg_id,
                                     topic=result.topic, status=result.status,
                                     duplicate=result.duplicate)
@@ -42,7 +42,7 @@ def transaction_result(result: model.TransactionResult) -> schemas.TransactionRe
     return out
 
 
-def transaction_check(check: model.TransactionCheck) -> schemas.TransactionCheck:
+def transaction_check(check: model.PendingCheck) -> schemas.TransactionCheck:
     return schemas.TransactionCheck(
         transaction_id=check.transaction_id, msg_id=check.msg_id, topic=check.topic,
         producer_group=check.producer_group, check_times=check.check_times,

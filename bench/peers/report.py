@@ -118,6 +118,18 @@ def _loads(w: dict) -> str:
     return " · ".join(parts)
 
 
+def _whole_cpu(w: dict) -> str:
+    """W3's CPU, both sides: the server's and the consumer side's (consumers and a peer's
+    mover, measured per thread or process), the cores over the run's wall time."""
+    whole, srv, cons = (_get(w, "w3", "whole_cpu_s"), _get(w, "w3", "server_cpu_s"),
+                        _get(w, "w3", "consumer_cpu_s"))
+    if whole is None or srv is None or cons is None:
+        return "—"
+    wall = _get(w, "w3", "wall_s")
+    cores = f" = {whole / wall:.2f} core" if wall else ""
+    return f"{whole:,.1f} s ({srv:,.1f} + {cons:,.1f}){cores}"
+
+
 def _metrics(sysres: dict) -> dict[str, float | None]:
     w = sysres.get("workloads") or {}
     return {
@@ -130,6 +142,7 @@ def _metrics(sysres: dict) -> dict[str, float | None]:
         "w3_p50": _get(w, "w3", "lateness_ms", "p50"),
         "w3_p99": _get(w, "w3", "lateness_ms", "p99"),
         "w3_max": _get(w, "w3", "lateness_ms", "max"),
+        "w3_whole_cpu": _get(w, "w3", "whole_cpu_s"),
         "mem": _get(w, "w1", "per_million_pending", "memory"),
         "disk": _get(w, "w1", "per_million_pending", "disk"),
     }
@@ -168,16 +181,17 @@ def write_markdown(results: dict, out: Path) -> Path:
         "",
         "| System | Delivery guarantee | Durability as configured | W1 ingest (msg/s) "
         "| W2 drain time | W2 drain rate (msg/s) | W2 lateness p50 / p99 / max "
-        "| W3 lateness p50 / p99 / max | W3 early | Memory / M pending | Disk / M pending "
+        "| W3 lateness p50 / p99 / max | W3 early "
+        "| W3 whole CPU: server + consumer side | Memory / M pending | Disk / M pending "
         "| Correctness |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for n in names:
         s = results["systems"][n]
         if s.get("skipped"):
             lines.append(f"| {_label(results, n)} | {s.get('guarantee', '')} | "
                          f"{s.get('durability', '')} | skipped: {_cell(s['skipped'])} "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         m = _metrics(s)
         w = s.get("workloads") or {}
@@ -187,7 +201,7 @@ def write_markdown(results: dict, out: Path) -> Path:
             f"| {_num(m['w1'])} | {_num(m['w2_drain_s'], 1) + ' s' if m['w2_drain_s'] else '—'} "
             f"| {_num(m['w2_rate'])} | {_pcts(_get(w, 'w2', 'lateness_ms'))} "
             f"| {_pcts(_get(w, 'w3', 'lateness_ms'))} "
-            f"| {'—' if early is None else early} "
+            f"| {'—' if early is None else early} | {_whole_cpu(w)} "
             f"| {_mib(m['mem'])} | {_mib(m['disk'])} | {_correct(s)} |")
 
     hg = results.get("systems", {}).get("hourglass")
@@ -199,11 +213,11 @@ def write_markdown(results: dict, out: Path) -> Path:
     else:
         lines += [
             "Each cell is *peer ÷ hourglass*. Throughput: above 1× the peer is faster. "
-            "Lateness, memory, disk: above 1× the peer is worse (higher).",
+            "Lateness, CPU, memory, disk: above 1× the peer is worse (higher).",
             "",
             "| System | W1 ingest | W2 drain rate | W2 p99 lateness | W3 p99 lateness "
-            "| Memory / M | Disk / M |",
-            "|---|--:|--:|--:|--:|--:|--:|",
+            "| W3 whole CPU | Memory / M | Disk / M |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for n in names:
             s = results["systems"][n]
@@ -213,7 +227,9 @@ def write_markdown(results: dict, out: Path) -> Path:
             lines.append(
                 f"| {_label(results, n)} | {_ratio(m['w1'], ref['w1'])} "
                 f"| {_ratio(m['w2_rate'], ref['w2_rate'])} | {_ratio(m['w2_p99'], ref['w2_p99'])} "
-                f"| {_ratio(m['w3_p99'], ref['w3_p99'])} | {_ratio(m['mem'], ref['mem'])} "
+                f"| {_ratio(m['w3_p99'], ref['w3_p99'])} "
+                f"| {_ratio(m['w3_whole_cpu'], ref['w3_whole_cpu'])} "
+                f"| {_ratio(m['mem'], ref['mem'])} "
                 f"| {_ratio(m['disk'], ref['disk'])} |")
 
     lines += ["", "## Details", "",

@@ -58,14 +58,21 @@ class Params:
 
 
 class CpuMeter:
-    """CPU seconds used during a phase by the servers, and by the client side: this harness
-    plus any consumer processes it spawned (BullMQ's workers)."""
+    """CPU seconds used during a phase by the servers, by the client side (this harness plus
+    any consumer processes it spawned: producers, consumers, bookkeeping), and by the
+    consumer side alone (the consumer threads and processes, and a peer's mover: what a
+    deployment runs beside the server to get messages out; ``System.consumer_cpu_s``).
+
+    ``whole_cpu_s`` = server + consumer side: the system's whole cost of delivering, both
+    sides counted (the producers' CPU is the workload's, the same for every system). Of the
+    consumer side, ``consumer_sink_cpu_s`` is the harness's bookkeeping called by each
+    consumer per batch it receives."""
 
     def __init__(self, system: System) -> None:
         self.system = system
-        self.server0, self.client0 = self._measure()
+        self.server0, self.client0, self.consumer0, self.sink0 = self._measure()
 
-    def _measure(self) -> tuple[float, float]:
+    def _measure(self) -> tuple[float, float, float, float]:
         servers = {p.pid: p for p in self.system.server_processes()}
         me = psutil.Process()
         try:
@@ -83,12 +90,17 @@ class CpuMeter:
                     pass
             return total
 
-        return cpu(list(servers.values())), cpu(clients)
+        consumer, sink = self.system.consumer_cpu_s()
+        return cpu(list(servers.values())), cpu(clients), consumer, sink
 
     def result(self) -> dict[str, float]:
-        server, client = self._measure()
-        return {"server_cpu_s": round(server - self.server0, 2),
-                "client_cpu_s": round(client - self.client0, 2)}
+        server, client, consumer, sink = self._measure()
+        server_s, consumer_s = server - self.server0, consumer - self.consumer0
+        return {"server_cpu_s": round(server_s, 2),
+                "client_cpu_s": round(client - self.client0, 2),
+                "consumer_cpu_s": round(consumer_s, 2),
+                "consumer_sink_cpu_s": round(sink - self.sink0, 2),
+                "whole_cpu_s": round(server_s + consumer_s, 2)}
 
 
 # ---------------------------------------------------------------- producing

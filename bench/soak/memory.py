@@ -112,7 +112,7 @@ def anon_mib(pid: int) -> float:
 
 
 class MemoryLog:
-    """The server's latest line of ``_log_memory`` (nothing when it does not write one)."""
+    """The server's latest line of ``log_memory`` (nothing when it does not write one)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset, self.latest = path, 0, None

@@ -24,7 +24,7 @@ import httpx
 import orjson
 
 from scheduler.checkback.registry import CallbackRegistration
-from scheduler.model import TransactionCheck
+from scheduler.model import PendingCheck
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ _ANSWERS = {
 }
 
 
-def check_payload(check: TransactionCheck) -> dict[str, Any]:
+def check_payload(check: PendingCheck) -> dict[str, Any]:
     """The JSON object POSTed for one check (camelCase, as the polling API returns it)."""
     payload: dict[str, Any] = {
         "transactionId": check.transaction_id, "msgId": check.msg_id, "topic": check.topic,
@@ -164,7 +164,7 @@ class CheckbackClient:
                 )
             return self._http_client
 
-    def ask(self, reg: CallbackRegistration, check: TransactionCheck, now_ms: int) -> CheckAnswer:
+    def ask(self, reg: CallbackRegistration, check: PendingCheck, now_ms: int) -> CheckAnswer:
         body = orjson.dumps(check_payload(check))
         headers = {"Content-Type": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
         if reg.secret is not None:

@@ -19,7 +19,7 @@ from typing import Protocol
 from scheduler.checkback.client import CheckAnswer, CheckbackClient
 from scheduler.checkback.registry import CallbackRegistration, CallbackRegistry
 from scheduler.clock import Clock
-from scheduler.model import TransactionCheck
+from scheduler.model import PendingCheck
 from storage.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ MAX_UNANSWERED_PER_ROUND = 1000  # unanswered checks claimed per dispatch round 
 class CheckSource(Protocol):
     """What the dispatcher needs from the transaction manager."""
 
-    def poll_checks(self, producer_group: str, max_checks: int) -> list[TransactionCheck]: ...
+    def poll_checks(self, producer_group: str, max_checks: int) -> list[PendingCheck]: ...
 
     def next_check_at(self, producer_group: str) -> int | None: ...
 
@@ -139,12 +139,12 @@ class CheckbackDispatcher:
         with self._cond:
             return self._max_in_flight - self._in_flight
 
-    def _submit(self, reg: CallbackRegistration, check: TransactionCheck) -> None:
+    def _submit(self, reg: CallbackRegistration, check: PendingCheck) -> None:
         with self._cond:
             self._in_flight += 1
         self._pool.submit(self._ask, reg, check)
 
-    def _ask(self, reg: CallbackRegistration, check: TransactionCheck) -> None:
+    def _ask(self, reg: CallbackRegistration, check: PendingCheck) -> None:
         try:
             answer = self._client.ask(reg, check, self._clock.now_ms())
             if self._on_answer is not None:

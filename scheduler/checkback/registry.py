@@ -36,8 +36,9 @@ def _registration_key(group: str) -> bytes:
 
 
 def _encode_registration(reg: CallbackRegistration) -> bytes:
-    return msgpack.packb((_FORMAT_VERSION, reg.url, reg.secret, reg.registered_at),
-                         use_bin_type=True)
+    out: bytes = msgpack.packb((_FORMAT_VERSION, reg.url, reg.secret, reg.registered_at),
+                               use_bin_type=True)
+    return out
 
 
 def _decode_registration(group: str, raw: bytes) -> CallbackRegistration:

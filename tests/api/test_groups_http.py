@@ -9,8 +9,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -323,21 +322,10 @@ MIB = 1 << 20
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+def start(live_factory: Callable[..., Live]) -> Callable[..., Live]:
     """Servers with ``engine`` settings overridden (each on a data directory of its own,
     unless ``data`` names one: a restart)."""
-    stack: list[Any] = []
-
-    def run(data: str | None = None, **engine: Any) -> Live:
-        settings = make_settings(tmp_path / (data or f"data{len(stack)}"))
-        settings = replace(settings, engine=replace(settings.engine, **engine))
-        cm = serve(settings, clock=FakeClock(T0))
-        stack.append(cm)
-        return cm.__enter__()
-
-    yield run
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
+    return lambda data=None, **engine: live_factory(data=data, engine=engine)
 
 
 def with_offset(receipt: str, offset: int) -> str:

@@ -1,12 +1,7 @@
-"""The HTTP layer's compiled wire encoders (api/_native.pyx) give exactly what their
-pure-Python twins give, and leave to them (None) whatever they do not recognise exactly;
-the keys they write are the schemas'."""
+"""The HTTP layer's compiled wire encoders (api/_native.pyx) keep the contract with their
+pure-Python twins (tests/support/twins.py); the keys they write are the schemas'."""
 
 from __future__ import annotations
-
-import os
-from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -18,38 +13,27 @@ from api.native import native
 from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
 from api.routes.groups import _receive_msgpack_native, receive_msgpack_py
 from api.wire_keys import NEXT_OFFSET, PULL_HEAD, key_table
-from scheduler.groups import AckResult, Received, ReceiveResult
-from storage.errors import CorruptionError, HourglassError
-from storage.native import PURE_PYTHON_ENV
+from scheduler.groups import AckCounts, LeasedBatch, LeasedMessage
+from storage.errors import CorruptionError
 from storage.records import (
     LogRecord,
     MessageStatus,
     decode_log_record,
     encode_log_record,
 )
+from tests.support import twins
 from tests.support.native_strategies import (
     fits_int64,
     log_records,
     mutations,
 )
+from tests.support.twins import holds, or_none, outcome
 
-REPO = Path(__file__).resolve().parents[2]
-needs_native = pytest.mark.skipif(native is None, reason="api/_native is not built")
-
-
-def test_the_extension_is_built() -> None:
-    """pip builds it (setup.py); without it hourglass runs, slower, on the twins."""
-    if os.environ.get(PURE_PYTHON_ENV):
-        pytest.skip(f"{PURE_PYTHON_ENV} is set: the pure-Python twins are in use")
-    assert native is not None, ("api/_native is not built: pip install -e . (needs a C "
-                                "compiler; Cython is fetched by the build)")
+needs_native = twins.needs_native("api")
 
 
 def python_delivered(payload: bytes, once: bool = False) -> bytes | None:
-    try:
-        return msgspec.msgpack.encode(delivered(decode_log_record(payload), once))
-    except HourglassError:
-        return None
+    return or_none(lambda: msgspec.msgpack.encode(delivered(decode_log_record(payload), once)))
 
 
 @needs_native
@@ -61,15 +45,13 @@ def test_delivered_msgpack(record: LogRecord, data: st.DataObject, once: bool) -
     payload = encode_log_record(record)
     payloads = [payload, data.draw(mutations(payload))]
     out, offsets = native.delivered_msgpack(payloads, once=once)
-    if len(record.properties) <= 16 and fits_int64(
-            record.queue_offset, record.born_at, record.deliver_at, record.stored_at,
-            record.flags):
-        assert out[0] == python_delivered(payload, once) is not None
+    takes = len(record.properties) <= 16 and fits_int64(
+        record.queue_offset, record.born_at, record.deliver_at, record.stored_at, record.flags)
+    holds(out[0], python_delivered(payload, once), takes=takes)
+    if takes:
         assert offsets[0] == record.queue_offset
-    else:
-        assert out[0] is None
-    if out[1] is not None:
-        assert out[1] == python_delivered(payloads[1], once)
+    if out[1] is not None:  # (only then is Python's answer asked for)
+        holds(out[1], python_delivered(payloads[1], once), takes=None)
 
 
 @needs_native
@@ -93,26 +75,16 @@ def test_pull_frame_in_one_buffer(records: list[LogRecord], data: st.DataObject,
     assert native is not None
     payloads = [encode_log_record(r) for r in records]
     frame = native.pull_frame(payloads, once)
-    if all(len(r.properties) <= 16 and fits_int64(r.queue_offset, r.born_at, r.deliver_at,
-                                                   r.stored_at, r.flags) for r in records) \
-            and records[-1].queue_offset < (1 << 63) - 1:
-        assert frame == pull_msgpack_py(payloads, 0, once)
-    else:
-        assert frame is None
+    takes = all(len(r.properties) <= 16 and fits_int64(r.queue_offset, r.born_at, r.deliver_at,
+                                                       r.stored_at, r.flags) for r in records) \
+        and records[-1].queue_offset < (1 << 63) - 1
+    holds(frame, pull_msgpack_py(payloads, 0, once) if takes else None, takes=takes)
     k = data.draw(st.integers(0, len(payloads) - 1))
     damaged = [*payloads[:k], data.draw(mutations(payloads[k])), *payloads[k + 1:]]
     frame = native.pull_frame(damaged, once)
-    if frame is not None:
-        assert frame == pull_msgpack_py(damaged, 0, once)
+    if frame is not None:  # (only then is Python's answer asked for: it may raise)
+        holds(frame, pull_msgpack_py(damaged, 0, once), takes=None)
     assert native.pull_frame([], once) is None
-
-
-def outcome(fn: Callable[..., bytes], *args: object) -> bytes | type[BaseException]:
-    """What ``fn`` returns, or the type of what it raises (a next offset past uint64)."""
-    try:
-        return fn(*args)
-    except (OverflowError, HourglassError) as exc:
-        return type(exc)
 
 
 @needs_native
@@ -140,11 +112,11 @@ def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease
                         acked: tuple[int, list[str]] | None, once: bool) -> None:
     """A receive's msgpack answer: messages shown as stored (their bytes transcoded in C)
     mixed with retries shown as their original (no bytes: encoded from the document)."""
-    result = ReceiveResult(lease_until=lease_until, messages=[
-        Received(receipt, count, times, encode_log_record(record)) if stored
-        else Received(receipt, count, times, shown=record)
+    result = LeasedBatch(lease_until=lease_until, messages=[
+        LeasedMessage(receipt, count, times, encode_log_record(record)) if stored
+        else LeasedMessage(receipt, count, times, shown=record)
         for record, stored, receipt, count, times in rows])
-    ack = None if acked is None else AckResult(acked=acked[0], stale=acked[1])
+    ack = None if acked is None else AckCounts(acked=acked[0], stale=acked[1])
     assert outcome(_receive_msgpack_native, result, ack, once) == outcome(
         receive_msgpack_py, result, ack, once)
 

@@ -2,7 +2,7 @@
 it, and answered with a ``BatchSummary`` (how many, which were duplicates) and the header
 ``Preference-Applied`` instead of a SendResult per message. Checked through two live servers
 on the same fake clock, one asked for the minimal answer and one not, fed the same batches:
-plain ones (the columns path), re-sends, duplicates within a batch, messages due now, both
+body-only ones (the columns path), re-sends, duplicates within a batch, messages due now, both
 encodings; and bad input answered 400 with nothing stored either way."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from starlette.requests import Request
 
 from api.bodies import prefers_minimal
-from tests.api.test_plain_send import dump_store
+from tests.api.test_columns_send import dump_store
 from tests.support.live import ADMIN, T0, Live, serve_twins
 
 TOPIC = "orders.minimal"
@@ -76,7 +76,7 @@ def test_a_minimal_answer_stores_the_same_and_names_the_duplicates(pair: Pair) -
     steps: list[tuple[str, list[dict[str, Any]]]] = [
         ("json", [{"body": "first", "delayMs": 1000}]),
         ("msgpack", [{"msgId": f"m{i}", "body": f"b{i}", "deliverAt": later + i}
-                     for i in range(300)]),  # plain: stored from columns
+                     for i in range(300)]),  # body-only: stored from columns
         ("json", [{"msgId": f"j{i}", "body": "x", "delayMs": 500 + i} for i in range(20)]),
         ("msgpack", [{"msgId": "m7", "body": "again", "deliverAt": later},  # a re-send
                      {"msgId": "new-1", "body": "new", "deliverAt": later},

@@ -4,26 +4,20 @@ bounded inputs and answers. Each test here failed on the code before the fix."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterator
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from api.auth import Role, TokenSpec
-from scheduler.clock import FakeClock
 from tests.support.live import (
     ADMIN,
     CONSUMER,
     PRODUCER,
     PRODUCER_ALL,
-    T0,
     TOKENS,
     Live,
-    make_settings,
-    serve,
 )
 
 BILLING = "producer-billing-0123456789"  # producer, topics billing.* only: another tenant
@@ -32,21 +26,9 @@ TENANT_TOKENS = (*TOKENS, TokenSpec(token=BILLING, role=Role.PRODUCER, topics=("
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+def start(live_factory: Callable[..., Live]) -> Callable[..., Live]:
     """Servers with one more tenant's token, and ``engine`` settings overridden."""
-    stack: list[Any] = []
-
-    def run(**engine: Any) -> Live:
-        settings = make_settings(tmp_path / f"data{len(stack)}")
-        settings = replace(settings, tokens=TENANT_TOKENS,
-                           engine=replace(settings.engine, **engine))
-        cm = serve(settings, clock=FakeClock(T0))
-        stack.append(cm)
-        return cm.__enter__()
-
-    yield run
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
+    return lambda **engine: live_factory(tokens=TENANT_TOKENS, engine=engine)
 
 
 def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import msgpack
 import pytest
 
 from api.push import ParkedStream, StreamPusher
+from bench.support.push_streams import Drained, park_streams
 from scheduler.codec import log_payload
 from tests.api.test_stream import STREAM, TOPIC, Frames, pulled, send, wait_until_no_polls
 from tests.support.live import ADMIN, CONSUMER, Live
@@ -117,18 +118,6 @@ def test_a_stream_whose_client_left_is_no_longer_lent(live: Live) -> None:
     assert pusher.totals()[:2] == (0, 0)
 
 
-class _Drained:
-    """A transport with nothing queued (the pusher then writes on the socket itself)."""
-
-    @staticmethod
-    def is_closing() -> bool:
-        return False
-
-    @staticmethod
-    def get_write_buffer_size() -> int:
-        return 0
-
-
 def test_what_landed_between_the_last_read_and_the_park_is_written_at_the_park() -> None:
     """The race no HTTP test can time: a commit lands after the loop's read found nothing
     and before the stream is parked; its listener call finds no stream to write. The park
@@ -142,7 +131,7 @@ def test_what_landed_between_the_last_read_and_the_park_is_written_at_the_park()
     stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
                           encode=lambda payloads, at: b"frame %d+%d" % (at, len(payloads)),
                           read=lambda _t, offset, n: landed[offset:offset + n],
-                          transport=_Drained(), fd=ours.fileno(), loop=loop)
+                          transport=Drained(), fd=ours.fileno(), loop=loop)
     try:
         landed.append(log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0))
         pusher.on_delivery([TOPIC])  # the commit's listener: nothing parked yet
@@ -181,31 +170,6 @@ def test_a_stream_whose_socket_cannot_be_duplicated_is_written_by_the_loop(
     assert pusher.totals()[:2] == (0, 0)
 
 
-def _parked_streams(pusher: StreamPusher, loop: asyncio.AbstractEventLoop, n: int,
-                    landed: list[bytes], encodes: list[tuple[int, bool]]) -> tuple[
-        list[ParkedStream], list[socket.socket], list[socket.socket]]:
-    """``n`` streams of TOPIC at offset 0 over socket pairs, parked (nothing landed yet)."""
-    committing = threading.current_thread()
-
-    def encode(payloads: list[bytes], at: int) -> bytes:
-        encodes.append((at, threading.current_thread() is not committing))
-        return b"frame %d+%d" % (at, len(payloads))
-
-    streams, ours, theirs = [], [], []
-    for _ in range(n):
-        a, b = socket.socketpair()
-        a.setblocking(False)
-        b.settimeout(10)
-        stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10, encode=encode,
-                              read=lambda _t, offset, k: landed[offset:offset + k],
-                              transport=_Drained(), fd=a.fileno(), loop=loop, encoding="same")
-        stream.park(0, loop.create_future())
-        streams.append(stream)
-        ours.append(a)
-        theirs.append(b)
-    return streams, ours, theirs
-
-
 @pytest.mark.parametrize(("n", "by_writer"), [(3, False), (20, True)])
 def test_a_commit_reads_and_encodes_once_for_all_streams_and_writes_a_bounded_number(
         n: int, by_writer: bool) -> None:
@@ -215,21 +179,26 @@ def test_a_commit_reads_and_encodes_once_for_all_streams_and_writes_a_bounded_nu
     pusher = StreamPusher()
     landed: list[bytes] = []
     encodes: list[tuple[int, bool]] = []
-    streams, ours, theirs = _parked_streams(pusher, loop, n, landed, encodes)
+    committing = threading.current_thread()
+
+    def encode(payloads: list[bytes], at: int) -> bytes:
+        encodes.append((at, threading.current_thread() is not committing))
+        return b"frame %d+%d" % (at, len(payloads))
+
+    parked = park_streams(pusher, loop, n, topic=TOPIC, encode=encode,
+                          read=lambda _t, offset, k: landed[offset:offset + k],
+                          max_messages=10, encoding="same", client_timeout=10)
     try:
         landed.append(log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0))
         pusher.on_delivery([TOPIC])
-        for sock in theirs:
+        for sock in parked.theirs:
             assert sock.recv(100) == b"9\r\nframe 0+1\r\n"
         assert encodes == [(0, by_writer)]  # once for all of them, by the writer or not
         assert (pusher.writer_passes == 1) is by_writer
-        assert all(s.offset == 1 for s in streams)
+        assert all(s.offset == 1 for s in parked.streams)
     finally:
         pusher.close()
-        for stream in streams:
-            stream.close()
-        for sock in ours + theirs:
-            sock.close()
+        parked.close()
         loop.close()
 
 
@@ -283,11 +252,11 @@ def test_a_failed_push_is_logged_counted_and_handed_back(
     ours.setblocking(False)
     streams = [ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
                             encode=lambda payloads, at: b"frame", read=refused,
-                            transport=_Drained(), fd=ours.fileno(), loop=loop)]
+                            transport=Drained(), fd=ours.fileno(), loop=loop)]
     theirs.close()  # the client left: writing on the socket fails (EPIPE)
     streams.append(ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=10,
                                 encode=lambda payloads, at: b"frame",
-                                read=lambda _t, o, n: landed[o:o + n], transport=_Drained(),
+                                read=lambda _t, o, n: landed[o:o + n], transport=Drained(),
                                 fd=ours.fileno(), loop=loop))
     try:
         with caplog.at_level("INFO", logger="hourglass.api"):

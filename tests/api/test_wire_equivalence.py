@@ -24,9 +24,9 @@ def test_the_engine_result_encodes_as_the_schema(msg_id: str, topic: str, delive
                                                  cancel: tuple[str, str] | None) -> None:
     fields = {"msg_id": msg_id, "topic": topic, "deliver_at": deliver_at, "status": status,
               "cancel_handle": handle, "duplicate": duplicate}
-    engine, wire = model.SendResult(**fields), schemas.SendResult(**fields)
+    engine, wire = model.SendOutcome(**fields), schemas.SendResult(**fields)
     if cancel is not None:  # a cancel marker's result
-        engine = model.SendResult(**fields, cancel=model.CancelOutcome(
+        engine = model.SendOutcome(**fields, cancel=model.CancelMarkerEffect(
             msg_id=cancel[0], status=cancel[1]))
         wire = schemas.SendResult(**fields, cancel=schemas.CancelOutcome(
             msg_id=cancel[0], status=cancel[1]))
@@ -36,5 +36,5 @@ def test_the_engine_result_encodes_as_the_schema(msg_id: str, topic: str, delive
 
 
 def test_the_two_declare_the_same_fields() -> None:
-    assert model.SendResult.__struct_fields__ == schemas.SendResult.__struct_fields__
-    assert model.SendResult.__struct_encode_fields__ == schemas.SendResult.__struct_encode_fields__
+    assert model.SendOutcome.__struct_fields__ == schemas.SendResult.__struct_fields__
+    assert model.SendOutcome.__struct_encode_fields__ == schemas.SendResult.__struct_encode_fields__

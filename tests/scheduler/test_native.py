@@ -1,13 +1,13 @@
-"""The scheduler's compiled hot paths (scheduler/_native.pyx: the codec and intake loops) give
-exactly what their pure-Python twins give, and leave to them (None) whatever they do not
-recognise exactly; the rules it keeps its own copy of equal their Python definitions."""
+"""The scheduler's compiled hot paths (scheduler/_native.pyx: the codec and intake loops) keep
+the contract with their pure-Python twins (tests/support/twins.py); the rules C keeps its own
+copy of equal their Python definitions."""
 
 from __future__ import annotations
 
-import os
 import re
 import struct
-from pathlib import Path
+from collections import Counter
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 
 import pytest
@@ -31,11 +31,11 @@ from scheduler.timing import resolve_timing
 from storage.constants import MSG_ID_PATTERN
 from storage.errors import CorruptionError, HourglassError
 from storage.keys import encode_timer_key
-from storage.native import PURE_PYTHON_ENV
 from storage.records import (
     MessageRecord,
     encode_message,
 )
+from tests.support import twins
 from tests.support.native_strategies import (
     fits_int64,
     ids,
@@ -45,24 +45,13 @@ from tests.support.native_strategies import (
     props,
     texts,
 )
+from tests.support.twins import both, holds, or_none
 
-REPO = Path(__file__).resolve().parents[2]
-needs_native = pytest.mark.skipif(native is None, reason="scheduler/_native is not built")
-
-
-def test_the_extension_is_built() -> None:
-    """pip builds it (setup.py); without it hourglass runs, slower, on the twins."""
-    if os.environ.get(PURE_PYTHON_ENV):
-        pytest.skip(f"{PURE_PYTHON_ENV} is set: the pure-Python twins are in use")
-    assert native is not None, ("scheduler/_native is not built: pip install -e . (needs a C "
-                                "compiler; Cython is fetched by the build)")
+needs_native = twins.needs_native("scheduler")
 
 
 def python_payload(value: bytes, at: int) -> bytes | None:
-    try:
-        return log_payload_from_value(value, "topic", "id", 7, at, at + 1)
-    except HourglassError:
-        return None
+    return or_none(log_payload_from_value, value, "topic", "id", 7, at, at + 1)
 
 
 @needs_native
@@ -75,13 +64,12 @@ def test_log_payloads(record: MessageRecord, at: int, data: st.DataObject) -> No
     value = encode_message(record)
     values = [value, data.draw(mutations(value)), data.draw(mutations(value))]
     out = native.log_payloads(values, ["topic"] * 3, ["id"] * 3, [7] * 3, [at] * 3, at + 1)
-    if record.properties or not fits_int64(record.born_at, record.deliver_at, record.flags):
-        assert out[0] is None  # left to Python: properties to filter, a uint64 past int64
-    else:
-        assert out[0] == python_payload(value, at) is not None
+    # left to Python: properties to filter, a uint64 past int64
+    holds(out[0], python_payload(value, at), takes=not record.properties and fits_int64(
+        record.born_at, record.deliver_at, record.flags))
     for value, payload in zip(values, out, strict=True):
-        if payload is not None:
-            assert payload == python_payload(value, at)
+        if payload is not None:  # (only then is Python's answer asked for)
+            holds(payload, python_payload(value, at), takes=None)
 
 
 @needs_native
@@ -127,10 +115,7 @@ def test_delivered_index_values(rows: list[tuple[int, int, int]], now: int) -> N
     ats, offsets, positions = ([r[i] for r in rows] for i in range(3))
     got = native.delivered_index_values(ats, now, offsets, positions)
     expected = delivered_index_values_py(ats, now, offsets, positions, [None] * len(rows))
-    if fits_int64(*ats, *offsets, *positions):
-        assert got == expected
-    else:
-        assert got is None
+    holds(got, expected, takes=fits_int64(*ats, *offsets, *positions))
 
 
 @needs_native
@@ -138,19 +123,26 @@ def test_delivered_index_values(rows: list[tuple[int, int, int]], now: int) -> N
 @given(keys=st.lists(st.binary(max_size=200), max_size=20))
 def test_cancel_handles(keys: list[bytes]) -> None:
     assert native is not None
-    assert native.cancel_handles(keys) == cancel_handles_py(keys)
+    holds(native.cancel_handles(keys), cancel_handles_py(keys), takes=True)
 
 
-@needs_native
+def per_second_c(ats: list[int]) -> Mapping[int, int]:
+    assert native is not None
+    counts: Mapping[int, int] = native.per_second(ats, 1000)
+    return counts
+
+
+@pytest.mark.parametrize("per_second", both("scheduler", per_second_c, _per_second_py))
 @settings(max_examples=200)
 @given(ats=st.lists(st.integers(-(1 << 40), 1 << 62), max_size=60)
        | st.lists(st.sampled_from([0, 999, 1000, 1001, -1, -1000, -1001, 5_000_000]),
                   max_size=60))
-def test_per_second(ats: list[int]) -> None:
+def test_per_second(per_second: Callable[[list[int]], Mapping[int, int]],
+                    ats: list[int]) -> None:
     """Counts per second (floor division, also below zero), runs or spread."""
-    assert native is not None
-    assert native.per_second(ats, 1000) == dict(_per_second_py(ats))
-    assert native.per_second(sorted(ats), 1000) == dict(_per_second_py(sorted(ats)))
+    expected = Counter(at // 1000 for at in ats)
+    assert dict(per_second(ats)) == expected
+    assert dict(per_second(sorted(ats))) == expected
 
 
 prepared = st.builds(
@@ -183,17 +175,17 @@ suffixes = st.one_of(
 )
 
 
-@needs_native
+@pytest.mark.parametrize("receipt_offsets",
+                         both("scheduler", "receipt_offsets", receipt_offsets_py))
 @settings(max_examples=300)
 @given(prefix=st.from_regex(r"\A1[01][0-9a-f]{1,16}\.[0-9a-f]{12}\.\Z"),
        rows=st.lists(st.tuples(st.booleans(), suffixes), min_size=1, max_size=12))
-def test_receipt_offsets(prefix: str, rows: list[tuple[bool, str]]) -> None:
+def test_receipt_offsets(receipt_offsets: Callable[[list[str], str], list[int] | None],
+                         prefix: str, rows: list[tuple[bool, str]]) -> None:
     """A lease's receipts (``prefix`` + offset in hex), or some of another lease, or with an
-    offset written otherwise: C and Python agree on the offsets, or on None."""
-    assert native is not None
+    offset written otherwise: each twin reads the offsets, or answers None."""
     receipts = [(prefix if own else "10ab.000000000000.") + suffix for own, suffix in rows]
-    got = native.receipt_offsets(receipts, prefix)
-    assert got == receipt_offsets_py(receipts, prefix)
+    got = receipt_offsets(receipts, prefix)
     if all(own and re.fullmatch(r"0|[1-9a-f][0-9a-f]{0,15}", s) for own, s in rows):
         assert got == [int(s, 16) for _, s in rows]
     else:
@@ -203,7 +195,7 @@ def test_receipt_offsets(prefix: str, rows: list[tuple[bool, str]]) -> None:
 # --- the rules C keeps its own copy of, held equal to their one definition in Python --------
 @needs_native
 def test_the_msg_id_rule_is_msg_id_pattern() -> None:
-    """plain_requests and plain_msgpack check a msgId in C (``_msg_id_ok``); it accepts
+    """request_columns and msgpack_columns check a msgId in C (``_msg_id_ok``); it accepts
     exactly what storage.constants.MSG_ID_PATTERN matches: every character alone, at the
     edges of the allowed lengths, and in longer ids."""
     assert native is not None
@@ -232,7 +224,7 @@ DELAY_SAMPLES = [None, -1, 0, 1, 999, MAX_DELAY - 1, MAX_DELAY, MAX_DELAY + 1,
 
 def python_due_later(at: object, delay: object) -> int:
     """What the general path (scheduler.timing.resolve_timing) makes of a deliverAt and a
-    delayMs: the deliverAt of a message the plain path may take (one of the two given, due
+    delayMs: the deliverAt of a message the columns path may take (one of the two given, due
     later), else -1."""
     if (at is None) == (delay is None):  # neither (due now) or both (refused)
         return -1
@@ -248,13 +240,13 @@ def c_due_later(at: object, delay: object) -> int:
     assert native is not None
     try:
         return int(native.due_later(at, delay, None, NOW, MAX_DELAY))
-    except OverflowError:  # past int64: the plain paths catch it and leave the message
+    except OverflowError:  # past int64: the columns paths catch it and leave the message
         return -1
 
 
 @needs_native
 def test_the_timing_rule_is_resolve_timing() -> None:
-    """A plain message's deliverAt, computed in C (``_due_later``), is the general path's
+    """A body-only message's deliverAt, computed in C (``_due_later``), is the general path's
     (resolve_timing), and C takes no message that path would refuse or deliver at once."""
     wrong = [(at, delay, c_due_later(at, delay), python_due_later(at, delay))
              for at in AT_SAMPLES for delay in DELAY_SAMPLES

@@ -13,7 +13,7 @@ from scheduler.timeline import (
     MAX_SPAN_MS,
     WIDTHS_MS,
     Loader,
-    Timeline,
+    TimelineCounts,
     pick_width,
 )
 from storage.keys import pack_u64
@@ -53,7 +53,7 @@ def test_counts_equal_a_brute_force_count(
 
 def check_against_brute_force(batches: list[list[tuple[str, int]]], removals: list[int],
                               windows: list[tuple[int, int, int]]) -> None:
-    timeline = Timeline()
+    timeline = TimelineCounts()
     pending: list[tuple[str, int]] = []
     for batch in batches:
         topics = [t for t, _ in batch]
@@ -81,7 +81,7 @@ def check_against_brute_force(batches: list[list[tuple[str, int]]], removals: li
 
 
 def test_messages_of_one_second_count_together_in_one_batch() -> None:
-    timeline = Timeline()
+    timeline = TimelineCounts()
     timeline.add(["a", "a", "a"], [T0 + 90_000, T0 + 90_500, T0 + 91_000])  # one topic
     timeline.add(["b", "a"], [T0 + 90_999, T0 + 200_000])  # several
     view = timeline.query(T0 + 90_000, T0 + 92_000, 2, "a")
@@ -101,7 +101,7 @@ def test_widths_are_the_narrowest_that_fit() -> None:
 
 def test_a_load_replaces_everything() -> None:
     """The start-up scan's bulk load (Loader), over two chunks, replaces what was kept."""
-    timeline = Timeline()
+    timeline = TimelineCounts()
     timeline.add(["a", "b"], [T0, T0 + 5_000])
     loader = Loader()
     loader.prefixes[b"c"] += [pack_u64(T0 + i) for i in range(4)]

@@ -1,7 +1,7 @@
 """Storage's compiled hot paths (storage/_native.pyx: CRC32C, CommitLog framing and record
-reads, a LogRecord's head, sorted puts) give exactly what their pure-Python twins give, and
-leave to them (None) whatever they do not recognise exactly; a whole engine writes and
-answers the same with every layer's extension and with none."""
+reads, a LogRecord's head, sorted puts) keep the contract with their pure-Python twins
+(tests/support/twins.py); a whole engine writes and answers the same with every layer's
+extension and with none."""
 
 from __future__ import annotations
 
@@ -29,22 +29,16 @@ from storage.records import (
     log_record_offsets,
     log_record_offsets_py,
 )
+from tests.support import twins
 from tests.support.native_strategies import (
     fits_int64,
     log_records,
     mutations,
 )
+from tests.support.twins import both, holds, or_none
 
 REPO = Path(__file__).resolve().parents[2]
-needs_native = pytest.mark.skipif(native is None, reason="storage/_native is not built")
-
-
-def test_the_extension_is_built() -> None:
-    """pip builds it (setup.py); without it hourglass runs, slower, on the twins."""
-    if os.environ.get(PURE_PYTHON_ENV):
-        pytest.skip(f"{PURE_PYTHON_ENV} is set: the pure-Python twins are in use")
-    assert native is not None, ("storage/_native is not built: pip install -e . (needs a C "
-                                "compiler; Cython is fetched by the build)")
+needs_native = twins.needs_native("storage")
 
 
 @needs_native
@@ -79,46 +73,41 @@ def test_crc32c_uses_the_cpu_where_it_can() -> None:
 def test_frame(payloads: list[bytes], start: int) -> None:
     assert native is not None
     lengths = [len(p) for p in payloads]
-    assert native.frame(payloads, lengths, start, RECORD_MAGIC, CRC_SEED) == frame_py(
-        payloads, lengths, start)
+    holds(native.frame(payloads, lengths, start, RECORD_MAGIC, CRC_SEED),
+          frame_py(payloads, lengths, start), takes=True)
 
 
-@needs_native
+def recorder() -> tuple[list[tuple[bytes, bytes, int]], Callable[..., None]]:
+    calls: list[tuple[bytes, bytes, int]] = []
+    return calls, lambda k, v, h: calls.append((k, v, h))
+
+
+@pytest.mark.parametrize("put_sorted", both("storage", "put_sorted", put_sorted_py))
 @settings(max_examples=300)
 @given(keys=st.lists(st.binary(max_size=6), max_size=40), handle=st.integers())
-def test_put_sorted(keys: list[bytes], handle: int) -> None:
-    """The same puts in the same order: bytes order, a prefix before what extends it, equal
-    keys (which the engine never has) in list order; nothing put for bad input."""
-    assert native is not None
+def test_put_sorted(put_sorted: Callable[..., bytes | None], keys: list[bytes],
+                    handle: int) -> None:
+    """Each twin puts in bytes order, a prefix before what extends it, equal keys (which the
+    engine never has) in list order, and returns the first key put; nothing put for bad
+    input."""
     values = [b"v%d" % i for i in range(len(keys))]
-
-    def recorder() -> tuple[list[tuple[bytes, bytes, int]], Callable[..., None]]:
-        calls: list[tuple[bytes, bytes, int]] = []
-        return calls, lambda k, v, h: calls.append((k, v, h))
-
-    (py, put_py), (c, put_c) = recorder(), recorder()
-    first_py = put_sorted_py(put_py, keys, values, handle)
-    first_c = native.put_sorted(put_c, keys, values, handle)
-    assert first_c == first_py == (min(keys) if keys else None)
-    assert c == py == sorted(zip(keys, values, [handle] * len(keys), strict=True),
-                             key=lambda t: t[0])
-    for put_sorted in (put_sorted_py, native.put_sorted):
-        calls, put = recorder()
-        with pytest.raises(ValueError):
-            put_sorted(put, keys, [*values, b"one too many"], handle)
-        assert calls == []
+    calls, put = recorder()
+    assert put_sorted(put, keys, values, handle) == (min(keys) if keys else None)
+    assert calls == sorted(zip(keys, values, [handle] * len(keys), strict=True),
+                           key=lambda t: t[0])
+    calls, put = recorder()
+    with pytest.raises(ValueError):
+        put_sorted(put, keys, [*values, b"one too many"], handle)
+    assert calls == []
     if keys:
         calls, put = recorder()
         with pytest.raises(TypeError):
-            native.put_sorted(put, [*keys, "not bytes"], [*values, b"v"], handle)
+            put_sorted(put, [*keys, "not bytes"], [*values, b"v"], handle)
         assert calls == []
 
 
 def python_offsets(payloads: list[bytes]) -> list[int] | None:
-    try:
-        return log_record_offsets_py(payloads)
-    except HourglassError:
-        return None
+    return or_none(log_record_offsets_py, payloads)
 
 
 @needs_native
@@ -131,16 +120,16 @@ def test_record_offsets(records: list[LogRecord], data: st.DataObject) -> None:
     assert native is not None
     payloads = [encode_log_record(r) for r in records]
     offsets = native.record_offsets(payloads)
-    if all(len(r.properties) <= 16 and fits_int64(r.queue_offset, r.born_at, r.deliver_at,
-                                                   r.stored_at, r.flags) for r in records):
-        assert offsets == [r.queue_offset for r in records] == python_offsets(payloads)
-    else:
-        assert offsets is None
+    takes = all(len(r.properties) <= 16 and fits_int64(r.queue_offset, r.born_at, r.deliver_at,
+                                                       r.stored_at, r.flags) for r in records)
+    holds(offsets, python_offsets(payloads), takes=takes)
+    if takes:
+        assert offsets == [r.queue_offset for r in records]
     k = data.draw(st.integers(0, len(payloads) - 1))
     damaged = [*payloads[:k], data.draw(mutations(payloads[k])), *payloads[k + 1:]]
     offsets = native.record_offsets(damaged)
     if offsets is not None:
-        assert offsets == python_offsets(damaged)
+        holds(offsets, python_offsets(damaged), takes=None)
     elif python_offsets(damaged) is None:
         with pytest.raises(HourglassError):
             log_record_offsets(damaged)

@@ -67,7 +67,7 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     settings = load_settings(cli={"data_dir": str(data_dir)})
     settings = replace(settings, engine=replace(settings.engine,
                                                 segment_size=TEST_SEGMENT_SIZE))
-    return replace(settings, tokens=TOKENS, **overrides)
+    return replace(settings, **{"tokens": TOKENS, **overrides})
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.broker import Broker
-from scheduler.model import SendRequest, TransactionResult
+from scheduler.model import SendRequest, TransactionOutcome
 from tests.support.engine import Harness
 
 
@@ -19,7 +19,7 @@ def broker(harness: Harness) -> Broker:
 def prepare(broker: Broker, msg_id: str, *, topic: str = "orders", group: str = "pg",
             immunity: str | int | None = None, body: bytes | None = None,
             deliver_at: int | None = None, delay_ms: int | None = None,
-            delay_level: int | None = None) -> TransactionResult:
+            delay_level: int | None = None) -> TransactionOutcome:
     return broker.transactions.prepare(
         SendRequest(topic=topic, body=body if body is not None else msg_id.encode(),
                     msg_id=msg_id, deliver_at=deliver_at, delay_ms=delay_ms,

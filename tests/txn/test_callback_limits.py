@@ -20,7 +20,7 @@ import pytest
 from scheduler.checkback.client import CheckAnswer, CheckbackClient
 from scheduler.checkback.registry import CallbackRegistration
 from scheduler.clock import FakeClock
-from scheduler.model import TransactionCheck
+from scheduler.model import PendingCheck
 from tests.support.live import ADMIN, T0, make_settings, serve
 
 COMMIT = b'{"status": "COMMIT"}'
@@ -121,8 +121,8 @@ def hostile_endpoint(kind: str) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def _check() -> TransactionCheck:
-    return TransactionCheck(transaction_id="01ARZ3NDEKTSV4RRFFQ69G5FAV", msg_id="m",
+def _check() -> PendingCheck:
+    return PendingCheck(transaction_id="01ARZ3NDEKTSV4RRFFQ69G5FAV", msg_id="m",
                             topic="orders", producer_group="pg", check_times=1, prepared_at=1,
                             body=b"x", tags=None, keys=(), properties={})
 

@@ -22,7 +22,7 @@ from scheduler.checkback.client import (
 from scheduler.checkback.policy import host_allowed, validate_callback_url
 from scheduler.checkback.registry import CallbackRegistration, CallbackRegistry
 from scheduler.clock import FakeClock
-from scheduler.model import TransactionCheck
+from scheduler.model import PendingCheck
 from storage.errors import InvalidArgument, NotFound
 from storage.rocks import RocksStore
 from tests.txn.callback_server import Producer, producer_endpoint
@@ -109,8 +109,8 @@ def test_parse_answer(status: int, text: str, answer: CheckAnswer) -> None:
     assert parse_answer(_response(status, text)) is answer
 
 
-def _check(tx_id: str = "TX1", body: bytes = b"hello") -> TransactionCheck:
-    return TransactionCheck(transaction_id=tx_id, msg_id="m1", topic="orders",
+def _check(tx_id: str = "TX1", body: bytes = b"hello") -> PendingCheck:
+    return PendingCheck(transaction_id=tx_id, msg_id="m1", topic="orders",
                             producer_group="pg", check_times=1, prepared_at=1000, body=body,
                             tags="TagA", keys=("k1",), properties={"a": "b"})
 

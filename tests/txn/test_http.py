@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from scheduler.clock import FakeClock
 from scheduler.tx_records import new_transaction_id
-from tests.support.live import ADMIN, CONSUMER, PRODUCER, T0, Live, make_settings, serve
+from tests.support.live import ADMIN, CONSUMER, PRODUCER, T0, Live
 
 from .callback_server import Producer, producer_endpoint
 
@@ -21,20 +18,9 @@ CHECKS = "/v1/producer-groups/pg/transaction-checks"
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., Live]]:
+def start(live_factory: Callable[..., Live]) -> Callable[..., Live]:
     """Start a server whose engine takes ``engine`` overrides (e.g. the callback allow-list)."""
-    stack: list[Any] = []
-
-    def run(**engine: Any) -> Live:
-        settings = make_settings(tmp_path / f"data{len(stack)}")
-        settings = replace(settings, engine=replace(settings.engine, **engine))
-        cm = serve(settings, clock=FakeClock(T0))
-        stack.append(cm)
-        return cm.__enter__()
-
-    yield run
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
+    return lambda **engine: live_factory(engine=engine)
 
 
 def _problem(response: httpx.Response, status: int, code: str) -> None:

@@ -164,10 +164,10 @@ def test_a_resent_prepare_answers_the_first_transaction(broker: Broker) -> None:
     assert again.duplicate and again.transaction_id == first.transaction_id
     with pytest.raises(Conflict):  # another producer group cannot take the msgId
         prepare(broker, "dup", group="other")
-    with pytest.raises(Conflict):  # nor can a plain send
+    with pytest.raises(Conflict):  # nor can a non-transactional send
         broker.send(SendRequest(topic="orders", body=b"x", msg_id="dup"))
     broker.send(SendRequest(topic="orders", body=b"x", msg_id="plain", delay_ms=10))
-    with pytest.raises(Conflict):  # nor can a prepare take a plain message's msgId
+    with pytest.raises(Conflict):  # nor can a prepare take a non-transactional message's msgId
         prepare(broker, "plain")
     assert broker.metrics.tx_prepared.value == 1
 

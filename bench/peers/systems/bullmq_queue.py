@@ -139,9 +139,8 @@ class BullMQSystem(System):
             if not ev.wait(60):
                 raise RuntimeError(f"bullmq worker process {k} did not start")
         self._drain_stop = threading.Event()
-        self._drainer = threading.Thread(target=self._drain, args=(sink,), daemon=True,
-                                         name="bullmq-drain")
-        self._drainer.start()
+        self._drainer = self.spawn_consumer_thread(
+            self._drain, (self.consumer_cpu.timed_sink(sink),), "bullmq-drain")
 
     def _drain(self, sink: Sink) -> None:
         q = self._mp_queue
@@ -175,6 +174,16 @@ class BullMQSystem(System):
 
     def server_processes(self) -> list[psutil.Process]:
         return self.server.proc.tree() if self.server.proc else []
+
+    def consumer_processes(self) -> list[psutil.Process]:
+        procs = []
+        for pr in getattr(self, "_procs", []):
+            try:
+                if pr.pid is not None:
+                    procs.append(psutil.Process(pr.pid))
+            except psutil.Error:
+                pass
+        return procs
 
     # --- inspection ------------------------------------------------------------------------
     def pending_count(self) -> int | None:

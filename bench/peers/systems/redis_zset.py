@@ -94,8 +94,7 @@ class RedisZSetSystem(System):
     # --- consuming -------------------------------------------------------------------------
     def start_consumers(self, sink: Sink) -> None:
         super().start_consumers(sink)
-        self._mover = threading.Thread(target=self._move_loop, name="redis-mover", daemon=True)
-        self._mover.start()
+        self._mover = self.spawn_consumer_thread(self._move_loop, (), "redis-mover")
 
     def stop_consumers(self) -> None:
         super().stop_consumers()

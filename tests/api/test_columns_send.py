@@ -1,9 +1,9 @@
-"""The send path's common case, a batch of plain messages (bodies due later, nothing else),
-is stored from columns built in C (``Intake.plain``, ``WritePaths.submit_plain``) and answered
+"""The send path's common case, a batch of body-only messages (bodies due later, nothing else),
+is stored from columns built in C (``Intake.columns``, ``WritePaths.submit_columns``) and answered
 from them (``api._native.scheduled_answer``). It must store, count and answer exactly what
 the general path (``Intake.prepare``, ``WritePaths.submit``) does, and leave every other batch
 to it: checked column by column, answer by answer, and through two live servers, one with the
-plain path and one without, fed the same requests on the same fake clock."""
+columns path and one without, fed the same requests on the same fake clock."""
 
 from __future__ import annotations
 
@@ -41,14 +41,14 @@ needs_native = pytest.mark.skipif(native is None or api_native is None,
 NOW = 1_800_000_000_000
 MAX_DELAY = 40 * 86_400_000
 MAX_BODY = 512
-TOPIC = "plain.orders"
+TOPIC = "columns.orders"
 
 msg_ids = st.from_regex(r"\A[A-Za-z0-9_.:-]{1,40}\Z")
 bodies = st.one_of(st.text(max_size=40).map(lambda t: {"body": t}),
                    st.binary(max_size=40).map(lambda b: {"body_base64": b}))
 timings = st.one_of(st.integers(NOW + 1, NOW + MAX_DELAY).map(lambda at: {"deliver_at": at}),
                     st.integers(1, MAX_DELAY).map(lambda d: {"delay_ms": d}))
-plain_messages = st.builds(lambda body, timing, msg_id: MessageIn(
+body_only_messages = st.builds(lambda body, timing, msg_id: MessageIn(
     **body, **timing, **({} if msg_id is None else {"msg_id": msg_id})),
     bodies, timings, st.none() | msg_ids)
 
@@ -65,28 +65,28 @@ def request_of(m: MessageIn) -> SendRequest:
 
 @needs_native
 @settings(max_examples=150, deadline=None)
-@given(st.lists(plain_messages, min_size=1, max_size=30))
+@given(st.lists(body_only_messages, min_size=1, max_size=30))
 def test_plain_columns_are_what_prepare_makes(messages: list[MessageIn]) -> None:
     intake = new_intake()
     intake.prepare(request_of(messages[0]), NOW)  # the topic is known once sent to
     intake._ids._counter = itertools.count(7)  # the same generated ids on both paths
-    plain = intake.plain(TOPIC, messages, NOW, UNSET)
-    assert plain is not None
+    columns = intake.columns(TOPIC, messages, NOW, UNSET)
+    assert columns is not None
     intake._ids._counter = itertools.count(7)
     prepared = [intake.prepare(request_of(m), NOW) for m in messages]
     stored = scheduled_values(prepared, NOW)
-    assert plain.topic == TOPIC and plain.shard == prepared[0].shard
-    assert plain.msg_ids == [p.msg_id for p in prepared]
-    assert plain.deliver_ats == [p.deliver_at for p in prepared]
-    assert plain.timer_keys == [p.timer_key for p in prepared]
-    assert plain.index_keys == [p.index_key for p in prepared]
-    assert [(v, e) for v, e in zip(plain.values, plain.entries, strict=True)] == stored
-    assert plain.given == [p.index_key for p in prepared if not p.generated_id]
+    assert columns.topic == TOPIC and columns.shard == prepared[0].shard
+    assert columns.msg_ids == [p.msg_id for p in prepared]
+    assert columns.deliver_ats == [p.deliver_at for p in prepared]
+    assert columns.timer_keys == [p.timer_key for p in prepared]
+    assert columns.index_keys == [p.index_key for p in prepared]
+    assert [(v, e) for v, e in zip(columns.values, columns.entries, strict=True)] == stored
+    assert columns.given == [p.index_key for p in prepared if not p.generated_id]
 
 
 @needs_native
 @settings(max_examples=150, deadline=None)
-@given(st.lists(plain_messages, min_size=1, max_size=30), st.booleans())
+@given(st.lists(body_only_messages, min_size=1, max_size=30), st.booleans())
 def test_plain_columns_from_msgpack_bytes_are_the_same(messages: list[MessageIn],
                                                        by_msgspec: bool) -> None:
     """Read straight from a msgpack body (as msgspec or msgpack-python writes it), the same
@@ -97,11 +97,11 @@ def test_plain_columns_from_msgpack_bytes_are_the_same(messages: list[MessageIn]
     raw = msgspec.msgpack.encode(doc) if by_msgspec else msgpack.packb(
         msgspec.to_builtins(doc, builtin_types=(bytes,)))
     intake._ids._counter = itertools.count(7)
-    from_bytes = intake.plain(TOPIC, raw, NOW, max_count=1000)
+    from_bytes = intake.columns(TOPIC, raw, NOW, max_count=1000)
     intake._ids._counter = itertools.count(7)
     assert from_bytes is not None
-    assert from_bytes == intake.plain(TOPIC, messages, NOW, UNSET)
-    assert intake.plain(TOPIC, raw, NOW, max_count=len(messages) - 1) is None  # too many
+    assert from_bytes == intake.columns(TOPIC, messages, NOW, UNSET)
+    assert intake.columns(TOPIC, raw, NOW, max_count=len(messages) - 1) is None  # too many
 
 
 def raw_batch(*messages: bytes, head: bytes = b"\x81\xa8messages") -> bytes:
@@ -140,8 +140,8 @@ NOT_PLAIN_BYTES: list[tuple[str, bytes]] = [
 def test_msgpack_bytes_that_are_not_plain_are_left_to_the_decoder(raw: bytes) -> None:
     intake = new_intake()
     intake.prepare(request_of(MessageIn(body="fine", delay_ms=10)), NOW)
-    assert intake.plain(TOPIC, raw_batch(GOOD, GOOD), NOW, max_count=1000) is not None
-    assert intake.plain(TOPIC, raw, NOW, max_count=1000) is None
+    assert intake.columns(TOPIC, raw_batch(GOOD, GOOD), NOW, max_count=1000) is not None
+    assert intake.columns(TOPIC, raw, NOW, max_count=1000) is None
 
 
 NOT_PLAIN: list[tuple[str, dict[str, Any]]] = [
@@ -171,9 +171,9 @@ def test_anything_else_is_left_to_the_general_path(fields: dict[str, Any]) -> No
     intake = new_intake()
     ok = MessageIn(body="fine", delay_ms=10)
     intake.prepare(request_of(ok), NOW)
-    assert intake.plain(TOPIC, [ok], NOW, UNSET) is not None
-    assert intake.plain(TOPIC, [ok, MessageIn(**fields), ok], NOW, UNSET) is None
-    assert intake.plain("never.sent.to", [ok], NOW, UNSET) is None  # the topic: checked once
+    assert intake.columns(TOPIC, [ok], NOW, UNSET) is not None
+    assert intake.columns(TOPIC, [ok, MessageIn(**fields), ok], NOW, UNSET) is None
+    assert intake.columns("never.sent.to", [ok], NOW, UNSET) is None  # the topic: checked once
 
 
 @needs_native
@@ -185,7 +185,7 @@ def test_the_answer_is_what_respond_writes(rows: list[tuple[str, int, bytes]],
                                            topic: str) -> None:
     ids, ats, keys = ([r[i] for r in rows] for i in range(3))
     results = {"results": [
-        model.SendResult(msg_id=i, topic=topic, deliver_at=at, status=MessageStatus.SCHEDULED,
+        model.SendOutcome(msg_id=i, topic=topic, deliver_at=at, status=MessageStatus.SCHEDULED,
                          cancel_handle=h)
         for i, at, h in zip(ids, ats, cancel_handles(keys), strict=True)]}
     assert api_native.scheduled_answer(ids, topic, ats, keys, True) == msgspec.msgpack.encode(
@@ -205,25 +205,25 @@ def test_a_string_json_would_escape_is_left_to_msgspec(msg_id: str) -> None:
                      "cancelHandle": cancel_handles([b"k"])[0], "duplicate": False}]}
 
 
-# --- two live servers: with the plain path and without -------------------------------------
+# --- two live servers: with the columns path and without -------------------------------------
 Pair = tuple[Live, Live, list[tuple[str, int]]]  # with, without, what took it on the first
 
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[Pair]:
     with serve_twins(tmp_path) as (a, b):
-        taken: list[tuple[str, int]] = []  # (from what, how many) of each plain batch on a
-        send_plain = a.broker.send_plain
+        taken: list[tuple[str, int]] = []  # (from what, how many) of each column batch on a
+        send_columns = a.broker.send_columns
 
         def counted(topic: str, messages: Any, *args: Any, **kwargs: Any) -> Any:
-            plain = send_plain(topic, messages, *args, **kwargs)
-            if plain is not None:
+            columns = send_columns(topic, messages, *args, **kwargs)
+            if columns is not None:
                 taken.append(("bytes" if isinstance(messages, bytes) else "decoded",
-                              len(plain.msg_ids)))
-            return plain
+                              len(columns.msg_ids)))
+            return columns
 
-        a.broker.send_plain = counted  # type: ignore[method-assign]
-        b.broker.send_plain = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        a.broker.send_columns = counted  # type: ignore[method-assign]
+        b.broker.send_columns = lambda *args, **kwargs: None  # type: ignore[method-assign]
         yield a, b, taken
 
 
@@ -248,7 +248,7 @@ def test_two_servers_store_and_answer_the_same(pair: Pair) -> None:
         ("json", batch([{"body": "twice", "delay_ms": 5, "msg_id": "t-1"},
                         {"body": "twice", "delay_ms": 6, "msg_id": "t-1"}])),  # twice in one
         ("msgpack", batch([{"body": "tagged", "delay_ms": 5, "tags": "x"},
-                           {"body": "plain", "delay_ms": 5}])),
+                           {"body": "columns", "delay_ms": 5}])),
         ("json", batch([{"body": "now"}, {"body": "later", "delay_ms": 9}])),  # one due now
         ("json", batch([{"body": "é ünïcode", "delay_ms": 2_000, "msg_id": "u:1"},
                         {"body": "", "delay_ms": 3_000}])),
@@ -258,7 +258,7 @@ def test_two_servers_store_and_answer_the_same(pair: Pair) -> None:
         answers.append([send(live, encoding, doc) for live in (a, b)])
     for k, (got, want) in enumerate(answers):
         assert got == want, f"step {k}"
-    # the plain ones took the plain path (msgpack straight from the bytes), the rest did not
+    # the body-only ones took the columns path (msgpack straight from the bytes), the rest did not
     assert taken == [("decoded", 50), ("bytes", 40), ("decoded", 2)]
     assert dump(a) == dump(b)
     assert a.broker.stats().pending == b.broker.stats().pending == 1 + 50 + 40 + 1 + 2 + 1 + 2
@@ -316,8 +316,8 @@ def test_base64_bodies_survive_the_plain_path(pair: Pair) -> None:
 
 
 # --- the engine's own sends (Broker.send_batch with SendRequests) ---------------------------
-TOPICS = (TOPIC, "plain.b", "plain.d")  # shards 0, 2, 3 of 4; of 2: 0, 0, 1
-plain_requests = st.builds(
+TOPICS = (TOPIC, "columns.b", "columns.d")  # shards 0, 2, 3 of 4; of 2: 0, 0, 1
+body_only_requests = st.builds(
     lambda topic, body, timing, msg_id: SendRequest(
         topic=topic, body=body, msg_id=msg_id,
         deliver_at=timing.get("deliver_at"), delay_ms=timing.get("delay_ms")),
@@ -326,7 +326,7 @@ plain_requests = st.builds(
 
 @needs_native
 @settings(max_examples=150, deadline=None)
-@given(st.lists(plain_requests, min_size=1, max_size=30))
+@given(st.lists(body_only_requests, min_size=1, max_size=30))
 def test_plain_columns_from_send_requests_are_what_prepare_makes(
         requests: list[SendRequest]) -> None:
     """Of one topic or of several (each sent to before), in any order."""
@@ -334,33 +334,33 @@ def test_plain_columns_from_send_requests_are_what_prepare_makes(
     for topic in TOPICS:
         intake.prepare(SendRequest(topic=topic, body=b""), NOW)
     intake._ids._counter = itertools.count(7)
-    plain = intake.plain(requests[0].topic, requests, NOW)
-    assert plain is not None
+    columns = intake.columns(requests[0].topic, requests, NOW)
+    assert columns is not None
     intake._ids._counter = itertools.count(7)
     prepared = [intake.prepare(r, NOW) for r in requests]
-    assert plain.msg_ids == [p.msg_id for p in prepared]
-    assert plain.deliver_ats == [p.deliver_at for p in prepared]
-    assert plain.timer_keys == [p.timer_key for p in prepared]
-    assert plain.index_keys == [p.index_key for p in prepared]
-    assert list(zip(plain.values, plain.entries, strict=True)) == scheduled_values(prepared,
+    assert columns.msg_ids == [p.msg_id for p in prepared]
+    assert columns.deliver_ats == [p.deliver_at for p in prepared]
+    assert columns.timer_keys == [p.timer_key for p in prepared]
+    assert columns.index_keys == [p.index_key for p in prepared]
+    assert list(zip(columns.values, columns.entries, strict=True)) == scheduled_values(prepared,
                                                                                    NOW)
-    assert plain.given == [p.index_key for p in prepared if not p.generated_id]
-    assert (plain.topic, plain.shard) == (prepared[0].topic, prepared[0].shard)
+    assert columns.given == [p.index_key for p in prepared if not p.generated_id]
+    assert (columns.topic, columns.shard) == (prepared[0].topic, prepared[0].shard)
     if len({r.topic for r in requests}) == 1:
-        assert plain.topics is None and plain.shards is None
+        assert columns.topics is None and columns.shards is None
     else:
-        assert plain.topics == [p.topic for p in prepared]
-        assert plain.shards == [p.shard for p in prepared]
-    assert plain.results() == [
-        model.SendResult(msg_id=p.msg_id, topic=p.topic, deliver_at=p.deliver_at,
+        assert columns.topics == [p.topic for p in prepared]
+        assert columns.shards == [p.shard for p in prepared]
+    assert columns.results() == [
+        model.SendOutcome(msg_id=p.msg_id, topic=p.topic, deliver_at=p.deliver_at,
                          status=MessageStatus.SCHEDULED, cancel_handle=handle)
         for p, handle in zip(prepared, cancel_handles([p.timer_key for p in prepared]),
                              strict=True)]
 
 
 NOT_PLAIN_REQUESTS: list[tuple[str, dict[str, Any]]] = [
-    ("a topic not sent to", {"topic": "plain.other"}),
-    ("a topic not a str", {"topic": ["plain.orders"]}),
+    ("a topic not sent to", {"topic": "columns.other"}),
+    ("a topic not a str", {"topic": ["columns.orders"]}),
     ("a system topic", {"topic": "%RETRY%g"}),
     ("tags", {"tags": "t"}),
     ("keys", {"keys": ("k",)}),
@@ -384,29 +384,29 @@ def test_other_send_requests_are_left_to_prepare(fields: dict[str, Any]) -> None
     intake = new_intake()
     ok = SendRequest(topic=TOPIC, body=b"fine", delay_ms=10)
     intake.prepare(ok, NOW)
-    assert intake.plain(TOPIC, [ok, ok], NOW) is not None
+    assert intake.columns(TOPIC, [ok, ok], NOW) is not None
     odd = msgspec.structs.replace(ok, **fields)
-    assert intake.plain(TOPIC, [ok, odd, ok], NOW) is None
-    assert intake.plain(odd.topic, [odd, ok], NOW) is None
+    assert intake.columns(TOPIC, [ok, odd, ok], NOW) is None
+    assert intake.columns(odd.topic, [odd, ok], NOW) is None
 
 
 @needs_native
 def test_send_batch_stores_and_answers_the_same_either_way(tmp_path: Path) -> None:
-    """Broker.send_batch through the plain path and through prepare alone: the same results,
+    """Broker.send_batch through the columns path and through prepare alone: the same results,
     the same RocksDB contents, the same deliveries."""
     brokers = []
-    for name in ("plain", "general"):
+    for name in ("columns", "general"):
         clock = FakeClock(T0)
         broker = Broker(make_config(tmp_path / name), clock)
         broker.start()
         ids = broker.parts.intake._ids
         ids._instance, ids._counter = "0123ABCD", itertools.count()
         brokers.append((broker, clock))
-    plain, general = (b for b, _ in brokers)
-    general.parts.intake.plain = lambda *args, **kwargs: None  # type: ignore[method-assign]
-    submit_plain, taken = plain.parts.writes.submit_plain, []
-    plain.parts.writes.submit_plain = lambda batch: (  # type: ignore[method-assign]
-        taken.append(submit_plain(batch)) or taken[-1])
+    columns, general = (b for b, _ in brokers)
+    general.parts.intake.columns = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    submit_columns, taken = columns.parts.writes.submit_columns, []
+    columns.parts.writes.submit_columns = lambda batch: (  # type: ignore[method-assign]
+        taken.append(submit_columns(batch)) or taken[-1])
     batches = [
         [SendRequest(topic=topic, body=b"first", delay_ms=10) for topic in TOPICS],
         [SendRequest(topic=TOPIC, body=bytes([i]), delay_ms=100 + i % 7,
@@ -419,20 +419,20 @@ def test_send_batch_stores_and_answers_the_same_either_way(tmp_path: Path) -> No
     ]
     try:
         for batch in batches:
-            assert plain.send_batch(batch) == general.send_batch(batch)
-        # the first batch makes the topics known (no plain path before); a re-send: general
+            assert columns.send_batch(batch) == general.send_batch(batch)
+        # the first batch makes the topics known (no columns path before); a re-send: general
         assert taken == [True, True, False]
-        assert dump_store(plain) == dump_store(general)
+        assert dump_store(columns) == dump_store(general)
         for broker, clock in brokers:
             clock.advance(1_000)
             broker.drain()
-        delivered = [read_topic(plain, topic) for topic in TOPICS]
+        delivered = [read_topic(columns, topic) for topic in TOPICS]
         assert delivered == [read_topic(general, topic) for topic in TOPICS]
         assert sum(map(len, delivered)) == 3 + 60 + 40 + 1 + 1
         # the two shards' scanners interleave in the log as their threads run: the keys of
         # the timer and index column families (expiry keys hold log positions)
         after = [{cf: keys for cf, keys in keys_of(dump_store(b)).items()
-                  if cf not in (CF_EXPIRY, CF_META)} for b in (plain, general)]
+                  if cf not in (CF_EXPIRY, CF_META)} for b in (columns, general)]
         assert after[0] == after[1]
     finally:
         for broker, _ in brokers:
