@@ -71,7 +71,8 @@ def create_app(engine: Broker, *, auth: Authenticator, limits: ApiLimits) -> Fas
                      pusher=pusher)
     registry = CollectorRegistry(auto_describe=True)
     http_metrics = HttpMetrics(registry)
-    registry.register(EngineCollector(engine.metrics, ready=lambda: engine.ready))
+    registry.register(EngineCollector(engine.metrics, ready=lambda: engine.ready,
+                                      refresh=engine.recount_applied))
     registry.register(StreamPushCollector(pusher.totals))
     GCCollector(registry=registry)  # python_gc_*: the process's cyclic collections
 

@@ -150,13 +150,18 @@ class HttpMetricsMiddleware:
 class EngineCollector(Collector):
     """The engine's metrics (scheduler/metrics.py: plain counters, gauges and fixed-bucket
     histograms, no Prometheus inside) as Prometheus families named ``hourglass_<name>``,
-    plus ``hourglass_ready``."""
+    plus ``hourglass_ready``. ``refresh`` runs first (a cluster follower recounts what it
+    applied: ``Broker.recount_applied``)."""
 
-    def __init__(self, metrics: EngineMetrics, ready: Callable[[], bool]) -> None:
+    def __init__(self, metrics: EngineMetrics, ready: Callable[[], bool],
+                 refresh: Callable[[], None] | None = None) -> None:
         self._metrics = metrics
         self._ready = ready
+        self._refresh = refresh
 
     def collect(self) -> Iterator[Metric]:
+        if self._refresh is not None:
+            self._refresh()
         ready = GaugeMetricFamily("hourglass_ready", "1 when the engine accepts work")
         ready.add_metric([], 1.0 if self._ready() else 0.0)
         yield ready

@@ -93,6 +93,9 @@ log = logging.getLogger(__name__)
 #: a Broker's roles: single-node mode is always "leader"; in cluster mode a node starts as
 #: "follower" and a ClusterControl moves it (``Broker.become``)
 LEADER, FOLLOWER, STARTING = "leader", "follower", "starting"
+#: a cluster follower recounts what its engine does not keep up while it applies (pending
+#: per topic and level, prepared transactions, the groups' offsets) at most this often
+FOLLOWER_RECOUNT_MS = 1000
 
 
 class ClusterControl(Protocol):
@@ -161,6 +164,8 @@ class Broker:
         self.cluster = cluster
         self.role = LEADER if cluster is None else STARTING
         self._role_lock = threading.Lock()  # become / apply
+        # a follower's last recount: (applied seq, when it ended, how long it took), ms
+        self._recounted: tuple[int, int, int] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,6 +204,7 @@ class Broker:
             store_factory=self._store_factory, log_factory=self._log_factory,
             sink=sink, last_seq=last_seq)
         parts.start()
+        self._recounted = None
         self.role = role
 
     @property
@@ -208,6 +214,34 @@ class Broker:
         if parts is None:
             raise Unavailable(f"the engine is {self._state}")
         return parts
+
+    def recount_applied(self) -> None:
+        """A cluster follower: the counts its engine would keep up as leader, taken again
+        from what it applied (``apply`` writes RocksDB and the log, past the engine): the
+        backlog (``pending``, per topic, oldest, per level, the timeline), the prepared
+        transactions and the groups' offsets (``group_backlog``). Only when it applied
+        something since the last time, at most every ``FOLLOWER_RECOUNT_MS`` and never
+        more than a tenth of the time (it scans those keys, and apply waits meanwhile).
+        Nothing on a leader: it keeps them as it writes."""
+        if self.role != FOLLOWER or not self._role_lock.acquire(timeout=1.0):
+            return  # (a become under way: the counts as they were)
+        try:
+            parts = self._parts
+            guard = None if parts is None else parts.guard
+            if parts is None or guard is None or self._state != "running":
+                return
+            now, last = self.clock.now_ms(), self._recounted
+            if last is not None and (last[0] == guard.seq or now - last[1] < max(
+                    FOLLOWER_RECOUNT_MS, 10 * last[2])):
+                return
+            seq = guard.seq
+            self.metrics.pending.set(parts.backlog.rebuild())
+            parts.transactions.recount()
+            parts.groups.reload()
+            done = self.clock.now_ms()
+            self._recounted = (seq, done, done - now)
+        finally:
+            self._role_lock.release()
 
     # --- cluster mode --------------------------------------------------------------------
     def become(self, role: str, sink: Sink | None = None, last_seq: int | None = None,
@@ -544,6 +578,7 @@ class Broker:
     def stats(self) -> EngineStats:
         """Pending count, delivered/cancelled totals, watermarks, delivery lag, log sizes."""
         parts = self._running()
+        self.recount_applied()
         m = self.metrics
         now = self.clock.now_ms()
         lateness = m.lateness_ms.snapshot()
@@ -582,7 +617,9 @@ class Broker:
         in ``buckets`` buckets or one more: maintained counts (scheduler/timeline.py)."""
         if topic is not None:
             check_topic(topic, allow_system=True)
-        return self._running().backlog.timeline.query(from_ms, to_ms, buckets, topic)
+        parts = self._running()
+        self.recount_applied()
+        return parts.backlog.timeline.query(from_ms, to_ms, buckets, topic)
 
     def overview(self) -> OverviewCounts:
         """What the dashboard shows beside ``stats`` (scheduler/overview.py); reads RocksDB

@@ -99,8 +99,10 @@ class EngineParts:
     replicator: LeaderReplicator | None = None  # a cluster leader's
 
     def start(self) -> None:
-        """Start the threads: delivery, scanners, maintenance, check-backs (a follower: none)."""
+        """Start the threads: delivery, scanners, maintenance, check-backs. A follower starts
+        none: it counts the prepared transactions once (``Broker.recount_applied`` again)."""
         if self.follower:
+            self.transactions.recount()
             return
         self.delivery.start()
         for scanner in self.scanners:
@@ -292,6 +294,7 @@ def _wire(
         quick_retries_per_s=cfg.group_quick_retries_per_s,
         quick_retry_burst=cfg.group_quick_retry_burst)
     groups.first_offset = queues.first_offset  # retention: catch_up
+    groups.applying = follower
     parts = EngineParts(
         follower=follower, store=store, log=log_, queues=queues, ledger=ledger, intake=intake,
         committer=committer, writes=writes, shards=shards, backlog=backlog,

@@ -187,18 +187,39 @@ class GroupManager:
         self._groups_lock = threading.Lock()
         # made by the first receive, not at open: a store no group used holds no key, and a
         # node that only applies a replicated stream never writes one of its own
-        key = store.get(CF_META, META_GROUP_RECEIPT_KEY)
-        self._receipt_key = key if key is not None and len(key) == RECEIPT_KEY_BYTES else None
+        self._receipt_key = self._stored_receipt_key()
         # CommitLog retention (``catch_up``): a log's first offset (the Broker sets it), and
         # per group the messages it lost, as stored
         self.first_offset: Callable[[str], int] = lambda _topic: 0
         self._expired: dict[tuple[str, str], int] = {}
         # lease ids: unique across restarts (a receipt's lease is compared by equality)
         self._lease_ids = itertools.count(secrets.randbits(62))
-        for key, _ in store.scan(CF_META, META_GROUP_STATE_PREFIX,
-                                 META_GROUP_STATE_PREFIX + b"\xff"):
+        #: a cluster follower's: it applies the write-ahead stream to RocksDB, past this
+        self.applying = False
+        self._load_all()
+
+    def _stored_receipt_key(self) -> bytes | None:
+        key = self._store.get(CF_META, META_GROUP_RECEIPT_KEY)
+        return key if key is not None and len(key) == RECEIPT_KEY_BYTES else None
+
+    def _load_all(self) -> None:
+        for key, _ in self._store.scan(CF_META, META_GROUP_STATE_PREFIX,
+                                       META_GROUP_STATE_PREFIX + b"\xff"):
             topic, group = key[len(META_GROUP_STATE_PREFIX):].decode().split("\0", 1)
             self._group(topic, group, create=True, limit=False)
+
+    def reload(self) -> None:
+        """A cluster follower: every group again as RocksDB holds it. Applying the
+        write-ahead stream writes the groups' offsets and acks there, not into the groups
+        kept here (a follower hands out no lease: nothing held here is lost)."""
+        self._receipt_key = self._stored_receipt_key()
+        with self._groups_lock:
+            self._groups.clear()
+            self._per_topic.clear()
+            self._labelled = 0
+        with self._snapshot_lock:
+            self._served = set()
+        self._load_all()
 
     def _seal(self, topic: str, group: str, *, kept: bool) -> Seal:
         """The seal of a group's receipts, under the key made once per data directory and
@@ -500,8 +521,11 @@ class GroupManager:
     # --- state, offsets, dead letters ----------------------------------------------------------
     def state(self, topic: str, group: str) -> GroupProgress:
         """The group's state; a group no receive made shows as a new one would (and is not
-        made)."""
+        made). A cluster follower (``applying``) reads it as RocksDB holds it."""
         self._check_running()
+        if self.applying:  # apply writes the groups' state there, not into the ones kept here
+            return self._state(self._load(check_topic(topic, allow_system=True),
+                                          check_group(group), kept=False))
         return self._state(self._group(topic, group, create=False))
 
     def _state(self, g: Group) -> GroupProgress:

@@ -165,10 +165,14 @@ class TransactionManager:
 
     def start(self) -> None:
         """After recovery: count the prepared messages, start the callback dispatcher."""
+        self.recount()
+        self.dispatcher.start()
+
+    def recount(self) -> None:
+        """``tx_prepared_pending`` from RocksDB (a start, a cluster follower's refresh)."""
         start = TX_GROUP_PREFIX
         prepared = sum(1 for _ in self._store.scan(CF_TX, start, prefix_end(start)))
         self._metrics.tx_prepared_pending.set(prepared)
-        self.dispatcher.start()
 
     def close(self) -> None:
         self.dispatcher.close()

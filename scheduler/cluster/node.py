@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 STATUS_INTERVAL_MS = 1000
 APPLY_LAG_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 RETRY_PUBLISH_S = 0.05
+#: how often a follower looks at the lease once its holder missed a renewal, or it is free
+LEASE_POLL_MS = 100
 
 
 def restore_snapshot(link: NatsLink, data_dir: Path, *, wipe: bool = False) -> int | None:
@@ -80,7 +82,7 @@ class LeaseSink:
         a stream leader being elected) is tried again: the expected last sequence makes
         that safe, and a refusal after an unanswered try is looked into (the message at
         the next sequence is ours: it landed the first time)."""
-        unanswered = False
+        unanswered = 0
         while True:
             if self._clock.now_ms() >= self.valid_until_ms:
                 raise NotLeader("this node's lease may have lapsed: it no longer writes")
@@ -91,9 +93,10 @@ class LeaseSink:
                     return expected_last_seq + 1
                 raise
             except Unavailable as exc:
-                unanswered = True
-                log.warning("publishing record %d: %s; trying again", expected_last_seq + 1,
-                            exc.detail or exc)
+                unanswered += 1
+                log.log(logging.WARNING if unanswered == 1 else logging.DEBUG,
+                        "publishing record %d: %s; trying again", expected_last_seq + 1,
+                        exc.detail or exc)
                 time.sleep(RETRY_PUBLISH_S)
 
 
@@ -122,6 +125,9 @@ class ClusterNode:
         self._next_status_ms = 0
         self._caught_up_ms = clock.now_ms()  # when this follower last was at the stream's end
         self._leader: dict[str, str] | None = None
+        self._seen_revision: int | None = None  # of the lease at this follower's last look
+        self._free_seen_ms: int | None = None  # when this follower saw the lease free
+        self._led_since_ms = 0  # when this node last became leader
         self.promotions = 0
         #: from the stream storing a message to this follower applying it (wall clocks: the
         #: NATS server's and this node's)
@@ -219,9 +225,9 @@ class ClusterNode:
             self._next_status_ms = now + STATUS_INTERVAL_MS
             try:
                 self.link.put_node(self.node_id, json.dumps(self._status()).encode())
-                if broker.role == LEADER and (self._snapshotting is None
-                                              or not self._snapshotting.is_alive()):
-                    self._trim()
+                if (broker.role == LEADER and now - self._led_since_ms >= self.lease_ms
+                        and (self._snapshotting is None or not self._snapshotting.is_alive())):
+                    self._trim()  # (not in its first lease as leader: its writes go first)
             except Exception:
                 log.debug("publishing this node's status, trimming", exc_info=True)
         if broker.role == LEADER:
@@ -265,7 +271,17 @@ class ClusterNode:
                 self._leader = json.loads(holder[0])
             except ValueError:
                 self._leader = None
+            if holder[1] == self._seen_revision:  # not renewed since the last look: it may
+                self._next_lease_ms = now + LEASE_POLL_MS  # lapse soon, look more often
+            self._seen_revision = holder[1]
             return
+        # the lease is free: looked at again at every step until someone holds it
+        self._next_lease_ms = now
+        if self._leader is not None or self._free_seen_ms is None:
+            self._free_seen_ms = now
+            log.info("%s: the lease is free (it was %s's); applied %d", self.node_id,
+                     None if self._leader is None else self._leader.get("nodeId"),
+                     broker.consumed_seq)
         self._leader = None
         last = self.link.last_seq()
         if broker.consumed_seq != last:
@@ -277,16 +293,21 @@ class ClusterNode:
         started = self._clock.now_ms()
         self._revision, self._renewed_ms = revision, started
         self._sink.valid_until_ms = started + self.lease_ms
-        log.info("%s took the lease (revision %d) at applied sequence %d", self.node_id,
-                 revision, broker.applied_seq)
+        log.info("%s took the lease (revision %d) at applied sequence %d, %d ms after it "
+                 "saw it free", self.node_id, revision, broker.applied_seq,
+                 started - (self._free_seen_ms or started))
+        self._free_seen_ms = self._seen_revision = None
         if self._become(broker, LEADER, last):
             self.promotions += 1
-            self._next_lease_ms = self._clock.now_ms()  # renew at once: opening took time
+            self._next_lease_ms = self._led_since_ms = self._clock.now_ms()  # renew at once
+            log.info("%s leads, %d ms after it took the lease", self.node_id,
+                     self._next_lease_ms - started)
         else:
             self._give_up_lease()
 
     def _lead(self, broker: Broker, now: int) -> None:
         if (self.snapshot_records and broker.deposed is None
+                and now - self._led_since_ms >= self.lease_ms  # its first writes go first
                 and broker.applied_seq - self._snapshot_seq >= self.snapshot_records
                 and (self._snapshotting is None or not self._snapshotting.is_alive())):
             # beside this thread, which must go on renewing the lease meanwhile

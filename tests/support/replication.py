@@ -4,6 +4,7 @@ fencing as JetStream's expected-last-sequence), and node storage that applies it
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,23 @@ def store_contents(store: RocksStore, *, skip_timer_below_frontier: bool = True)
             start = TimerIndex(store).frontier(int(cf.split(".")[1]))
         out[cf] = list(store.scan(cf, start))
     return out
+
+
+@dataclass
+class Pair:
+    """A leader engine shipping every write to ``stream``; a follower's storage beside it."""
+
+    stream: MemoryStream
+    leader: Broker
+    replicators: list[LeaderReplicator]
+    follower: FollowerNode
+    closed: bool = False
+
+    def close(self) -> None:
+        """Both closed (once): a test may open their data directories again."""
+        if not self.closed:
+            self.closed = True
+            try:
+                self.leader.close()
+            finally:
+                self.follower.close()
