@@ -18,8 +18,8 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from scheduler._handles cimport _handle
-from storage._msgpack cimport (Item, _body_tags_keys, _int, _put_u32be, _str, _str_map, _utf8,
-                               _w_head, _w_int, _w_raw, _w_str)
+from storage._msgpack cimport (K_NIL, Item, _body_tags_keys, _head, _int, _put_u32be, _str,
+                               _str_map, _utf8, _w_head, _w_int, _w_raw, _w_str)
 
 # --- pull: LogRecord payload -> the Delivered document (api/schemas.py) in msgpack ---------
 # The keys this module writes come from api/schemas.py: api/wire_keys.py builds them from the
@@ -353,6 +353,328 @@ def scheduled_answer(list msg_ids, str topic, list deliver_ats, list timer_keys,
     return out[:w]
 
 
+# --- pull and receive in JSON: LogRecord payload -> the Delivered document ------------------
+# The same documents as above, as msgspec.json writes them: the keys (``"offset":`` ...) from
+# api/wire_keys.py (``json_keys``), strings escaped as msgspec escapes them, the body's bytes
+# in base64 (standard alphabet, padded).
+cdef tuple _JK = ()  # DELIVERED_FIELDS' keys, each ``"name":``
+cdef bytes _J_PULL_HEAD = b""  # ``{"messages":[``
+cdef bytes _J_NEXT = b""  # ``],"nextOffset":``
+cdef Py_ssize_t _jroom = 0  # a Delivered document's bytes besides its strings' (escaped)
+cdef const char* _B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+cdef const char* _HEX = b"0123456789abcdef"
+cdef const char* _ESC = b"btn?fr"  # the short escapes of 8-13 (11 has none)
+
+
+cdef _use_json_keys(tuple delivered, bytes pull_head, bytes next_offset):
+    global _JK, _J_PULL_HEAD, _J_NEXT, _jroom
+    if len(delivered) != len(DELIVERED_FIELDS):
+        raise ImportError("one JSON key per field")
+    for key in delivered:
+        if type(key) is not bytes or len(key) > 40:
+            raise ImportError("a JSON key is bytes of at most 40")
+    _JK, _J_PULL_HEAD, _J_NEXT = delivered, pull_head, next_offset
+    _jroom = 128 + sum(len(k) + 1 for k in delivered)
+
+
+cdef inline Py_ssize_t _w_jkey(uint8_t* o, Py_ssize_t k) noexcept:
+    """``,"name":`` of field ``k`` (the first without its comma)."""
+    cdef bytes key = <bytes>_JK[k]
+    if k:
+        o[0] = 44
+        memcpy(o + 1, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+        return 1 + PyBytes_GET_SIZE(key)
+    memcpy(o, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    return PyBytes_GET_SIZE(key)
+
+
+cdef Py_ssize_t _w_jstr(uint8_t* o, const uint8_t* s, Py_ssize_t n) noexcept:
+    """A JSON string of the (valid UTF-8) ``s[:n]`` as msgspec writes it: the quote and the
+    backslash escaped, the controls below 0x20 by their short escape (b t n f r) or as u00xx,
+    the rest as is; at most 6n + 2 bytes."""
+    cdef Py_ssize_t i, w = 1
+    cdef uint8_t c
+    o[0] = 34
+    for i in range(n):
+        c = s[i]
+        if c >= 0x20 and c != 0x22 and c != 0x5C:
+            o[w] = c
+            w += 1
+        elif c == 0x22 or c == 0x5C:
+            o[w] = 0x5C
+            o[w + 1] = c
+            w += 2
+        elif c == 8 or c == 9 or c == 10 or c == 12 or c == 13:
+            o[w] = 0x5C
+            o[w + 1] = _ESC[c - 8]
+            w += 2
+        else:
+            memcpy(o + w, b"\\u00", 4)
+            o[w + 4] = _HEX[c >> 4]
+            o[w + 5] = _HEX[c & 15]
+            w += 6
+    o[w] = 34
+    return w + 1
+
+
+cdef Py_ssize_t _w_b64(uint8_t* o, const uint8_t* s, Py_ssize_t n) noexcept:
+    """``"base64"`` of ``s[:n]``, padded: 4 * ceil(n / 3) + 2 bytes."""
+    cdef Py_ssize_t i = 0, w = 1
+    cdef uint32_t v
+    o[0] = 34
+    while i + 3 <= n:
+        v = (<uint32_t>s[i] << 16) | (<uint32_t>s[i + 1] << 8) | s[i + 2]
+        o[w] = _B64[v >> 18]
+        o[w + 1] = _B64[(v >> 12) & 63]
+        o[w + 2] = _B64[(v >> 6) & 63]
+        o[w + 3] = _B64[v & 63]
+        w += 4
+        i += 3
+    if n - i == 1:
+        v = <uint32_t>s[i] << 16
+        o[w] = _B64[v >> 18]
+        o[w + 1] = _B64[(v >> 12) & 63]
+        o[w + 2] = 61
+        o[w + 3] = 61
+        w += 4
+    elif n - i == 2:
+        v = (<uint32_t>s[i] << 16) | (<uint32_t>s[i + 1] << 8)
+        o[w] = _B64[v >> 18]
+        o[w + 1] = _B64[(v >> 12) & 63]
+        o[w + 2] = _B64[(v >> 6) & 63]
+        o[w + 3] = 61
+        w += 4
+    o[w] = 34
+    return w + 1
+
+
+cdef Py_ssize_t _w_jitem(uint8_t* o, const uint8_t* p, Py_ssize_t n, Py_ssize_t i,
+                         Py_ssize_t* w) noexcept:
+    """The str at ``p[i]`` (checked by the caller) as a JSON string at ``o + w[0]``;
+    returns the index past it."""
+    cdef Item it
+    i = _head(p, n, i, &it)
+    w[0] += _w_jstr(o + w[0], p + it.data, it.size)
+    return i + it.size
+
+
+cdef Py_ssize_t _delivered_json(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint once,
+                                bint leased, const char* receipt, Py_ssize_t receipt_size,
+                                int64_t delivery_count, int64_t* queue_offset) noexcept:
+    """``_delivered`` in JSON: at ``o``, which has room for 8n + _jroom bytes (+ 6 *
+    receipt_size + 64 when leased); -1 for a payload the Python path must do."""
+    cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
+    cdef Py_ssize_t i, w, k, count
+    cdef bint text
+    if n < 1 or p[0] != 0x9C:
+        return -1
+    i = _int(p, n, 1, &it)
+    if i < 0:
+        return -1
+    i = _str(p, n, i, &topic)
+    if i < 0:
+        return -1
+    i = _str(p, n, i, &msg_id)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &qo)
+    if i < 0:
+        return -1
+    i = _body_tags_keys(p, n, i, &body, &tags, &keys)
+    if i < 0:
+        return -1
+    i = _str_map(p, n, i, &props, 16)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &born)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &deliver)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &stored)
+    if i < 0:
+        return -1
+    i = _int(p, n, i, &it)  # flags
+    if i != n:
+        return -1
+    text = _utf8(p + body.data, body.size)
+    o[0] = 123
+    w = 1
+    w += _w_jkey(o + w, 0)
+    w += _w_dec(o + w, qo.value)
+    w += _w_jkey(o + w, 1)
+    w += _w_jstr(o + w, p + msg_id.data, msg_id.size)
+    w += _w_jkey(o + w, 2)
+    w += _w_jstr(o + w, p + topic.data, topic.size)
+    w += _w_jkey(o + w, 3)
+    if tags.kind == K_NIL:
+        memcpy(o + w, b"null", 4)
+        w += 4
+    else:
+        w += _w_jstr(o + w, p + tags.data, tags.size)
+    w += _w_jkey(o + w, 4)
+    o[w] = 91
+    w += 1
+    i = _head(p, n, keys.start, &it)
+    count = it.size
+    for k in range(count):
+        if k:
+            o[w] = 44
+            w += 1
+        i = _w_jitem(o, p, n, i, &w)
+    o[w] = 93
+    w += 1
+    w += _w_jkey(o + w, 5)
+    o[w] = 123
+    w += 1
+    i = _head(p, n, props.start, &it)
+    count = it.size
+    for k in range(count):
+        if k:
+            o[w] = 44
+            w += 1
+        i = _w_jitem(o, p, n, i, &w)
+        o[w] = 58
+        w += 1
+        i = _w_jitem(o, p, n, i, &w)
+    o[w] = 125
+    w += 1
+    if not (once and text):
+        w += _w_jkey(o + w, 6)
+        w += _w_b64(o + w, p + body.data, body.size)
+    if text:
+        w += _w_jkey(o + w, 7)
+        w += _w_jstr(o + w, p + body.data, body.size)
+    w += _w_jkey(o + w, 8)
+    w += _w_dec(o + w, born.value)
+    w += _w_jkey(o + w, 9)
+    w += _w_dec(o + w, deliver.value)
+    w += _w_jkey(o + w, 10)
+    w += _w_dec(o + w, stored.value)
+    if leased:
+        w += _w_jkey(o + w, 11)
+        w += _w_jstr(o + w, <const uint8_t*>receipt, receipt_size)
+        w += _w_jkey(o + w, 12)
+        w += _w_dec(o + w, delivery_count)
+        w += _w_jkey(o + w, 13)
+        o[w] = 48
+        w += 1
+    o[w] = 125
+    queue_offset[0] = qo.value
+    return w + 1
+
+
+def delivered_json(list payloads, list receipts=None, list counts=None, bint once=False):
+    """``delivered_msgpack`` in JSON: each payload's document as
+    ``msgspec.json.encode(api.routes.consume.delivered(decode_log_record(p), once))`` gives
+    it (with ``receipts`` and ``counts``: the ``Received`` one), or None where the Python
+    path must do it; and the queue offset of each."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, receipt_size = 0
+    cdef list out = [None] * count
+    cdef list queue_offsets = [None] * count
+    cdef const char* receipt = NULL
+    cdef int64_t delivery_count = 0, qo = 0
+    cdef bint leased = receipts is not None
+    if leased and (counts is None or PyList_GET_SIZE(receipts) != count
+                   or PyList_GET_SIZE(counts) != count):
+        raise ValueError("receipts and counts: one of each per payload")
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            continue
+        if leased:
+            r = <object>PyList_GET_ITEM(receipts, k)
+            c = <object>PyList_GET_ITEM(counts, k)
+            if type(r) is not str or type(c) is not int or not 0 <= c < (1 << 63):
+                continue
+            receipt = PyUnicode_AsUTF8AndSize(r, &receipt_size)
+            delivery_count = c
+        n = PyBytes_GET_SIZE(payload)
+        buf = PyBytes_FromStringAndSize(
+            NULL, 8 * n + _jroom + (6 * receipt_size + 64 if leased else 0))
+        w = _delivered_json(<const uint8_t*>PyBytes_AS_STRING(payload), n,
+                            <uint8_t*>PyBytes_AS_STRING(buf), once, leased, receipt,
+                            receipt_size, delivery_count, &qo)
+        if w < 0:
+            continue
+        out[k] = buf[:w]
+        queue_offsets[k] = qo
+    return out, queue_offsets
+
+
+def pull_frame_json(list payloads, bint once=False):
+    """``pull_frame`` in JSON: ``{"messages":[...],"nextOffset":n}`` as
+    ``msgspec.json.encode(api.routes.consume.pull_result(...))`` gives it, in one buffer;
+    None when there are none, or when any payload is one ``delivered_json`` leaves to
+    Python."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size
+    cdef int64_t qo = 0
+    cdef uint8_t* o
+    if count == 0:
+        return None
+    size = 32 + PyBytes_GET_SIZE(_J_PULL_HEAD) + PyBytes_GET_SIZE(_J_NEXT)
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            return None
+        size += 8 * PyBytes_GET_SIZE(payload) + _jroom + 1
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(buf)
+    w = _w_key(o, _J_PULL_HEAD)
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if k:
+            o[w] = 44
+            w += 1
+        n = _delivered_json(<const uint8_t*>PyBytes_AS_STRING(payload),
+                            PyBytes_GET_SIZE(payload), o + w, once, False, NULL, 0, 0, &qo)
+        if n < 0:
+            return None
+        w += n
+    if qo == _INT64_MAX:  # the next offset would not be an int64
+        return None
+    w += _w_key(o + w, _J_NEXT)
+    w += _w_dec(o + w, qo + 1)
+    o[w] = 125
+    return buf[:w + 1]
+
+
+def received_json(list payloads, list receipts, list counts, bint once=False):
+    """The ``Received`` documents of leased messages (``delivered_json`` with receipts and
+    counts) joined by commas in one buffer (a receive answer's messages); None when any is
+    one ``delivered_json`` leaves to Python (the caller then goes that way)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w = 0, size = 0, receipt_size
+    cdef int64_t qo = 0
+    cdef uint8_t* o
+    cdef const char* receipt
+    if PyList_GET_SIZE(receipts) != count or PyList_GET_SIZE(counts) != count:
+        raise ValueError("receipts and counts: one of each per payload")
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        r = <object>PyList_GET_ITEM(receipts, k)
+        c = <object>PyList_GET_ITEM(counts, k)
+        if type(payload) is not bytes or type(r) is not str or type(c) is not int \
+                or not 0 <= c < (1 << 63):
+            return None
+        size += 8 * PyBytes_GET_SIZE(payload) + _jroom + 6 * len(<str>r) * 4 + 65
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(buf)
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        receipt = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(receipts, k), &receipt_size)
+        if k:
+            o[w] = 44
+            w += 1
+        n = _delivered_json(<const uint8_t*>PyBytes_AS_STRING(payload),
+                            PyBytes_GET_SIZE(payload), o + w, once, True, receipt,
+                            receipt_size, <int64_t>(<object>PyList_GET_ITEM(counts, k)), &qo)
+        if n < 0:
+            return None
+        w += n
+    return buf[:w]
+
+
 # --- the keys, from the schemas ----------------------------------------------------------------
 from api.wire_keys import key_table as _key_table
 
@@ -361,4 +683,5 @@ if not _table.fits(DELIVERED_FIELDS, PULL_FIELDS, SEND_FIELDS):
     raise ImportError("api/schemas.py lists a document's fields otherwise than api/_native.pyx "
                       "writes them")
 _use_keys(_table.keys[0], _table.keys[1], _table.keys[2], _table.keys[3], _table.keys[4])
+_use_json_keys(_table.json_keys[0], _table.json_keys[1], _table.json_keys[2])
 del _table

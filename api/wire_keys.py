@@ -1,9 +1,10 @@
 """The keys of the wire documents api/_native.pyx writes in C, built from api/schemas.py's
 Structs (their fields' names on the wire, in their order): the one definition, which the
 compiled encoders take at import and the pure-Python paths use too (``PULL_HEAD``,
-``NEXT_OFFSET``: api/routes/consume.py). A renamed field changes both paths alike; a Struct
-that lists its fields otherwise than the extension writes them keeps the extension from
-loading (api/native.py then runs the twins). tests/api/test_native.py holds this."""
+``NEXT_OFFSET``, their JSON twins and ``RECEIVE_JSON``: api/routes/consume.py and groups.py).
+A renamed field changes both paths alike; a Struct that lists its fields otherwise than
+the extension writes them keeps the extension from loading (api/native.py then runs the
+twins). tests/api/test_native.py holds this."""
 
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ _pull = _names(schemas.PullResult)
 PULL_HEAD = _map_header(len(_pull)) + _mp(_pull["messages"])
 #: its second key, ``nextOffset``
 NEXT_OFFSET = _mp(_pull["next_offset"])
+#: the same two in JSON: ``{"messages":[`` and ``],"nextOffset":`` (the value and ``}`` follow)
+PULL_HEAD_JSON = b"{" + _js(_pull["messages"]) + b":["
+NEXT_OFFSET_JSON = b"]," + _js(_pull["next_offset"]) + b":"
+_receive = _names(schemas.ReceiveResult)
+#: a receive answer's pieces in JSON: ``{"messages":[`` before its messages,
+#: ``],"leaseUntil":`` after them, then with an ``ack``: ``,"acked":`` and ``,"stale":``
+#: (each followed by its value; then ``}``)
+RECEIVE_JSON = (b"{" + _js(_receive["messages"]) + b":[",
+                b"]," + _js(_receive["lease_until"]) + b":",
+                     b"," + _js(_receive["acked"]) + b":", b"," + _js(_receive["stale"]) + b":")
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,8 @@ class KeyTable:
     pull_fields: tuple[str, ...]
     send_fields: tuple[str, ...]
     keys: tuple[tuple[bytes, ...], bytes, bytes, tuple[bytes, ...], tuple[bytes, ...]]
+    #: the JSON encoders': each Received key as ``"name":``, PULL_HEAD_JSON, NEXT_OFFSET_JSON
+    json_keys: tuple[tuple[bytes, ...], bytes, bytes]
 
     def fits(self, delivered: tuple[str, ...], pull: tuple[str, ...],
              send: tuple[str, ...]) -> bool:
@@ -82,4 +95,6 @@ def key_table() -> KeyTable:
         delivered_fields=tuple(received), pull_fields=tuple(_pull),
         send_fields=tuple(f for f in send if f in written),
         keys=(tuple(_mp(wire) for wire in received.values()), PULL_HEAD, NEXT_OFFSET,
-              send_msgpack, send_json))
+              send_msgpack, send_json),
+        json_keys=(tuple(_js(wire) + b":" for wire in received.values()), PULL_HEAD_JSON,
+                   NEXT_OFFSET_JSON))

@@ -16,6 +16,7 @@ BENCHMARKS = {name: f"bench.{name}" for name in ("storage", "engine", "http", "b
                                                      "footprint", "analysis", "groups")}
 SEPARATE = {**{name: f"bench.{name}.__main__" for name in ("soak", "crash")},
             "timeline": "bench.timeline",  # 10 M messages written first: minutes
+            "restart": "bench.restart",  # 10 M messages written first, then restarts: minutes
             "backlog": "bench.backlog"}  # millions of sends and their compactions: minutes
 MODULES = {**BENCHMARKS, **SEPARATE}
 

@@ -99,7 +99,9 @@ def _send_all(base: str, token: str, n: int, connections: int = 2) -> float:
     return n / (time.perf_counter() - started)
 
 
-def _compact(rocks_dir: Path) -> None:
+def compact_rocksdb(rocks_dir: Path) -> None:
+    """Open the (stopped) server's RocksDB and compact every column family down to its
+    bottommost level, as RocksDB's background compaction would in time."""
     import rocksdict
 
     from storage.rocks import RocksStore
@@ -146,7 +148,7 @@ def run(messages: int, root: Path) -> dict[str, Any]:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     if messages:
-        _compact(data / "rocksdb")
+        compact_rocksdb(data / "rocksdb")
         rocks = dir_size(data / "rocksdb")
         out["compacted_rocksdb_mb"] = round(rocks / MB, 1)
         out["compacted_disk_mb_per_million"] = round(rocks / MB * 1_000_000 / messages, 1)

@@ -13,15 +13,19 @@ it needs its own copy of (the msgId pattern, a body-only message's timing) are h
 their Python definitions by tests/scheduler/test_native.py (``msg_id_ok``, ``due_later``).
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE,
+                            _PyBytes_Resize)
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from cpython.unicode cimport (PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII,
+                              PyUnicode_DecodeUTF8)
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
 
 from scheduler._handles cimport _handle
 from storage._msgpack cimport (K_ARRAY, K_BIN, K_MAP, Item, _be, _body_tags_keys, _head, _int,
-                               _same, _str, _w_bin, _w_head, _w_int, _w_raw, _w_str)
+                               _same, _str, _utf8, _w_bin, _w_head, _w_int, _w_raw, _w_str)
 
 # --- delivery: stored MessageRecord value -> LogRecord payload -----------------------------
 def log_payloads(list values, list topics, list msg_ids, list offsets, list deliver_ats,
@@ -38,6 +42,7 @@ def log_payloads(list values, list topics, list msg_ids, list offsets, list deli
     cdef uint8_t* o
     cdef Py_ssize_t w
     cdef int64_t offset, deliver_at
+    cdef PyObject* raw
     for k in range(count):
         value = <object>PyList_GET_ITEM(values, k)
         if type(value) is not bytes:
@@ -84,7 +89,14 @@ def log_payloads(list values, list topics, list msg_ids, list offsets, list deli
         w += _w_int(o + w, deliver_at)
         w += _w_int(o + w, stored_at)
         w += _w_int(o + w, flags.value)
-        out[k] = buf[:w]
+        # buf[:w] without copying the record again (a 16 KiB body: 16 KiB more a message):
+        # cut in place (realloc), which needs ``raw`` to hold the only reference
+        raw = <PyObject*>buf
+        Py_INCREF(buf)
+        buf = None
+        _PyBytes_Resize(&raw, w)  # on failure it drops raw itself and raises
+        out[k] = <object>raw
+        Py_XDECREF(raw)
     return out
 
 
@@ -648,6 +660,322 @@ def msgpack_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
     if i != n:
         return None
     return out.columns()
+
+
+# --- the same from a JSON request body ------------------------------------------------------
+cdef struct _JMsg:
+    Py_ssize_t body, body_size, msg_id, msg_id_size
+    int64_t at
+
+
+cdef inline Py_ssize_t _jws(const uint8_t* p, Py_ssize_t n, Py_ssize_t i) noexcept:
+    """Past JSON's whitespace at ``i``."""
+    while i < n and (p[i] == 32 or p[i] == 10 or p[i] == 13 or p[i] == 9):
+        i += 1
+    return i
+
+
+cdef inline Py_ssize_t _jstr(const uint8_t* p, Py_ssize_t n, Py_ssize_t i, Py_ssize_t* start,
+                             Py_ssize_t* size) noexcept:
+    """A JSON string at ``i`` without escapes or control characters (its content is then
+    its bytes): the index past it, else -1 (the schema's decoder reads the rest)."""
+    cdef Py_ssize_t j
+    if i >= n or p[i] != 34:
+        return -1
+    j = i + 1
+    while j < n and p[j] != 34:
+        if p[j] == 92 or p[j] < 32:
+            return -1
+        j += 1
+    if j >= n:
+        return -1
+    start[0] = i + 1
+    size[0] = j - i - 1
+    return j + 1
+
+
+cdef inline Py_ssize_t _jint(const uint8_t* p, Py_ssize_t n, Py_ssize_t i,
+                             int64_t* value) noexcept:
+    """A JSON integer >= 0 of at most 18 digits at ``i`` (no fraction, no exponent): the
+    index past it, else -1."""
+    cdef Py_ssize_t j = i
+    cdef int64_t v = 0
+    while j < n and 48 <= p[j] <= 57 and j - i < 19:
+        v = v * 10 + (p[j] - 48)
+        j += 1
+    if j == i or j - i > 18 or (p[i] == 48 and j - i > 1):
+        return -1
+    if j < n and (p[j] == 46 or p[j] == 101 or p[j] == 69 or 48 <= p[j] <= 57):
+        return -1
+    value[0] = v
+    return j
+
+
+def json_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now, int64_t max_delay,
+                 Py_ssize_t max_body, str id_prefix, object counter):
+    """``msgpack_columns`` from a JSON request body (``{"messages": [...]}``, at most
+    ``max_count`` of them, at most 1000), without decoding it into MessageIn first. Takes
+    only body-only messages written without escapes: per message the keys ``body`` (valid UTF-8, no
+    escape), ``msgId`` (a valid one), ``deliverAt`` or ``delayMs`` (integers >= 0 in
+    digits), each once, no key but ``messages`` around them; None for anything else
+    (``bodyBase64``, an escaped string, ``null``, a number written otherwise...), which the
+    schema's decoder then reads and checks."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw), i, k, count = 0, ks, kn, vs, vn
+    cdef int seen, flag
+    cdef int64_t num = 0, at
+    cdef _JMsg msgs[1000]
+    cdef _JMsg* m
+    cdef _Columns out
+    if max_count > 1000:
+        max_count = 1000
+    i = _jws(p, n, 0)
+    if i >= n or p[i] != 123:
+        return None
+    i = _jstr(p, n, _jws(p, n, i + 1), &ks, &kn)
+    if i < 0 or kn != 8 or memcmp(p + ks, b"messages", 8) != 0:
+        return None
+    i = _jws(p, n, i)
+    if i >= n or p[i] != 58:
+        return None
+    i = _jws(p, n, i + 1)
+    if i >= n or p[i] != 91:
+        return None
+    i = _jws(p, n, i + 1)
+    while True:  # a message, then "," or "]"
+        if count >= max_count or i >= n or p[i] != 123:
+            return None
+        m = &msgs[count]
+        count += 1
+        seen = 0
+        i = _jws(p, n, i + 1)
+        while True:  # a key, its value, then "," or "}"
+            i = _jstr(p, n, i, &ks, &kn)
+            if i < 0:
+                return None
+            i = _jws(p, n, i)
+            if i >= n or p[i] != 58:
+                return None
+            i = _jws(p, n, i + 1)
+            flag = 0
+            if kn == 4 and memcmp(p + ks, b"body", 4) == 0:
+                flag = F_BODY
+                i = _jstr(p, n, i, &m.body, &m.body_size)
+                if i >= 0 and not _utf8(p + m.body, m.body_size):
+                    i = -1
+            elif kn == 5 and memcmp(p + ks, b"msgId", 5) == 0:
+                flag = F_ID
+                i = _jstr(p, n, i, &vs, &vn)
+                if i >= 0 and not _msg_id_ok(p + vs, vn):
+                    i = -1
+                m.msg_id, m.msg_id_size = vs, vn
+            elif kn == 9 and memcmp(p + ks, b"deliverAt", 9) == 0:
+                flag = F_AT
+                i = _jint(p, n, i, &num)
+            elif kn == 7 and memcmp(p + ks, b"delayMs", 7) == 0:
+                flag = F_DELAY
+                i = _jint(p, n, i, &num)
+            if flag == 0 or i < 0 or seen & flag:
+                return None
+            seen |= flag
+            i = _jws(p, n, i)
+            if i < n and p[i] == 44:
+                i = _jws(p, n, i + 1)
+                continue
+            if i < n and p[i] == 125:
+                break
+            return None
+        if not seen & F_BODY or (seen & (F_AT | F_DELAY)) not in (F_AT, F_DELAY):
+            return None
+        if m.body_size > max_body:
+            return None
+        if seen & F_AT:
+            at = num
+            if at > now + max_delay:
+                return None
+        else:
+            if num > max_delay:
+                return None
+            at = now + num
+        if at <= now:
+            return None
+        m.at = at
+        if not seen & F_ID:
+            m.msg_id = -1
+        i = _jws(p, n, i + 1)
+        if i < n and p[i] == 44:
+            i = _jws(p, n, i + 1)
+            continue
+        if i < n and p[i] == 93:
+            break
+        return None
+    i = _jws(p, n, i + 1)
+    if i >= n or p[i] != 125 or _jws(p, n, i + 1) != n:
+        return None
+    out = _Columns(count, prefix, now, id_prefix, counter)
+    for k in range(count):
+        m = &msgs[k]
+        out.add(k, <const char*>p + m.body, m.body_size, m.at,
+                PyUnicode_DecodeUTF8(<const char*>p + m.msg_id, m.msg_id_size, NULL)
+                if m.msg_id >= 0 else None)
+    return out.columns()
+
+
+# --- consumer groups: the receipts' tags (scheduler/group_state.py Seal) ------------------
+# BLAKE2s (RFC 7693) keyed, 8 bytes of digest, written from the RFC: what
+# ``hashlib.blake2s(data, key=key, digest_size=8).hexdigest()`` gives.
+cdef const char* _hex = b"0123456789abcdef"  # (hexdigest's and format's digits)
+cdef uint32_t _B2S_IV[8]
+_B2S_IV[:] = [0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C,
+              0x1F83D9AB, 0x5BE0CD19]
+cdef uint8_t _B2S_SIGMA[10][16]
+_B2S_SIGMA[0][:] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+_B2S_SIGMA[1][:] = [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3]
+_B2S_SIGMA[2][:] = [11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4]
+_B2S_SIGMA[3][:] = [7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8]
+_B2S_SIGMA[4][:] = [9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13]
+_B2S_SIGMA[5][:] = [2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9]
+_B2S_SIGMA[6][:] = [12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11]
+_B2S_SIGMA[7][:] = [13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10]
+_B2S_SIGMA[8][:] = [6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5]
+_B2S_SIGMA[9][:] = [10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0]
+
+
+cdef inline uint32_t _rotr(uint32_t x, int n) noexcept nogil:
+    return (x >> n) | (x << (32 - n))
+
+
+cdef void _b2s_compress(uint32_t* h, const uint8_t* block, uint64_t t, bint last) noexcept nogil:
+    """RFC 7693 3.2, F: ``h`` takes the 64-byte ``block``; ``t`` bytes so far."""
+    cdef uint32_t v[16]
+    cdef uint32_t m[16]
+    cdef int i, r
+    cdef const uint8_t* s
+    for i in range(16):
+        m[i] = (<uint32_t>block[4 * i] | (<uint32_t>block[4 * i + 1] << 8)
+                | (<uint32_t>block[4 * i + 2] << 16) | (<uint32_t>block[4 * i + 3] << 24))
+    for i in range(8):
+        v[i] = h[i]
+        v[i + 8] = _B2S_IV[i]
+    v[12] ^= <uint32_t>t
+    v[13] ^= <uint32_t>(t >> 32)
+    if last:
+        v[14] = ~v[14]
+    for r in range(10):
+        s = _B2S_SIGMA[r]
+        _b2s_g(v, 0, 4, 8, 12, m[s[0]], m[s[1]])
+        _b2s_g(v, 1, 5, 9, 13, m[s[2]], m[s[3]])
+        _b2s_g(v, 2, 6, 10, 14, m[s[4]], m[s[5]])
+        _b2s_g(v, 3, 7, 11, 15, m[s[6]], m[s[7]])
+        _b2s_g(v, 0, 5, 10, 15, m[s[8]], m[s[9]])
+        _b2s_g(v, 1, 6, 11, 12, m[s[10]], m[s[11]])
+        _b2s_g(v, 2, 7, 8, 13, m[s[12]], m[s[13]])
+        _b2s_g(v, 3, 4, 9, 14, m[s[14]], m[s[15]])
+    for i in range(8):
+        h[i] ^= v[i] ^ v[i + 8]
+
+
+cdef inline void _b2s_g(uint32_t* v, int a, int b, int c, int d, uint32_t x,
+                        uint32_t y) noexcept nogil:
+    v[a] = v[a] + v[b] + x
+    v[d] = _rotr(v[d] ^ v[a], 16)
+    v[c] = v[c] + v[d]
+    v[b] = _rotr(v[b] ^ v[c], 12)
+    v[a] = v[a] + v[b] + y
+    v[d] = _rotr(v[d] ^ v[a], 8)
+    v[c] = v[c] + v[d]
+    v[b] = _rotr(v[b] ^ v[c], 7)
+
+
+cdef void _b2s_keyed(uint32_t* h, const uint8_t* key, Py_ssize_t key_size) noexcept nogil:
+    """The state after the key's block (``key_size`` 1..32), digest of 8 bytes."""
+    cdef uint8_t block[64]
+    cdef int i
+    for i in range(8):
+        h[i] = _B2S_IV[i]
+    h[0] ^= 0x01010000 ^ (<uint32_t>key_size << 8) ^ 8
+    memset(block, 0, 64)
+    memcpy(block, key, key_size)
+    _b2s_compress(h, block, 64, False)
+
+
+cdef void _b2s_tag(const uint32_t* keyed, const uint8_t* data, Py_ssize_t n,
+                   char* out) noexcept nogil:
+    """The 16 hex digits of the keyed digest (state ``keyed``) of ``data[:n]``, n >= 1."""
+    cdef uint32_t h[8]
+    cdef uint8_t block[64]
+    cdef uint64_t t = 64
+    cdef int i
+    memcpy(h, keyed, 32)
+    while n > 64:
+        t += 64
+        _b2s_compress(h, data, t, False)
+        data += 64
+        n -= 64
+    memset(block, 0, 64)
+    memcpy(block, data, n)
+    _b2s_compress(h, block, t + n, True)
+    for i in range(8):
+        out[2 * i] = _hex[(h[i >> 2] >> (8 * (i & 3) + 4)) & 15]
+        out[2 * i + 1] = _hex[(h[i >> 2] >> (8 * (i & 3))) & 15]
+
+
+from hashlib import blake2s as _blake2s
+
+
+def seal_receipts(bytes key, str head, list offsets):
+    """``Seal.receipts`` (scheduler/group_state.py): ``head.tag.offset`` for each offset
+    (an int >= 0, written in hex), the tag keyed by ``key`` (1-32 bytes)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(offsets), k, hn, n
+    cdef uint32_t keyed[8]
+    cdef const char* hp = PyUnicode_AsUTF8AndSize(head, &hn)
+    cdef uint64_t v
+    cdef char hexed[16]
+    cdef char* o
+    cdef int d
+    cdef list out = [None] * count
+    if not 1 <= PyBytes_GET_SIZE(key) <= 32:
+        raise ValueError("a key of 1 to 32 bytes")
+    _b2s_keyed(keyed, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    buf = PyBytes_FromStringAndSize(NULL, hn + 34)
+    o = PyBytes_AS_STRING(buf)
+    memcpy(o, hp, hn)
+    o[hn] = 46
+    o[hn + 17] = 46
+    for k in range(count):
+        v = <object>PyList_GET_ITEM(offsets, k)  # (OverflowError below 0 or past 64 bits)
+        d = 16
+        while True:
+            d -= 1
+            hexed[d] = _hex[v & 15]
+            v >>= 4
+            if v == 0:
+                break
+        n = 16 - d
+        _b2s_tag(keyed, <const uint8_t*>hexed + d, n, o + hn + 1)
+        memcpy(o + hn + 18, hexed + d, n)
+        out[k] = PyUnicode_DecodeASCII(o, hn + 18 + n, NULL)
+    return out
+
+
+def seal_tags(bytes key, list hexes):
+    """``Seal.tags``: the tag of each offset as written (a str, UTF-8 encoded)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(hexes), k, n
+    cdef uint32_t keyed[8]
+    cdef const char* s
+    cdef char tag[16]
+    cdef list out = [None] * count
+    if not 1 <= PyBytes_GET_SIZE(key) <= 32:
+        raise ValueError("a key of 1 to 32 bytes")
+    _b2s_keyed(keyed, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    for k in range(count):
+        s = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(hexes, k), &n)
+        if n == 0:  # (the key's block is the last: never a receipt's, which parse first)
+            out[k] = _blake2s(key=key, digest_size=8).hexdigest()
+            continue
+        _b2s_tag(keyed, <const uint8_t*>s, n, tag)
+        out[k] = PyUnicode_DecodeASCII(tag, 16, NULL)
+    return out
 
 
 # --- the due timeline: counts per second ---------------------------------------------------

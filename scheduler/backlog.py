@@ -4,9 +4,11 @@ per-topic timer metrics).
 
 Exact, and cheap. The counts are kept incrementally by whoever changes the backlog: a send
 that schedules (scheduler/writes.py, under the shard locks, so before any scan or cancel
-sees the message), a cancel, a delivery commit and a run-time replay (scheduler/broker.py);
-on start they are rebuilt by the Broker's one scan over the pending
-keys (``rebuild``), so they survive restarts. A message's delay level is kept in its stored
+sees the message), a cancel, a delivery commit and a run-time replay (scheduler/broker.py),
+parking and redriving poison messages (scheduler/poison.py); each of those writes persists
+its change too (scheduler/backlog_store.py), and a start ``load``s the persisted counts. A
+data directory from before they were persisted is counted once by a scan over the pending
+keys (``rebuild``). A message's delay level is kept in its stored
 flags (``storage.records.FLAG_LEVEL_SHIFT``): the engine reads the level of a delivered or
 cancelled message only while some message sent with a level is pending (``has_levels``).
 
@@ -31,11 +33,12 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.codec import message_level
-from scheduler.timeline import Loader, TimelineCounts
+from scheduler.timeline import HOUR, MINUTE, Loader, TimelineCounts
 from scheduler.timer_index import TimerIndex
-from storage.keys import decode_timer_key, topic_shard
+from storage.keys import decode_timer_key, time_bound, topic_shard
 
 if TYPE_CHECKING:
+    from scheduler.backlog_store import Lazy
     from scheduler.intake import PreparedMessage
     from storage.rocks import RocksStore
 
@@ -89,6 +92,24 @@ class Backlog:
             self._levels = dict(levels)
         loader.into(self.timeline)
         return sum(topics.values())
+
+    def load(self, series: Mapping[str | None, tuple[dict[int, int], ...]],
+             levels: Mapping[int, int], lazy: Lazy | None = None) -> int:
+        """Start from persisted counts (scheduler/backlog_store.py) instead of the scan:
+        ``series`` as the TimelineCounts keeps them (per topic, per level unit), ``levels``: pending
+        per delay level, ``lazy``: the per-second counts ``series`` does not hold yet
+        (``TimelineCounts.replace``). Every topic's oldest is then a lower bound (the first minute
+        that holds one of its messages), refreshed when read. Returns the pending messages."""
+        topics = {t: sum(tables[2].values()) for t, tables in series.items() if t is not None}
+        oldest = {t: _first_minute(tables) * MINUTE
+                  for t, tables in series.items() if t is not None and topics[t]}
+        with self._lock:
+            self._topics = {t: n for t, n in topics.items() if n}
+            self._oldest = oldest
+            self._stale = set(self._topics)
+            self._levels = {level: n for level, n in levels.items() if n}
+        self.timeline.replace(dict(series), lazy)
+        return sum(self._topics.values())
 
     def scheduled(self, messages: Sequence[PreparedMessage]) -> None:
         """Messages just stored for later; called under their shards' locks, so that no
@@ -220,8 +241,12 @@ class Backlog:
             by_shard.setdefault(topic_shard(topic, len(self._cfs)), set()).add(
                 topic.encode("utf-8"))
         found: dict[str, int] = {}
+        with self._lock:  # (lower bounds: no key of theirs lies before)
+            after = {shard: min(self._oldest.get(t.decode("utf-8"), 0) for t in wanted)
+                     for shard, wanted in by_shard.items()}
         for shard, wanted in by_shard.items():
-            for key, _ in self._store.scan(self._cfs[shard], self._timers.frontier(shard)):
+            start = max(self._timers.frontier(shard), time_bound(after[shard]))
+            for key, _ in self._store.scan(self._cfs[shard], start):
                 ikey = key[8:]
                 raw_topic = ikey[:ikey.index(0)]
                 if raw_topic in wanted:
@@ -237,6 +262,15 @@ class Backlog:
                         self._oldest[topic] = found[topic]
                     else:  # its keys went meanwhile: look again next time
                         self._stale.add(topic)
+
+
+def _first_minute(tables: tuple[dict[int, int], ...]) -> int:
+    """The first minute that holds a pending message (TimelineCounts tables: seconds, minutes,
+    hours), found from the hour down: no pass over every minute."""
+    _, minutes, hours = tables
+    hour = min(hours)
+    per_hour = HOUR // MINUTE
+    return min(m for m in range(hour * per_hour, (hour + 1) * per_hour) if m in minutes)
 
 
 __all__ = ["OTHER", "Backlog"]

@@ -422,18 +422,21 @@ class Broker:
         return parts.writes.submit([prepare(r, now) for r in requests])
 
     def send_columns(self, topic: str, messages: list[Any] | bytes, unset: object = None, *,
-                   max_count: int = MAX_BATCH_MESSAGES) -> ColumnBatch | None:
-        """A send batch of plain messages (``Intake.plain``: bodies due later, nothing else)
+                     max_count: int = MAX_BATCH_MESSAGES, json: bool = False
+                     ) -> ColumnBatch | None:
+        """A send batch of body-only messages (``Intake.columns``: bodies due later, nothing else)
         stored from columns, with no object per message: what ``send_batch`` would store and
         answer. ``messages``: as the API decoded them (``unset`` marking an absent field),
-        or a msgpack request body of at most ``max_count`` messages. None, with nothing
-        stored, for any other batch (or one holding a re-send, or a message due by now):
-        call ``send_batch``, which also says what is wrong, if anything."""
+        or a msgpack request body (``json``: a JSON one) of at most ``max_count`` messages.
+        None, with nothing stored, for any other batch (or one holding a re-send, or a
+        message due by now): call ``send_batch``, which also says what is wrong, if
+        anything."""
         if not isinstance(messages, bytes) and len(messages) > MAX_BATCH_MESSAGES:
             return None
         parts = self._running()
         columns = parts.intake.columns(topic, messages, self.clock.now_ms(), unset,
-                                       max_count=min(max_count, MAX_BATCH_MESSAGES))
+                                       max_count=min(max_count, MAX_BATCH_MESSAGES),
+                                       json=json)
         if columns is None or not parts.writes.submit_columns(columns):
             return None
         return columns

@@ -52,12 +52,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from scheduler.backlog_store import BacklogStore
 from scheduler.clock import Clock
 from scheduler.codec import (
     delivered_index_values,
     encode_keys,
     log_payload,
     log_payloads,
+    message_level,
     split_due,
 )
 from scheduler.intake import PreparedMessage, expiry_group_key, expiry_key, topic_shard
@@ -70,6 +72,7 @@ from storage.keys import encode_timer_key, index_key, pack_u64, unpack_u64
 from storage.records import (
     FLAG_BATCH,
     FLAG_IMMEDIATE,
+    FLAG_LEVEL_SHIFT,
     IndexEntry,
     LogRecord,
     MessageStatus,
@@ -143,7 +146,10 @@ class Committer:
     def __init__(
         self, *, store: RocksStore, log: Log, queues: Queues, clock: Clock, retention_ms: int,
         on_replayed: Callable[[list[LogRecord], bool], None] | None = None,
+        counts: BacklogStore | None = None,
     ) -> None:
+        """``counts``: the backlog's persisted counts; a commit and a replay stage their
+        change in their own RocksDB write (scheduler/backlog_store.py)."""
         self.lock = threading.Lock()  # THE commit lock: append + RocksDB commit, cancels
         self._store = store
         self._log = log
@@ -151,6 +157,7 @@ class Committer:
         self._clock = clock
         self._retention_ms = retention_ms
         self._on_replayed = on_replayed
+        self._counts = counts
         self._offsets: dict[str, int] = {}  # topic -> next queue offset (lazily loaded)
         self._skip: set[bytes] = set()
         self.applied_position = 0
@@ -255,11 +262,13 @@ class Committer:
         ikeys = [index_key(r.topic, r.msg_id) for _, _, r in chunk]
         previous = store.multi_get(CF_INDEX, ikeys) if ikeys else []
         skip_keys = []
+        gone: list[LogRecord] = []  # scheduled ones: they leave the backlog
         for (position, size, rec), ikey, old in zip(chunk, ikeys, previous, strict=True):
             if not rec.flags & FLAG_IMMEDIATE:
                 tkey = encode_timer_key(rec.deliver_at, rec.topic, rec.msg_id)
                 batch.delete(timer_cf(topic_shard(rec.topic, store.timer_shards)), tkey)
                 skip_keys.append(tkey)
+                gone.append(rec)
             self._queues.put(batch, rec.topic, rec.queue_offset, position, size)
             tx_id = None if old is None else decode_index(old).tx_id
             batch.put(CF_INDEX, ikey, encode_index(IndexEntry(
@@ -267,6 +276,10 @@ class Committer:
                 updated_at=rec.stored_at, queue_offset=rec.queue_offset, log_position=position,
                 tx_id=tx_id)))
             batch.put(CF_EXPIRY, expiry_key(rec.stored_at + self._retention_ms, ikey), b"")
+        if gone and self._counts is not None:
+            self._counts.put_columns(batch, -1, [r.topic for r in gone],
+                                     [r.deliver_at for r in gone],
+                                     [r.flags >> FLAG_LEVEL_SHIFT for r in gone])
         batch.put(CF_META, META_APPLIED_POSITION, pack_u64(applied_after))
         store.write(batch)
         self.applied_position = applied_after
@@ -274,8 +287,11 @@ class Committer:
             self._skip.update(skip_keys)
 
     # --- commits ---------------------------------------------------------------------------------
-    def commit_due(self, scans: Sequence[ScanBatch]) -> CommitOutcome:
-        """Deliver scanned batches (the delivery stage; takes the commit lock)."""
+    def commit_due(self, scans: Sequence[ScanBatch],
+                   parked: Sequence[tuple[bytes, bytes]] = ()) -> CommitOutcome:
+        """Deliver scanned batches (the delivery stage; takes the commit lock). ``parked``:
+        (key, value) of poison messages taken out of ``scans`` (scheduler/poison.py): the
+        frontier passes them too, so they leave the backlog's counts with this write."""
         with self.lock:
             self.replay_if_needed()
             now = self._clock.now_ms()
@@ -303,6 +319,17 @@ class Committer:
                 raise
             batch = self._store.batch()
             self._advance_watermarks(batch, scans)
+            persisted = self._counts
+            if persisted is not None and persisted.enabled:  # what the frontiers pass leaves
+                topics, ats, values = pending.topics, pending.deliver_ats, pending.extra
+                if parked:
+                    topics, ats, values = list(topics), list(ats), list(values)
+                    for key, value in parked:  # (a poison key may be malformed)
+                        topics.append(key[8:].partition(b"\x00")[0].decode("utf-8", "replace"))
+                        ats.append(unpack_u64(key))
+                        values.append(value)
+                persisted.put_columns(batch, -1, topics, ats, map(_level, values)
+                                      if persisted.levels_pending() else ())
             outcome = self._append_and_commit(batch, pending, offsets, payloads, now)
             skip.difference_update(skipped)
             outcome.skipped = len(skipped)
@@ -439,6 +466,14 @@ class Committer:
         self._store.write(batch)
         self.applied_position = end
         self.needs_replay = False
+
+
+def _level(value: bytes) -> int:
+    """The delay level of a stored value (0 for one that cannot be decoded: a poison one)."""
+    try:
+        return message_level(value)
+    except Exception:
+        return 0
 
 
 class _Appends:

@@ -29,6 +29,8 @@ class EngineConfig:
     scan_interval_ms: int = 2  #                        ms of real time at least between two scans
     #                                                   of a shard that found it all (0: none)
     delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
+    delivery_queue_bytes: int = 64 << 20  #             and in bytes of the queued messages'
+    #                                                   stored values (estimated; large bodies)
     delivery_batch_max: int = 4096  #                   messages per log append + RocksDB commit
     segment_size: int = DEFAULT_SEGMENT_SIZE  #         bytes per CommitLog segment file (a fresh
     #                                                   server allocates one; larger for big logs)
@@ -120,7 +122,8 @@ class EngineConfig:
 
 
 #: the tunables that must be integers >= 1
-_POSITIVE = ("timer_shards", "scan_batch_size", "delivery_queue_batches", "delivery_batch_max",
+_POSITIVE = ("timer_shards", "scan_batch_size", "delivery_queue_batches", "delivery_queue_bytes",
+             "delivery_batch_max",
              "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms", "compact_after_deletes",
              "cleanup_interval_ms", "flush_interval_ms", "group_lease_window",
              "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels",

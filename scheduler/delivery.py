@@ -1,13 +1,16 @@
 """The delivery stage: a bounded queue of scan batches drained by one committing thread.
 
 Flow control: scanners block in ``put`` while the queue holds ``delivery_queue_batches``
-batches, so however many messages are due at once, at most that many scan batches (plus the
-one being committed) are in memory. The consumer takes a batch and, while a backlog is
-queued, as many more as fit in ``delivery_batch_max`` messages, and commits them with ONE
-log append and ONE RocksDB write (scheduler/committer.py); the first batch after a pause
-goes alone, so that what falls due reaches the log without waiting for the ones behind it.
-When the stage is idle, a scanner commits a small batch itself (``put``), which saves a
-thread hand-off per due instant.
+batches, or ``delivery_queue_bytes`` of stored values (an estimate: a batch's count times
+the mean size of its first, middle and last value; a batch is always taken into an empty
+queue), so however many messages are due at once, at most that many scan batches (plus the
+one being committed) are in memory. The byte bound matters for large bodies: 32 batches of
+1000 16 KiB messages were half a GiB (a 20 k burst over HTTP: the server's RSS +549 MiB).
+The consumer takes a batch and, while a backlog is queued, as many more as fit in
+``delivery_batch_max`` messages, and commits them with ONE log append and ONE RocksDB write
+(scheduler/committer.py); the first batch after a pause goes alone, so that what falls due
+reaches the log without waiting for the ones behind it. When the stage is idle, a scanner
+commits a small batch itself (``put``), which saves a thread hand-off per due instant.
 
 Failures: a failed commit is retried with back-off min(n x 100 ms, retry_max_backoff_ms)
 measured on the engine clock; the batch is never dropped. While it fails the stage is
@@ -52,15 +55,32 @@ class CommitsDue(Protocol):
 
 
 INLINE_MAX = 256  # messages: a smaller batch handed to an idle stage is committed at once
+#: bytes of stored values past which a commit takes no more queued batches: with 16 KiB
+#: bodies ``delivery_batch_max`` (4096) alone let one commit hold 64 MiB of values, as much
+#: again in log records and in their framed copy (a 20 k burst: the server's RSS +518 MiB)
+COMMIT_BYTES_MAX = 16 << 20
+
+
+def batch_bytes(batch: ScanBatch) -> int:
+    """The stored values' bytes of a scan batch, estimated in O(1): its count times the mean
+    size of its first, middle and last value (summing them all cost 25-70 µs a batch of
+    1000, ~3 % of a burst's drain; a burst's values are mostly alike)."""
+    items = batch.items
+    n = len(items)
+    if not n:
+        return 0
+    return n * (len(items[0][1]) + len(items[n // 2][1]) + len(items[-1][1])) // 3
 
 
 class BoundedQueue:
     """A FIFO of scan batches with a capacity in batches; ``close`` wakes every waiter."""
 
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be >= 1")
+    def __init__(self, capacity: int, max_bytes: int = 1 << 62) -> None:
+        if capacity < 1 or max_bytes < 1:
+            raise ValueError("capacity and max_bytes must be >= 1")
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self.bytes = 0  # the queued batches' estimated value bytes (batch_bytes)
         self._items: collections.deque[ScanBatch] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -70,13 +90,17 @@ class BoundedQueue:
 
     def put(self, item: ScanBatch) -> bool:
         """Block while full; False when the queue was closed (the item is not queued)."""
+        size = batch_bytes(item)
         with self._cond:
-            while len(self._items) >= self._capacity and not self._closed:
+            while (self._items and not self._closed
+                   and (len(self._items) >= self._capacity
+                        or self.bytes + size > self._max_bytes)):
                 self._cond.wait()
             if self._closed:
                 return False
             self._items.append(item)
             self.messages += len(item.items)
+            self.bytes += size
             self._cond.notify_all()
             woke = self._waiting > 0
         if woke:  # hand the GIL to the consumer just woken (yield_gil)
@@ -117,6 +141,7 @@ class BoundedQueue:
     def _pop(self) -> ScanBatch:
         item = self._items.popleft()
         self.messages -= len(item.items)
+        self.bytes -= batch_bytes(item)
         self._cond.notify_all()
         return item
 
@@ -127,6 +152,7 @@ class BoundedQueue:
             dropped = len(self._items)
             self._items.clear()
             self.messages = 0
+            self.bytes = 0
             self._cond.notify_all()
             return dropped
 
@@ -138,6 +164,7 @@ class DeliveryStage:
     def __init__(
         self, *, committer: CommitsDue, clock: Clock, metrics: EngineMetrics,
         progress: Progress, queue_batches: int, batch_max: int, max_backoff_ms: int,
+        queue_bytes: int = 1 << 62,
         on_commit: Callable[[CommitOutcome], None],
     ) -> None:
         self._committer = committer
@@ -147,7 +174,7 @@ class DeliveryStage:
         self._batch_max = batch_max
         self._max_backoff_ms = max_backoff_ms
         self._on_commit = on_commit
-        self.queue = BoundedQueue(queue_batches)
+        self.queue = BoundedQueue(queue_batches, queue_bytes)
         self._stop = threading.Event()
         self._wake = threading.Event()  # clock.wait's event: a FakeClock sets it on advance
         self._thread = threading.Thread(target=self._run, name="delivery", daemon=True)
@@ -204,14 +231,16 @@ class DeliveryStage:
                 return
             batches = [first]
             count = len(first.items)
+            size = batch_bytes(first)
             # the first batch after a pause goes alone (module doc); 200 k due at once, in
             # process: the first message in the log 15-27 ms after due instead of 30-53
-            while backlog and count < self._batch_max:
+            while backlog and count < self._batch_max and size < COMMIT_BYTES_MAX:
                 more = self.queue.get_nowait()
                 if more is None:
                     break
                 batches.append(more)
                 count += len(more.items)
+                size += batch_bytes(more)
             try:
                 if not self._commit(batches):
                     return

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.backlog import Backlog
+from scheduler.backlog_store import BacklogStore
 from scheduler.clock import Clock
 from scheduler.codec import message_level
 from scheduler.committer import CommitOutcome, Committer, Log
@@ -86,6 +87,7 @@ class EngineParts:
     writes: WritePaths
     shards: list[ShardState]
     backlog: Backlog
+    counts: BacklogStore  # the backlog's counts, persisted (scheduler/backlog_store.py)
     quarantine: Quarantine
     progress: Progress
     stopping: threading.Event
@@ -95,6 +97,7 @@ class EngineParts:
     maintenance: Maintenance
     groups: GroupManager
     transactions: TransactionManager
+    fold_on_stop: bool = False  # single-node mode: a clean stop folds the counts' deltas
     guard: FollowerGuard | None = None  # a cluster follower's (storage/replication.py)
     replicator: LeaderReplicator | None = None  # a cluster leader's
 
@@ -124,7 +127,19 @@ class EngineParts:
         self.delivery.stop()
         self.maintenance.stop()
         with self._all_locks():  # sends and cancels in progress finish first
-            _close_storage(self.store, self.log)
+            try:
+                self._fold_counts()  # the next start reads no delta
+            finally:
+                _close_storage(self.store, self.log)
+
+    def _fold_counts(self) -> None:
+        """On a clean stop (every lock held): fold the backlog's deltas (backlog_store.py)."""
+        if not self.fold_on_stop or self.store.closed:
+            return
+        try:
+            self.counts.fold(contextlib.nullcontext)
+        except Exception as exc:  # the next start reads them instead
+            log.warning("could not fold the backlog's counts on stop: %s", exc)
 
     @contextlib.contextmanager
     def _all_locks(self) -> Iterator[None]:
@@ -227,8 +242,9 @@ def _wire(
         """Metrics and listeners for messages another path appended (transaction commits)."""
         writes.count_sent([], list(due), 0, outcome)
 
+    counts = BacklogStore(store)  # the backlog's counts, persisted
     committer = Committer(store=store, log=log_, queues=queues, clock=clock,
-                          retention_ms=cfg.retention_ms, on_replayed=on_replayed)
+                          retention_ms=cfg.retention_ms, on_replayed=on_replayed, counts=counts)
     transactions = TransactionManager(
         store=store, config=cfg, clock=clock, intake=intake, committer=committer,
         submit=submit, metrics=metrics, shard_locks=lambda shards: writes.locks(shards),
@@ -257,8 +273,16 @@ def _wire(
     writes = WritePaths(
         store=store, committer=committer, shards=shards, clock=clock, metrics=metrics,
         backlog=backlog, retention_ms=cfg.retention_ms, check_running=check_running,
-        notify=notify, ledger=ledger)
-    metrics.pending.set(backlog.rebuild())  # the one scan of pending keys
+        notify=notify, ledger=ledger, counts=counts)
+    counts.levels_pending = lambda: backlog.has_levels
+    counts.on_rewrite = backlog.timeline.settle
+    if counts.enabled:  # the counts as the last write left them: no scan
+        series, levels_, lazy = counts.load()
+        metrics.pending.set(backlog.load(series, levels_, lazy))
+    else:  # a data directory from before they were persisted: scan once, keep them
+        metrics.pending.set(backlog.rebuild())
+        if not follower:
+            counts.initialise(backlog.timeline.series(), backlog.by_level())
     metrics.pending_by_topic.set_label_function(
         lambda: {t: n for t, (n, _) in backlog.labelled().items()})
     metrics.oldest_pending_ms.set_label_function(
@@ -268,11 +292,12 @@ def _wire(
     quarantine = Quarantine(
         committer=committer, store=store, shards=shards,
         max_payload=cfg.segment_size - HEADER_SIZE, clock=clock, metrics=metrics,
-        shard_locks=writes.locks)
+        shard_locks=writes.locks, backlog=backlog, counts=counts)
     progress, stopping = Progress(), threading.Event()
     delivery = DeliveryStage(
         committer=quarantine, clock=clock, metrics=metrics, progress=progress,
-        queue_batches=cfg.delivery_queue_batches, batch_max=cfg.delivery_batch_max,
+        queue_batches=cfg.delivery_queue_batches, queue_bytes=cfg.delivery_queue_bytes,
+        batch_max=cfg.delivery_batch_max,
         max_backoff_ms=cfg.retry_max_backoff_ms, on_commit=on_commit)
     scanners = [
         Scanner(state=st, store=store, clock=clock, batch_size=cfg.scan_batch_size,
@@ -284,7 +309,9 @@ def _wire(
     maintenance = Maintenance(
         store=store, ledger=ledger, clock=clock, metrics=metrics,
         retention_ms=cfg.retention_ms, compact_after_deletes=cfg.compact_after_deletes,
-        cleanup_interval_ms=cfg.cleanup_interval_ms, retention=retention)
+        cleanup_interval_ms=cfg.cleanup_interval_ms, retention=retention,
+        fold=lambda: counts.fold(parts._all_locks))
+    counts.on_first_delta = maintenance.ask
     groups = GroupManager(
         store=store, read=read_payloads(log_.read_many, queues.positions),
         end_offset=queues.end_offset, intake=intake, submit=submit, clock=clock,
@@ -297,10 +324,11 @@ def _wire(
     groups.applying = follower
     parts = EngineParts(
         follower=follower, store=store, log=log_, queues=queues, ledger=ledger, intake=intake,
-        committer=committer, writes=writes, shards=shards, backlog=backlog,
+        committer=committer, writes=writes, shards=shards, backlog=backlog, counts=counts,
         quarantine=quarantine, progress=progress, stopping=stopping, delivery=delivery,
         scanners=scanners, retention=retention, maintenance=maintenance, groups=groups,
-        transactions=transactions, guard=guard, replicator=replicator)
+        transactions=transactions, fold_on_stop=not clustered and not follower, guard=guard,
+        replicator=replicator)
     metrics.watermark_lag_ms.set_label_function(lambda: parts.lags(clock.now_ms()))
     return parts
 

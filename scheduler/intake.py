@@ -185,12 +185,14 @@ class Intake:
         return self._ids.next(now_ms)
 
     def columns(self, topic: str, messages: list[Any] | bytes, now_ms: int,
-              unset: object = None, *, max_count: int = 0) -> ColumnBatch | None:
+                unset: object = None, *, max_count: int = 0,
+                json: bool = False) -> ColumnBatch | None:
         """The columns of a batch of body-only messages (``scheduler._native.batch_columns``: bodies
         due later, no tags, keys, properties nor level) to a topic sent to before, as
         ``prepare`` would make them at ``now_ms``: from the decoded request (a list of
         api.schemas.MessageIn, ``unset`` marking an absent field), from a msgpack request
-        body of at most ``max_count`` messages (``msgpack_columns``), not decoded first, or
+        body of at most ``max_count`` messages (``msgpack_columns``; ``json``: a JSON body,
+        ``json_columns``), not decoded first, or
         from the engine's SendRequests (``request_columns``; ``topic``: the first one's, and
         others may follow). None for any other batch, and without the compiled extension:
         ``prepare`` takes it (tests/api/test_columns_send.py holds the paths equal)."""
@@ -210,9 +212,9 @@ class Intake:
         if known is None:
             return None
         if isinstance(messages, bytes):
-            columns = native.msgpack_columns(messages, max_count, known[0], now_ms,
-                                           self._max_delay_ms, self._max_body,
-                                           ids.prefix(now_ms), ids.counter)
+            columns = (native.json_columns if json else native.msgpack_columns)(
+                messages, max_count, known[0], now_ms, self._max_delay_ms, self._max_body,
+                ids.prefix(now_ms), ids.counter)
         else:
             columns = native.batch_columns(messages, known[0], now_ms, self._max_delay_ms,
                                          self._max_body, unset, ids.prefix(now_ms),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from scheduler.clock import Clock
 from scheduler.codec import decode_keys
@@ -50,7 +51,10 @@ class Maintenance(threading.Thread):
         self, *, store: RocksStore, ledger: DeliveryLedger, clock: Clock,
         metrics: EngineMetrics, retention_ms: int, compact_after_deletes: int,
         cleanup_interval_ms: int, retention: LogRetention | None = None,
+        fold: Callable[[], int] | None = None,
     ) -> None:
+        """``fold``: folds the backlog's count deltas (scheduler/backlog_store.py), each round
+        after ``ask``."""
         super().__init__(name="maintenance", daemon=True)
         self._store = store
         self._timers = TimerIndex(store)
@@ -61,6 +65,10 @@ class Maintenance(threading.Thread):
         self._compact_after = compact_after_deletes
         self._cleanup_interval = cleanup_interval_ms
         self._retention = retention  # CommitLog retention (scheduler/retention.py)
+        self._fold = fold
+        self._fold_asked = fold is not None  # a delta was written since the last fold (or
+        #                                     the start read some: fold at the first round)
+        self._round_started = 0
         self._round_ms = min(ROUND_MS, cleanup_interval_ms)
         self._expiry_floor = b""  # every expiry key below it was removed (by this thread)
         self._halt = threading.Event()
@@ -88,6 +96,19 @@ class Maintenance(threading.Thread):
             self._asked = True
             self._wake.set()
 
+    def ask(self) -> None:
+        """The first count delta since the last fold was written: fold it at the next round
+        (at most a ROUND_MS after the last one)."""
+        self._fold_asked = True
+        self._wake.set()  # (the thread shortens its sleep to the next round, not now)
+
+    def fold_counts(self) -> int:
+        """Fold the backlog's count deltas (if asked since the last fold); returns how many."""
+        if self._fold is None or not self._fold_asked:
+            return 0
+        self._fold_asked = False
+        return self._fold()
+
     def run(self) -> None:
         failures = 0
         while not self._halt.is_set():
@@ -96,7 +117,8 @@ class Maintenance(threading.Thread):
             if self._halt.is_set():
                 return
             try:
-                started = self._clock.now_ms()
+                started = self._round_started = self._clock.now_ms()
+                self.fold_counts()
                 next_at = min(self.expire_due(), self.cleanup_prefixes())
                 if self._retention is not None:
                     next_at = min(next_at, self._retention.run_if_due())
@@ -117,6 +139,8 @@ class Maintenance(threading.Thread):
         a clock that wakes its waiters whenever it moves (FakeClock) does not start a round
         early."""
         while not self._halt.is_set():
+            if self._fold_asked:  # deltas to fold: a round a ROUND_MS after the last one
+                next_at = min(next_at, self._round_started + self._round_ms)
             self._clock.wait(self._wake, next_at)
             if self._asked or self._halt.is_set() or self._clock.now_ms() >= next_at:
                 return

@@ -24,12 +24,13 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import msgpack
 import msgspec
 
 from scheduler.clock import Clock
-from scheduler.codec import log_payload_from_value
+from scheduler.codec import log_payload_from_value, message_level
 from scheduler.committer import CommitOutcome, Committer, ScanBatch
 from scheduler.metrics import EngineMetrics
 from scheduler.scanner import ShardState
@@ -38,6 +39,10 @@ from storage.errors import CorruptionError, StorageError
 from storage.keys import MAX_U64, pack_u64, topic_shard, unpack_u64
 from storage.records import MessageStatus, decode_index, encode_index
 from storage.rocks import RocksStore
+
+if TYPE_CHECKING:
+    from scheduler.backlog import Backlog
+    from scheduler.backlog_store import BacklogStore
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,14 @@ def poison_reason(key: bytes, value: bytes, max_payload: int) -> str | None:
     return None
 
 
+def _level(value: bytes) -> int:
+    """The delay level of a stored value; 0 when it cannot be decoded."""
+    try:
+        return message_level(value)
+    except Exception:
+        return 0
+
+
 def _names(key: bytes) -> tuple[str, str]:
     """(topic, msgId) of a timer key; ValueError for a malformed one."""
     ikey = key[8:]
@@ -89,7 +102,10 @@ class Quarantine:
     def __init__(self, *, committer: Committer, store: RocksStore, shards: Sequence[ShardState],
                  max_payload: int, clock: Clock, metrics: EngineMetrics,
                  shard_locks: Callable[[Sequence[int]], contextlib.AbstractContextManager[None]],
+                 backlog: Backlog | None = None, counts: BacklogStore | None = None,
                  ) -> None:
+        """``backlog``, ``counts``: a parked message leaves the backlog (with the commit that
+        moves the frontier past it), a redriven one comes back."""
         self._committer = committer
         self._store = store
         self._shards = shards
@@ -97,6 +113,8 @@ class Quarantine:
         self._clock = clock
         self._metrics = metrics
         self._shard_locks = shard_locks
+        self._backlog = backlog
+        self._counts = counts
         self._parked = {key for key, _ in store.scan(CF_META, META_PARKED_PREFIX, _END)}
         metrics.parked.set_function(lambda: len(self._parked))
 
@@ -112,7 +130,13 @@ class Quarantine:
         self._park(poison)
         clean = [dataclasses.replace(scan, items=[i for i in scan.items if i[0] not in poison])
                  for scan in scans]
-        outcome = self._committer.commit_due(clean)
+        taken = [(key, value) for key, (value, _) in poison.items()]
+        outcome = self._committer.commit_due(clean, taken)
+        if self._backlog is not None:
+            self._backlog.delivered(
+                [_label(key)[0] for key, _ in taken],
+                [_level(value) for _, value in taken] if self._backlog.has_levels else (),
+                deliver_ats=[unpack_u64(key) for key, _ in taken])
         for scan in scans:  # the parked keys are below the new frontier too: count them
             parked = len(scan.items) - sum(1 for i in scan.items if i[0] not in poison)
             removed = outcome.removed_by_shard
@@ -153,6 +177,8 @@ class Quarantine:
             batch = self._store.batch()
             woken: dict[int, int] = {}
             redriven = []
+            back: dict[str, list[int]] = {}  # topic -> deliverAt of what comes back
+            levels: list[int] = []
             for pkey, raw in parked:
                 key = pkey[len(META_PARKED_PREFIX):]
                 _, value = msgpack.unpackb(raw)
@@ -167,6 +193,8 @@ class Quarantine:
                 frontier = shard.frontier_key
                 at = max(now, unpack_u64(frontier[:8]) + (len(frontier) > 8))
                 batch.put(timer_cf(shard.shard), pack_u64(at) + key[8:], value)
+                back.setdefault(topic, []).append(at)
+                levels.append(_level(value))
                 batch.delete(CF_META, pkey)
                 raw_index = self._store.get(CF_INDEX, key[8:])
                 if raw_index is not None:
@@ -175,7 +203,11 @@ class Quarantine:
                         batch.put(CF_INDEX, key[8:], encode_index(
                             msgspec.structs.replace(entry, deliver_at=at, updated_at=now)))
                 woken[shard.shard] = at
+            if self._counts is not None:
+                self._counts.put(batch, 1, back, levels)
             self._committer.commit_no_append(batch)
+            if self._backlog is not None:
+                self._backlog.scheduled_at(back, [level for level in levels if level])
             for shard_no, at in woken.items():
                 self._shards[shard_no].note_scheduled(at)
         self._parked.difference_update(redriven)

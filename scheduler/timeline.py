@@ -16,7 +16,10 @@ hour counts).
 
 Kept by the Backlog (scheduler/backlog.py), at the same points and under the same locks as
 its per-topic counts: a send that schedules, a cancel, a delivery commit, a run-time replay;
-rebuilt from the keys by the Backlog's start-up scan (``Loader``: in C, a chunk at a time).
+loaded at start from the persisted counts (scheduler/backlog_store.py: the minutes and hours,
+and per hour what reads its seconds when a query first needs them, ``_load_seconds``), or,
+for a data directory from before they were persisted, counted once by the Backlog's scan
+(``Loader``: in C, a chunk at a time).
 The cost is per batch of batches: a send or a delivery only appends its topics and deliverAt
 values to a buffer (two list references, under the lock), and the buffer is folded into the
 counts when a query reads them, or once it holds ``FOLD_AT`` messages. A fold counts the
@@ -26,15 +29,15 @@ all). Folded per batch, a send batch of 1000 messages due over an hour (each in 
 second) cost ~1.2 ms, ~1.2 µs a message and ~10 % of the ingest's CPU; folded by the
 hundred thousand, messages share their seconds and the fold costs ~0.1 µs a message.
 
-Parked poison messages (scheduler/poison.py) stay counted at their first deliverAt until a
-restart, as in the Backlog's per-topic counts.
+Parked poison messages (scheduler/poison.py) leave the counts when parked, as in the
+Backlog's per-topic counts; a redrive counts them again.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import floordiv
@@ -101,6 +104,10 @@ class TimelineCounts:
         # per topic (None: every topic), per level (LEVELS order): deliverAt // unit -> count
         self._series: dict[str | None, tuple[dict[int, int], ...]] = {}
         self._totals: dict[str | None, int] = {}  # topic (None: all) -> pending
+        # per topic (None: all), per hour: per-second counts persisted (backlog_store.py) and
+        # not read yet (``load_seconds`` decodes them into the series when a query needs them):
+        # a start reads the minutes and hours only
+        self._lazy: dict[str | None, dict[int, Callable[[], Mapping[int, int]]]] = {}
         # (+1 became pending / -1 stopped being, topics, deliverAt values), not yet counted
         self._buffered: list[tuple[int, str | Sequence[str], Sequence[int]]] = []
         self._buffered_n = 0
@@ -120,13 +127,50 @@ class TimelineCounts:
         """One message stopped being pending (cancelled)."""
         self.remove(topic, (deliver_at,))
 
-    def replace(self, series: dict[str | None, tuple[dict[int, int], ...]]) -> None:
-        """Start again from per-topic (None: all) tables of counts per level (``Loader``)."""
-        totals = {key: sum(levels[0].values()) for key, levels in series.items()}
+    def replace(self, series: dict[str | None, tuple[dict[int, int], ...]],
+                lazy: dict[str | None, dict[int, Callable[[], Mapping[int, int]]]] | None = None,
+                ) -> None:
+        """Start again from per-topic (None: all) tables of counts per level (``Loader``).
+        ``lazy``: per topic, per hour, what reads the per-second counts of that hour that
+        ``series`` does not hold yet (its seconds table holds only changes to them)."""
+        totals = {key: sum(levels[2].values()) for key, levels in series.items()}
         with self._lock:
             self._series = {key: levels for key, levels in series.items() if totals[key]}
             self._totals = {key: n for key, n in totals.items() if n}
+            self._lazy = {key: hours for key, hours in (lazy or {}).items()
+                          if key in self._series and hours}
             self._buffered, self._buffered_n = [], 0
+
+    def _load_seconds(self, key: str | None, first: int, end: int) -> None:
+        """Read the lazily kept per-second counts of ``key`` in seconds [first, end) (lock
+        held), adding them to the changes the seconds table holds."""
+        hours = self._lazy.get(key)
+        if not hours:
+            return
+        ratio = _RATIOS[2]
+        lo, hi = first // ratio, -(-end // ratio)
+        wanted = ([h for h in hours if lo <= h < hi] if len(hours) < hi - lo
+                  else [h for h in range(lo, hi) if h in hours])
+        seconds = self._series[key][0]
+        for hour in wanted:
+            for second, n in hours.pop(hour)().items():
+                _bump(seconds, second, n)
+        if not hours:
+            del self._lazy[key]
+
+    def settle(self, hours: Mapping[tuple[str | None, int], Mapping[int, int]]) -> None:
+        """The per-second counts of lazily held hours, as they stand before their records
+        change (scheduler/backlog_store.py's fold): counted now, never read again."""
+        with self._lock:
+            for (key, hour), counts in hours.items():
+                lazy = self._lazy.get(key)
+                if lazy is None or lazy.pop(hour, None) is None:
+                    continue
+                seconds = self._series[key][0]
+                for second, n in counts.items():
+                    _bump(seconds, second, n)
+                if not lazy:
+                    del self._lazy[key]
 
     def _buffer(self, sign: int, topics: str | Sequence[str],
                 deliver_ats: Sequence[int]) -> None:
@@ -181,6 +225,7 @@ class TimelineCounts:
                     _merge(table, level, sign)
                 if not _bump(totals, key, n):  # nothing pending left: free its tables
                     del series[key]
+                    self._lazy.pop(key, None)  # (what it held is all gone too)
 
     # --- reading -------------------------------------------------------------------------------
     def query(self, from_ms: int, to_ms: int, buckets: int, topic: str | None) -> TimelineView:
@@ -194,6 +239,8 @@ class TimelineCounts:
         with self._lock:
             if self._buffered:
                 self._fold()
+            if unit == SECOND:
+                self._load_seconds(topic, first, first + n * per)
             levels = self._series.get(topic)
             if levels is None:
                 values = [0] * (n * per)
@@ -212,11 +259,27 @@ class TimelineCounts:
                 self._fold()
             return self._totals.get(topic, 0)
 
+    def series(self) -> dict[str | None, tuple[dict[int, int], ...]]:
+        """The counts as they stand, per topic (None: all), per level (a copy)."""
+        with self._lock:
+            if self._buffered:
+                self._fold()
+            out = {key: tuple(dict(table) for table in levels)
+                   for key, levels in self._series.items()}
+            for key, hours in self._lazy.items():  # (read, not kept: they stay lazy)
+                seconds = out[key][0]
+                for read in hours.values():
+                    for second, n in read().items():
+                        _bump(seconds, second, n)
+            return out
+
     def entries(self) -> int:
         """Counts held (every level, every series): what the timeline's memory grows with."""
         with self._lock:
             if self._buffered:
                 self._fold()
+            for key in list(self._lazy):
+                self._load_seconds(key, 0, 1 << 62)
             return sum(len(table) for levels in self._series.values() for table in levels)
 
 
@@ -278,6 +341,7 @@ def _per_second_native(deliver_ats: list[int]) -> Mapping[int, int]:
 
 
 _per_second = _per_second_py if native is None else _per_second_native
+per_second = _per_second  # (scheduler/backlog_store.py: a write's delta)
 
 
 def _coarser(per_second: Iterable[tuple[int, int]]) -> tuple[Counter[int], ...]:
@@ -292,9 +356,13 @@ def _coarser(per_second: Iterable[tuple[int, int]]) -> tuple[Counter[int], ...]:
 def _merge(table: dict[int, int], counts: Mapping[int, int], sign: int) -> None:
     """``table`` += ``sign`` x ``counts``, dropping what reaches 0."""
     get = table.get
-    if sign > 0:
+    if sign > 0:  # (a count may start below 0: changes to lazily read ones, replace)
         for key, n in counts.items():
-            table[key] = get(key, 0) + n
+            value = get(key, 0) + n
+            if value:
+                table[key] = value
+            else:
+                del table[key]
         return
     for key, n in counts.items():
         value = get(key, 0) - n
@@ -316,4 +384,4 @@ def _bump(table: dict[Any, int], key: object, n: int) -> int:
 
 __all__ = ["FOLD_AT", "LEVELS", "MAX_BUCKETS", "MAX_SPAN_MS", "RESOLUTION_MS", "WIDTHS_MS",
            "Loader",
-           "TimelineCounts", "TimelineView", "check_window", "pick_width"]
+           "TimelineCounts", "TimelineView", "check_window", "per_second", "pick_width"]

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from msgspec.structs import replace
 
 from scheduler.backlog import Backlog
+from scheduler.backlog_store import BacklogStore
 from scheduler.clock import Clock
 from scheduler.codec import (
     cancel_handle,
@@ -43,8 +44,10 @@ class WritePaths:
         self, *, store: RocksStore, committer: Committer, shards: list[ShardState],
         clock: Clock, metrics: EngineMetrics, backlog: Backlog, retention_ms: int,
         check_running: Callable[[], None], notify: Callable[[Collection[str]], None],
-        ledger: DeliveryLedger,
+        ledger: DeliveryLedger, counts: BacklogStore | None = None,
     ) -> None:
+        """``counts``: the backlog's persisted counts; each write that schedules or cancels
+        stages its change in its own batch (scheduler/backlog_store.py)."""
         self._store = store
         self._ledger = ledger
         self._committer = committer
@@ -52,6 +55,7 @@ class WritePaths:
         self._clock = clock
         self._metrics = metrics
         self._backlog = backlog
+        self._counts = counts
         self._retention_ms = retention_ms
         self._check_running = check_running
         self._notify = notify
@@ -111,6 +115,10 @@ class WritePaths:
             batch = store.batch()
             if later:
                 self._add_scheduled(batch, later, later_stored, len(shards) == 1)
+                if self._counts is not None:
+                    self._counts.put_columns(batch, 1, [m.topic for m in later],
+                                             [m.deliver_at for m in later],
+                                             [m.level for m in later if m.level is not None])
             outcome = None
             cancelled: list[_Cancel] = []
             try:
@@ -185,12 +193,15 @@ class WritePaths:
             if first_at <= self._clock.now_ms() or any(first < shard.frontier_key
                                                        for shard, first in shards):
                 return False  # one is due (by now, or below its shard's scan frontier)
+            by_topic = cols.deliver_ats_by_topic()
+            if self._counts is not None:  # (inside the locks: backlog_store.py)
+                self._counts.put(batch, 1, by_topic)
             try:
                 store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
                 for shard, first in shards:  # (a timer key begins with its deliverAt)
                     shard.note_scheduled(unpack_u64(first))
-            self._backlog.scheduled_at(cols.deliver_ats_by_topic())
+            self._backlog.scheduled_at(by_topic)
         self._metrics.scheduled.inc(len(cols.timer_keys))
         self._metrics.pending.inc(len(cols.timer_keys))
         return True
@@ -289,6 +300,8 @@ class WritePaths:
             value = self._store.get(shard.cf, timer_key)
             level = 0 if value is None else message_level(value)
         batch.delete(shard.cf, timer_key)
+        if self._counts is not None:
+            self._counts.put(batch, -1, {topic: [entry.deliver_at]}, (level,))
         batch.put(CF_INDEX, ikey, encode_index(replace(
             entry, status=MessageStatus.CANCELLED, updated_at=now)))
         batch.put(CF_EXPIRY, expiry_key(now + self._retention_ms, ikey), b"")

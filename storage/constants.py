@@ -69,6 +69,16 @@ META_CLUSTER_LOG_END = b"cluster/log_end"  # 8-byte BE: the CommitLog's end afte
 # directory, snapshot and cluster stream written so far holds them, and a new prefix would
 # need a format-version bump and a migration on open to say the same thing.
 META_LEDGER_PREFIX = b"dl/"
+# the backlog's counts, persisted (scheduler/backlog_store.py)
+META_BACKLOG_DELTA_PREFIX = b"bld/"  # + 8-byte BE id -> msgpack [sign, {topic: deliverAt
+#                                       values, int64 LE}, {level: n}]: one write's change
+META_BACKLOG_BASE_PREFIX = b"blb/"  # + topic NUL 4-byte BE hour -> msgpack {minute: n}: the
+#                                      folded counts (topic "": all topics), read at start
+META_BACKLOG_SECONDS_PREFIX = b"bls/"  # + topic NUL 4-byte BE hour -> msgpack {second: n}:
+#                                         the same hour per second, read when a query needs it
+META_BACKLOG_LEVELS = b"bll"  # -> msgpack {level: n}: the folded counts per delay level
+META_BACKLOG_FOLDED = b"blw"  # 8-byte BE: every delta id below it is folded into the base
+#                               (absent: a data directory from before; counted by a scan)
 
 # --- transaction keys (CF_TX; see scheduler/tx_records.py) ------------------------------------
 TX_ENTRY_PREFIX = b"t/"  # + transaction id -> encoded TransactionEntry

@@ -55,7 +55,8 @@ class StoreTuning:
     deletion_window: int = 128 * 1024  #                entries per window of the collector
     deletion_trigger: int = 64 * 1024  #                tombstones in a window -> compact file
     bytes_per_sync: int = 1 * MIB  #                    background sync of SST / WAL writes
-    max_total_wal_bytes: int = 1024 * MIB  #            WAL budget before forcing CF flushes
+    max_total_wal_bytes: int = 64 * MIB  #              WAL budget before forcing CF flushes
+    #                                                    (what a start after a kill replays)
     timer_bottommost_zstd: bool = False  #              ZSTD, not LZ4, at time-ordered CFs' bottom
 
 

@@ -14,12 +14,12 @@ from starlette.responses import Response
 from api import schemas
 from api.answers import PIECEWISE_FROM, PiecewiseAnswer
 from api.auth import Permission
-from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
+from api.bodies import JSON, MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_bool, query_int, respond
 from api.native import native
 from api.openapi import operation, query_parameter
 from api.schemas import TOPIC_PARAMETER, Topic
-from api.wire_keys import NEXT_OFFSET, PULL_HEAD
+from api.wire_keys import NEXT_OFFSET, NEXT_OFFSET_JSON, PULL_HEAD, PULL_HEAD_JSON
 from storage.constants import GROUP_PATTERN, GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.errors import InvalidArgument
 from storage.records import LogRecord, decode_log_records, log_record_offsets
@@ -76,6 +76,36 @@ def _msgpack_parts(payloads: Sequence[bytes], once: bool) -> tuple[list[bytes], 
     return parts, offsets
 
 
+def pull_json_py(payloads: list[bytes], offset: int, once: bool = False) -> bytes:
+    """``pull_result`` in JSON."""
+    return _json.encode(pull_result(payloads, offset, once))
+
+
+def _pull_json_native(payloads: list[bytes], offset: int, once: bool = False) -> bytes:
+    """The same bytes, each message transcoded from its payload in C (api/_native.pyx), as
+    ``_pull_msgpack_native`` does in msgpack."""
+    assert native is not None
+    frame: bytes | None = native.pull_frame_json(payloads, once)
+    if frame is not None:  # every message done in C, in one buffer
+        return frame
+    parts, offsets = _json_parts(payloads, once)
+    next_offset = offsets[-1] + 1 if parts else offset
+    return b"".join((PULL_HEAD_JSON, b",".join(parts), NEXT_OFFSET_JSON,
+                     _json.encode(next_offset), b"}"))
+
+
+def _json_parts(payloads: Sequence[bytes], once: bool) -> tuple[list[bytes], list[int]]:
+    """Each payload's message in JSON (in C when it can), and its offset."""
+    assert native is not None
+    parts, offsets = native.delivered_json(list(payloads), once=once)
+    for i, part in enumerate(parts):
+        if part is None:
+            message = decode_log_records([payloads[i]])[0]
+            parts[i] = _json.encode(delivered(message, once))
+            offsets[i] = message.queue_offset
+    return parts, offsets
+
+
 def pull_answer(payloads: list[bytes], offset: int, once: bool, msgpack: bool,
                 request: Request) -> Response:
     """The answer to a pull that read ``payloads`` from ``offset``: made at once, or piece
@@ -84,13 +114,16 @@ def pull_answer(payloads: list[bytes], offset: int, once: bool, msgpack: bool,
     if sum(sizes) < PIECEWISE_FROM:
         if msgpack:
             return Response(pull_msgpack(payloads, offset, once), media_type=MSGPACK)
-        return respond(pull_result(payloads, offset, once), 200, request)
+        return Response(pull_json(payloads, offset, once), media_type=JSON)
     frame = schemas.PullResult(messages=[],
                                next_offset=log_record_offsets(payloads[-1:])[0] + 1)
     encode: Callable[[Sequence[bytes]], bytes]
-    if not msgpack:
+    if not msgpack and native is None:
         def encode(piece: Sequence[bytes]) -> bytes:
             return _json.encode([delivered(m, once) for m in decode_log_records(list(piece))])
+    elif not msgpack:
+        def encode(piece: Sequence[bytes]) -> bytes:
+            return b"[" + b",".join(_json_parts(piece, once)[0]) + b"]"
     elif native is None:
         def encode(piece: Sequence[bytes]) -> bytes:
             return _msgpack.encode([delivered(m, once) for m in decode_log_records(list(piece))])
@@ -111,6 +144,7 @@ def msgpack_array_header(n: int) -> bytes:
 _msgpack = msgspec.msgpack.Encoder()
 _json = msgspec.json.Encoder()
 pull_msgpack = pull_msgpack_py if native is None else _pull_msgpack_native
+pull_json = pull_json_py if native is None else _pull_json_native
 
 #: RFC 7240's ``Prefer`` request header, as the answers carrying delivered messages read it
 #: (pulls, receives, dead-letter reads, streams; api.bodies.prefers_body_once)

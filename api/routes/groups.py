@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api import schemas
-from api.answers import body_size, respond_answer
+from api.answers import PIECEWISE_FROM, body_size, respond_answer
 from api.auth import Permission
-from api.bodies import MSGPACK, decode, is_msgpack, prefers_body_once, read_body
+from api.bodies import JSON, MSGPACK, decode, is_msgpack, prefers_body_once, read_body
 from api.context import ApiContext, Authenticated, query_int, respond
 from api.longpoll import woken_by
 from api.native import native
@@ -33,6 +33,7 @@ from api.routes.consume import (
     msgpack_array_header,
 )
 from api.schemas import TOPIC_PARAMETER, Topic
+from api.wire_keys import RECEIVE_JSON
 from scheduler.groups import AckCounts, LeasedBatch, LeasedMessage
 from storage.constants import GROUP_REGEX, MAX_PULL_MESSAGES
 from storage.records import LogRecord, decode_log_records
@@ -129,8 +130,48 @@ def _receive_msgpack_native(result: LeasedBatch, acked: AckCounts | None,
     return b"".join((head, msgpack_array_header(len(parts)), *parts, *tail))
 
 
+def receive_json_py(result: LeasedBatch, acked: AckCounts | None,
+                    once: bool = False) -> bytes:
+    """``receive_answer`` in JSON."""
+    return _json.encode(receive_answer(result, acked, once))
+
+
+def _receive_json_native(result: LeasedBatch, acked: AckCounts | None,
+                         once: bool = False) -> bytes:
+    """The same bytes, each message shown as stored transcoded in C, as
+    ``_receive_msgpack_native`` does in msgpack."""
+    assert native is not None
+    messages = result.messages
+    at = [i for i, m in enumerate(messages) if m.payload is not None and not m.reconsume_times]
+    head, lease, acked_key, stale_key = RECEIVE_JSON
+    tail = [lease, _json.encode(result.lease_until)]
+    if acked is not None:
+        tail += [acked_key, _json.encode(acked.acked), stale_key, _json.encode(acked.stale)]
+    if len(at) == len(messages):  # the usual receive: nothing retried, all in one buffer
+        joined = native.received_json([m.payload for m in messages],
+                                      [m.receipt for m in messages],
+                                      [m.delivery_count for m in messages], once)
+        if joined is not None:
+            return b"".join((head, joined, *tail, b"}"))
+    shown = messages if len(at) == len(messages) else [messages[i] for i in at]
+    done, _ = native.delivered_json([m.payload for m in shown], [m.receipt for m in shown],
+                                    [m.delivery_count for m in shown], once)
+    if shown is messages:
+        parts = done
+    else:
+        parts = [None] * len(messages)
+        for i, part in zip(at, done, strict=True):
+            parts[i] = part
+    for i, part in enumerate(parts):
+        if part is None:
+            parts[i] = _json.encode(received(messages[i], once))
+    return b"".join((head, b",".join(parts), *tail, b"}"))
+
+
 _msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
 receive_msgpack = receive_msgpack_py if native is None else _receive_msgpack_native
+receive_json = receive_json_py if native is None else _receive_json_native
 
 
 def add_routes(router: APIRouter, ctx: ApiContext) -> None:
@@ -171,6 +212,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         once = prefers_body_once(request)
         if is_msgpack(request.headers.get("accept")):
             response = Response(receive_msgpack(result, acked, once), media_type=MSGPACK)
+        elif sum(map(_received_size, result.messages)) < PIECEWISE_FROM:
+            response = Response(receive_json(result, acked, once), media_type=JSON)
         else:
             response = respond_answer(lambda ms: receive_answer(msgspec.structs.replace(
                 result, messages=ms), acked, once), result.messages, request,

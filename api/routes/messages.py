@@ -103,11 +103,12 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         content_type = request.headers.get("content-type")
         limit = ctx.limits.max_batch_messages
         minimal = prefers_minimal(request)
-        if is_msgpack(content_type):  # the common case read straight from the bytes
-            columns = broker.send_columns(topic, raw, max_count=limit)
-            if columns is not None:  # (a column batch holds no duplicate)
-                return (summary_answer(len(columns.msg_ids), [], request) if minimal
-                        else scheduled_answer(columns, request))
+        # the common case read straight from the bytes, msgpack or JSON
+        columns = broker.send_columns(topic, raw, max_count=limit,
+                                      json=not is_msgpack(content_type))
+        if columns is not None:  # (a column batch holds no duplicate)
+            return (summary_answer(len(columns.msg_ids), [], request) if minimal
+                    else scheduled_answer(columns, request))
         batch = decode(raw, content_type, schemas.BatchIn)
         if len(batch.messages) > limit:
             raise InvalidArgument(f"a batch holds at most {limit} messages, got "

@@ -48,7 +48,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -64,8 +63,8 @@ from api.routes.consume import (
     PREFER_BODY,
     body_once_applied,
     check_group,
+    pull_json,
     pull_msgpack,
-    pull_result,
 )
 from api.schemas import TOPIC_PARAMETER
 from api.transport import Connection, connection_of, unsent_bytes
@@ -80,7 +79,6 @@ NDJSON = "application/x-ndjson"
 HEARTBEAT_S = 15.0  # a frame without messages after this long without one
 DEFAULT_DURATION_MS = 300_000
 MAX_DURATION_MS = 3_600_000
-_json = msgspec.json.Encoder()
 
 STREAM_PARAMETERS = [
     TOPIC_PARAMETER, PREFER_BODY,
@@ -315,7 +313,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             media = NDJSON
 
             def encode(payloads: list[bytes], at: int) -> bytes:
-                return _json.encode(pull_result(payloads, at, once)) + b"\n"
+                return pull_json(payloads, at, once) + b"\n"
         slot = contextlib.ExitStack()
         slot.enter_context(notifier.slot())  # 503 or 429 here; back when it ends
         return body_once_applied(StreamResponse(

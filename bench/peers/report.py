@@ -144,7 +144,9 @@ def _metrics(sysres: dict) -> dict[str, float | None]:
         "w3_max": _get(w, "w3", "lateness_ms", "max"),
         "w3_whole_cpu": _get(w, "w3", "whole_cpu_s"),
         "mem": _get(w, "w1", "per_million_pending", "memory"),
-        "disk": _get(w, "w1", "per_million_pending", "disk"),
+        # once compacted where the system has that step (hourglass), else right after W1
+        "disk": _get(w, "w1", "per_million_pending", "disk_compacted")
+        or _get(w, "w1", "per_million_pending", "disk"),
     }
 
 
@@ -164,10 +166,16 @@ def write_markdown(results: dict, out: Path) -> Path:
                 *(f"  - `{r['command']}` ({r['date']}: {', '.join(r['systems'])})"
                   for r in meta["runs"])]),
         f"- **Parameters**: N = {p.get('n', 0):,}; batches of {p.get('batch')} "
-        f"from {p.get('producers')} producer threads; 100-byte random bodies; "
+        f"from {p.get('producers')} producer threads; {p.get('payload', 100):,}-byte random "
+        "bodies; "
         f"W3 = {p.get('w3_rate', 0):,.0f} msg/s for {p.get('w3_duration_s')} s, delays "
         f"{p.get('w3_delay_min_ms')}–{p.get('w3_delay_max_ms')} ms; every workload on a fresh "
         "server instance; client and servers share the machine.",
+        "- **Disk / M pending**: the data dir's growth per million pending after W1; for "
+        "hourglass once compacted (the harness stops its server and compacts its RocksDB, "
+        "as background compaction would in time; right after the ingest it still holds "
+        "its WAL and L0 files: `per_million_pending.disk` in results.json), for the peers "
+        "as they are right after the ingest.",
     ]
     lines += [f"- {note}" for note in meta.get("notes", [])]
     for n in names:
@@ -262,8 +270,9 @@ def write_markdown(results: dict, out: Path) -> Path:
             f"| {_dur_ms(_get(w, 'w2', 'first_after_due_ms'))} | {cpu('w2')} "
             f"| {_num(_get(w, 'w3', 'achieved_send_rate'))} "
             f"| {_dur_ms(_get(w, 'w3', 'max_behind_schedule_ms'))} | {cpu('w3')} "
-            f"| {srv if n == 'hourglass' else 'n/a'} | {_loads(w)} |")
+            f"| {srv if n.startswith('hourglass') else 'n/a'} | {_loads(w)} |")
 
+    lines += _cluster_lines(results, names)
     errors = [(n, w, e) for n in names
               for w, e in (results["systems"][n].get("errors") or {}).items()]
     if errors:
@@ -287,6 +296,33 @@ def write_markdown(results: dict, out: Path) -> Path:
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _cluster_lines(results: dict, names: list[str]) -> list[str]:
+    """The cluster's own figures: follower lag (from the stream storing a record to a
+    follower applying it) and CPU seconds per process group, per workload."""
+    rows = []
+    for n in names:
+        for wl, w in sorted((results["systems"][n].get("workloads") or {}).items()):
+            c = w.get("cluster") if isinstance(w, dict) else None
+            if not c:
+                continue
+            lags = "; ".join(
+                f"{node}: {_num(v.get('p50_ms'), 1)} / {_num(v.get('p99_ms'), 1)} ms "
+                f"(p99 ≤ {_num(v.get('p99_le_ms'))} ms bucket; mean {_num(v.get('mean_ms'), 1)}"
+                f" ms, {v.get('records', 0):,} records)"
+                for node, v in sorted((c.get("follower_lag") or {}).items()))
+            cpu = ", ".join(f"{k} {v:,.1f} s" for k, v in (c.get("cpu_s") or {}).items())
+            rows.append(f"| {_label(results, n)} | {wl.upper()} | {lags or '—'} | {cpu} |")
+    if not rows:
+        return []
+    return ["", "### Cluster", "",
+            "Follower lag: from the stream storing a record to a follower applying it "
+            "(`hourglass_cluster_apply_lag_ms`, every record of the workload; p50 / p99 "
+            "interpolated within the histogram's buckets). CPU: seconds per process group "
+            "over the workload (the six servers and the client share the machine).", "",
+            "| System | Workload | Follower lag p50 / p99 | CPU by process group |",
+            "|---|---|---|---|", *rows]
 
 
 # ---------------------------------------------------------------- plots

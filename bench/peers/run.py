@@ -32,7 +32,7 @@ import psutil
 
 from . import report
 from .common import log, stop_all
-from .systems import SYSTEM_NAMES, SystemUnavailable, make_system
+from .systems import DEFAULT_SYSTEMS, SYSTEM_NAMES, SystemUnavailable, make_system
 from .workloads import WORKLOADS, Params, pilot_rate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,8 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.peers.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1_000_000, help="messages in W1 and W2")
-    ap.add_argument("--systems", default=",".join(SYSTEM_NAMES),
-                    help=f"comma-separated, from {','.join(SYSTEM_NAMES)}")
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                    help=f"comma-separated, from {','.join(SYSTEM_NAMES)} (default: "
+                         f"{','.join(DEFAULT_SYSTEMS)})")
     ap.add_argument("--workloads", default="w1,w2,w3", help="comma-separated, from w1,w2,w3")
     ap.add_argument("--out", default="bench/peers/results", help="output directory")
     ap.add_argument("--merge", action="store_true",
@@ -98,6 +99,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "load average is below LOAD: the machine may be shared")
     ap.add_argument("--wait-quiet-max", type=float, default=300.0)
     ap.add_argument("--keep-data", action="store_true", help="do not delete the data dirs")
+    ap.add_argument("--payload", type=int, default=100, metavar="BYTES",
+                    help="bytes of each message body (random base64 text), for every system")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -105,6 +108,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for s in args.systems:
         if s not in SYSTEM_NAMES:
             ap.error(f"unknown system {s!r}")
+    if args.payload < 1:
+        ap.error("--payload must be >= 1")
     for w in args.workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w!r}")
@@ -179,6 +184,8 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
             entry["config"] = system.config()
             fn = pilot_rate if wl == "pilot" else WORKLOADS[wl]
             res = fn(system, params, ctx)
+            if wl != "pilot":
+                res.update(system.extra_results())
             res["wall_s"] = round(time.perf_counter() - t0, 1)
             res["loadavg_1m"] = {"start": load0, "end": round(os.getloadavg()[0], 2)}
             if wl == "pilot":
@@ -261,13 +268,19 @@ def _log_summary(name: str, wl: str, res: dict) -> None:
     if wl == "w1":
         log(f"{name} W1: {res['msgs_per_s']:,.0f} msg/s; pending {c.get('pending')}; "
             f"per M: mem {_fmt_mib(res['per_million_pending'].get('memory'))}, "
-            f"disk {_fmt_mib(res['per_million_pending'].get('disk'))}")
+            f"disk {_fmt_mib(res['per_million_pending'].get('disk'))}"
+            + (f" ({_fmt_mib(res['per_million_pending']['disk_compacted'])} compacted)"
+               if res['per_million_pending'].get('disk_compacted') is not None else ""))
     else:
         lat = res.get("lateness_ms", {})
         log(f"{name} {wl.upper()}: lateness p50 {lat.get('p50')} p99 {lat.get('p99')} "
             f"max {lat.get('max')} ms; early {res.get('early')}; missing {c.get('missing')}, "
             f"duplicates {c.get('duplicates')}"
-            + (f"; drain {res.get('drain_s'):.1f} s" if res.get("drain_s") else ""))
+            + (f"; drain {res.get('drain_s'):.1f} s" if res.get("drain_s") else "")
+            + (f"; server RSS growth {_fmt_mib(res['server_rss_growth']['rss'])} (anon "
+               f"{_fmt_mib(res['server_rss_growth'].get('anon'))}, file-backed "
+               f"{_fmt_mib(res['server_rss_growth'].get('file'))})"
+               if res.get("server_rss_growth") else ""))
 
 
 def _fmt_mib(v: float | None) -> str:
@@ -281,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     params = Params(n=args.n, batch=args.batch, producers=args.producers,
                     w3_rate=args.w3_rate, w3_duration_s=args.w3_duration,
                     w3_delay_min_ms=args.w3_delay[0], w3_delay_max_ms=args.w3_delay[1],
-                    drain_timeout_s=args.drain_timeout, seed=args.seed)
+                    drain_timeout_s=args.drain_timeout, seed=args.seed,
+                    payload=args.payload)
     cmd = "python -m bench.peers.run " + shlex.join(sys.argv[1:] if argv is None else argv)
     results: dict = {"systems": {}}
     previous = out / "results.json"

@@ -4,9 +4,13 @@
   batches of ``batch`` by ``producers`` threads; msgs/s. Then, with the N messages pending:
   memory and disk growth per million pending messages, and the pending count (correctness:
   pending + already delivered must be N; hourglass delivers due messages without a consumer).
+  Last, the disk once compacted, where the system has such a step (``System.compacted_disk``:
+  hourglass stops its server and compacts its RocksDB, what background compaction reaches
+  in time; right after the ingest RocksDB still holds its WAL and uncompacted L0 files).
 - W2 burst: N messages all due at one instant, a few seconds after the ingest is expected to end
   (2 × the time the W1 rate predicts, + 5 s; without W1, from a short pilot); consumers run
-  throughout. Drain time (due → last message received), drain rate, lateness percentiles.
+  throughout. Drain time (due → last message received), drain rate, lateness percentiles,
+  and the servers' RSS: before the ingest, at its end and at its peak until the drain ended.
 - W3 steady: ``rate`` msgs/s for ``duration`` s, each due 1-3 s (uniform) after it is sent;
   lateness percentiles and the number received before their due time (must be 0).
 
@@ -55,6 +59,7 @@ class Params:
     w3_delay_max_ms: int = 3000
     drain_timeout_s: float = 1800.0
     seed: int = 7
+    payload: int = 100  # bytes of each body
 
 
 class CpuMeter:
@@ -103,6 +108,70 @@ class CpuMeter:
                 "whole_cpu_s": round(server_s + consumer_s, 2)}
 
 
+class RssPeak:
+    """The servers' RSS (summed over their processes), sampled every ``interval_s`` in a
+    thread: its value when started, at each ``mark``, and its peak; on Linux also its
+    anonymous and file-backed parts (``/proc/PID/status`` RssAnon, RssFile: a mapped log's
+    pages are file-backed, and the kernel takes them back under memory pressure)."""
+
+    def __init__(self, system: System, interval_s: float = 0.05) -> None:
+        self.system = system
+        self.interval_s = interval_s
+        self.start_rss = self._rss()
+        self.peak = dict(self.start_rss) if self.start_rss is not None else None
+        self.marks: dict[str, dict[str, int] | None] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-peak", daemon=True)
+        self._thread.start()
+
+    def _rss(self) -> dict[str, int] | None:
+        procs = self.system.server_processes()
+        if not procs:
+            return None
+        total = {"rss": 0}
+        for proc in procs:
+            try:
+                total["rss"] += proc.memory_info().rss
+            except psutil.Error:
+                continue
+            parts = _rss_parts(proc.pid)
+            for key, value in parts.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            rss = self._rss()
+            if rss is None:
+                continue
+            if self.peak is None:
+                self.peak = dict(rss)
+            for key, value in rss.items():
+                self.peak[key] = max(self.peak.get(key, 0), value)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = self._rss()
+
+    def result(self) -> dict[str, dict[str, int] | None]:
+        self._stop.set()
+        self._thread.join()
+        return {"start": self.start_rss, **self.marks, "peak": self.peak}
+
+
+def _rss_parts(pid: int) -> dict[str, int]:
+    """RssAnon and RssFile of a process, in bytes ({} where /proc does not say)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    name, value = line.split(":", 1)
+                    out["anon" if name == "RssAnon" else "file"] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
 # ---------------------------------------------------------------- producing
 
 def produce(system: System, tracker: Tracker | None, n: int, due_of: Callable[[int, int], list],
@@ -126,7 +195,7 @@ def produce(system: System, tracker: Tracker | None, n: int, due_of: Callable[[i
             if tracker is not None:
                 tracker.set_due(ids, due)
             try:
-                system.send(Batch(ids, due, random_bodies(e - s)))
+                system.send(Batch(ids, due, random_bodies(e - s, p.payload)))
             except BaseException as exc:
                 errors.append(exc)
                 stop.set()
@@ -205,10 +274,15 @@ def w1_ingest(system: System, p: Params, ctx: dict) -> dict:
     for k, v in after.items():
         b = base.get(k)
         per_million[k] = None if v is None or b is None else (v - b) * 1e6 / p.n
+    # last, as it may stop the server: the disk once the system compacted what it stores
+    compacted = system.compacted_disk()
+    if compacted is not None and base.get("disk") is not None:
+        per_million["disk_compacted"] = (compacted - base["disk"]) * 1e6 / p.n
     ctx.setdefault("ingest_rate", {})[system.name] = rate
     return {
-        "n": p.n, "elapsed_s": round(elapsed, 3), "msgs_per_s": rate, **cpu_res,
-        "footprint_before": base, "footprint_after": after,
+        "n": p.n, "payload": p.payload, "elapsed_s": round(elapsed, 3), "msgs_per_s": rate,
+        **cpu_res, "footprint_before": base, "footprint_after": after,
+        "disk_compacted": compacted,
         "per_million_pending": per_million,
         "correctness": {"expected": p.n, "pending": pending, "delivered": delivered,
                         "ok": pending is None or pending + delivered == p.n},
@@ -229,15 +303,18 @@ def w2_burst(system: System, p: Params, ctx: dict) -> dict:
     log(f"{system.name} W2: {p.n:,} messages all due at +{lead_ms / 1000:.1f} s "
         f"(est. ingest {p.n / est_rate:.1f} s)")
     cpu = CpuMeter(system)
+    rss = RssPeak(system)
     elapsed = produce(system, tracker, p.n, lambda s, e: [due] * (e - s), p,
                       f"{system.name} W2 ingest")
     ingest_end = now_ms()
+    rss.mark("ingest_end")
     if ingest_end > due:
         log(f"{system.name} W2: ingest ended {ingest_end - due:,.0f} ms after the due time")
     complete = wait_received(system, tracker, p.n, due + p.drain_timeout_s * 1000,
                              f"{system.name} W2 drain")
     cpu_res = cpu.result()
     system.stop_consumers()
+    server_rss = rss.result()
     lat = tracker.lateness()
     recv = tracker.recv[~np.isnan(tracker.recv)]
     first = float(recv.min() - due) if recv.size else None
@@ -255,6 +332,10 @@ def w2_burst(system: System, p: Params, ctx: dict) -> dict:
         "server_early": int((tracker.server_lateness() < 0).sum()),
         "lateness_quantiles_ms": quantile_curve(lat),
         **cpu_res,
+        # bytes: the servers' RSS before the ingest, at its end, and at its peak (sampled
+        # every 50 ms until the drain ended; each part's own peak); growth = peak - before
+        "server_rss": server_rss,
+        "server_rss_growth": _growth(server_rss),
         "correctness": _correctness(tracker, p.n, complete),
     }
 
@@ -289,7 +370,7 @@ def w3_steady(system: System, p: Params, ctx: dict) -> dict:
             due = (now + delays[s:e]).astype(np.int64).tolist()
             tracker.set_due(ids, due)
             try:
-                system.send(Batch(ids, due, random_bodies(e - s)))
+                system.send(Batch(ids, due, random_bodies(e - s, p.payload)))
             except BaseException as exc:
                 errors.append(exc)
                 continue
@@ -342,6 +423,13 @@ def w3_steady(system: System, p: Params, ctx: dict) -> dict:
         **cpu_res,
         "correctness": _correctness(tracker, n, complete),
     }
+
+
+def _growth(rss: dict[str, dict[str, int] | None]) -> dict[str, int] | None:
+    start, peak = rss.get("start"), rss.get("peak")
+    if start is None or peak is None:
+        return None
+    return {key: peak[key] - start[key] for key in peak if key in start}
 
 
 def pilot_rate(system: System, p: Params, ctx: dict) -> dict:

@@ -10,9 +10,27 @@ from hypothesis import strategies as st
 
 from api import schemas
 from api.native import native
-from api.routes.consume import _pull_msgpack_native, delivered, pull_msgpack_py
-from api.routes.groups import _receive_msgpack_native, receive_msgpack_py
-from api.wire_keys import NEXT_OFFSET, PULL_HEAD, key_table
+from api.routes.consume import (
+    _pull_json_native,
+    _pull_msgpack_native,
+    delivered,
+    pull_json_py,
+    pull_msgpack_py,
+)
+from api.routes.groups import (
+    _receive_json_native,
+    _receive_msgpack_native,
+    receive_json_py,
+    receive_msgpack_py,
+)
+from api.wire_keys import (
+    NEXT_OFFSET,
+    NEXT_OFFSET_JSON,
+    PULL_HEAD,
+    PULL_HEAD_JSON,
+    RECEIVE_JSON,
+    key_table,
+)
 from scheduler.groups import AckCounts, LeasedBatch, LeasedMessage
 from storage.errors import CorruptionError
 from storage.records import (
@@ -121,6 +139,118 @@ def test_receive_answer(rows: list[tuple[LogRecord, bool, str, int, int]], lease
         receive_msgpack_py, result, ack, once)
 
 
+# --- the same in JSON ---------------------------------------------------------------------
+def python_delivered_json(payload: bytes, once: bool = False) -> bytes | None:
+    return or_none(lambda: msgspec.json.encode(delivered(decode_log_record(payload), once)))
+
+
+def takes_record(record: LogRecord) -> bool:
+    """Whether C writes ``record``'s document (else it leaves it to Python: None)."""
+    return len(record.properties) <= 16 and fits_int64(
+        record.queue_offset, record.born_at, record.deliver_at, record.stored_at, record.flags)
+
+
+@needs_native
+@settings(max_examples=300)
+@given(record=log_records, data=st.data(), once=st.booleans())
+def test_delivered_json(record: LogRecord, data: st.DataObject, once: bool) -> None:
+    """Every string escaped as msgspec escapes it (quotes, backslashes, controls, non-ASCII
+    text), the body's bytes in base64, the text body beside it unless ``once``."""
+    assert native is not None
+    payload = encode_log_record(record)
+    payloads = [payload, data.draw(mutations(payload))]
+    out, offsets = native.delivered_json(payloads, once=once)
+    takes = takes_record(record)
+    holds(out[0], python_delivered_json(payload, once), takes=takes)
+    if takes:
+        assert offsets[0] == record.queue_offset
+    if out[1] is not None:
+        holds(out[1], python_delivered_json(payloads[1], once), takes=None)
+
+
+@needs_native
+def test_json_strings_and_bodies_of_every_byte() -> None:
+    """Each byte value below 0x80 in a string and in a text body, and base64 of bodies of
+    every length modulo 3, as msgspec writes them."""
+    assert native is not None
+    every = "".join(map(chr, range(0x80))) + "\u00e9\u2028\U0001f600"
+    records = [LogRecord(topic="t", msg_id=every[1:], queue_offset=n, body=every.encode()[:n],
+                         tags=every, keys=(every, ""), properties={every: every, "": ""})
+               for n in range(0, 140, 7)]
+    records += [LogRecord(topic="t", msg_id="m", queue_offset=1, body=bytes(range(256))[:n])
+                for n in range(7)]
+    for once in (False, True):
+        for record in records:
+            payload = encode_log_record(record)
+            holds(native.delivered_json([payload], once=once)[0][0],
+                  python_delivered_json(payload, once), takes=True)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40),
+       once=st.booleans())
+def test_pull_answer_json(records: list[LogRecord], offset: int, once: bool) -> None:
+    payloads = [encode_log_record(r) for r in records]
+    assert outcome(_pull_json_native, payloads, offset, once) == outcome(
+        pull_json_py, payloads, offset, once)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(records=st.lists(log_records, min_size=1, max_size=20), data=st.data(),
+       once=st.booleans())
+def test_pull_frame_json_in_one_buffer(records: list[LogRecord], data: st.DataObject,
+                                       once: bool) -> None:
+    """``test_pull_frame_in_one_buffer`` in JSON."""
+    assert native is not None
+    payloads = [encode_log_record(r) for r in records]
+    frame = native.pull_frame_json(payloads, once)
+    takes = all(map(takes_record, records)) and records[-1].queue_offset < (1 << 63) - 1
+    holds(frame, pull_json_py(payloads, 0, once) if takes else None, takes=takes)
+    k = data.draw(st.integers(0, len(payloads) - 1))
+    damaged = [*payloads[:k], data.draw(mutations(payloads[k])), *payloads[k + 1:]]
+    frame = native.pull_frame_json(damaged, once)
+    if frame is not None:
+        holds(frame, pull_json_py(damaged, 0, once), takes=None)
+    assert native.pull_frame_json([], once) is None
+
+
+@needs_native
+def test_pull_answer_json_of_many_messages() -> None:
+    """A payload C leaves to Python (21 properties) among those it writes; a damaged one."""
+    payloads = [encode_log_record(LogRecord(topic="t", msg_id=f"m{i}", queue_offset=i,
+                                            body=b"x" * i, properties={"p": "q"} if i % 5
+                                            else {str(k): "v" for k in range(21)}))
+                for i in range(40)]
+    assert _pull_json_native(payloads, 0) == pull_json_py(payloads, 0)
+    with pytest.raises(CorruptionError):
+        _pull_json_native([payloads[0][:-1]], 0)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(rows=st.lists(st.tuples(log_records, st.booleans(), st.text(max_size=20),
+                               st.integers(1, 50), st.just(0) | st.integers(0, 16)),
+                     max_size=20),
+       lease_until=st.integers(0, 1 << 62),
+       acked=st.none() | st.tuples(st.integers(0, 1000), st.lists(st.text(max_size=10),
+                                                                  max_size=3)),
+       once=st.booleans())
+def test_receive_answer_json(rows: list[tuple[LogRecord, bool, str, int, int]],
+                             lease_until: int, acked: tuple[int, list[str]] | None,
+                             once: bool) -> None:
+    """``test_receive_answer`` in JSON (receipts with characters to escape too), all shown
+    as stored (one buffer) or mixed with retries."""
+    result = LeasedBatch(lease_until=lease_until, messages=[
+        LeasedMessage(receipt, count, times, encode_log_record(record)) if stored
+        else LeasedMessage(receipt, count, times, shown=record)
+        for record, stored, receipt, count, times in rows])
+    ack = None if acked is None else AckCounts(acked=acked[0], stale=acked[1])
+    assert outcome(_receive_json_native, result, ack, once) == outcome(
+        receive_json_py, result, ack, once)
+
+
 # --- the keys: one definition, the schemas ----------------------------------------------------
 def test_the_keys_are_the_schemas() -> None:
     """api/wire_keys.py builds every key the encoders write from the Structs: the pull
@@ -138,6 +268,16 @@ def test_the_keys_are_the_schemas() -> None:
     assert answer(table.keys[3], (b"\xa1I", b"\xa1T", b"\x07", b"\xa1H"),
                   b"\x91") == msgspec.msgpack.encode(result)
     assert answer(table.keys[4], (b"I", b"T", b"7", b"H")) == msgspec.json.encode(result)
+    assert msgspec.json.encode(schemas.PullResult(messages=[], next_offset=5)) == \
+        PULL_HEAD_JSON + NEXT_OFFSET_JSON + b"5}"
+    assert table.json_keys[0] == tuple(msgspec.json.encode(f.encode_name) + b":"
+                                       for f in msgspec.structs.fields(schemas.Received))
+    head, lease, acked, stale = RECEIVE_JSON
+    receive = schemas.ReceiveResult(messages=[], lease_until=3)
+    assert msgspec.json.encode(receive) == head + lease + b"3}"
+    receive.acked, receive.stale = 1, ["r"]
+    assert msgspec.json.encode(receive) == head + lease + b"3" + acked + b"1" + stale + \
+        b'["r"]}'
 
 
 def answer(pieces: tuple[bytes, ...], values: tuple[bytes, ...], array: bytes = b"") -> bytes:

@@ -263,3 +263,71 @@ def test_a_batch_queued_for_a_waiting_consumer_hands_it_the_gil(
     assert got == [batch] and yields == ["MainThread"]
     assert queue.put(batch)  # nobody waits: no hand-over
     assert yields == ["MainThread"]
+
+
+def test_the_queue_holds_at_most_its_bytes_of_values_and_always_one_batch() -> None:
+    """Large bodies: the byte bound, not the batch count, stops a scanner; a batch larger
+    than the bound still goes into an empty queue (else it could never be delivered)."""
+    queue = delivery.BoundedQueue(32, max_bytes=10_000)
+
+    def batch(n: int, size: int) -> ScanBatch:
+        return ScanBatch(shard=0, start=b"a", end=b"b", items=[(b"k", b"v" * size)] * n)
+
+    big = batch(10, 3000)  # 30 000 bytes: more than the bound alone
+    assert delivery.batch_bytes(big) == 30_000
+    assert queue.put(big)  # into the empty queue
+    assert queue.bytes == 30_000
+    blocked = threading.Event()
+    done = threading.Event()
+
+    def scanner() -> None:
+        blocked.set()
+        queue.put(batch(2, 100))
+        done.set()
+
+    t = threading.Thread(target=scanner)
+    t.start()
+    assert blocked.wait(10)
+    assert not done.wait(0.2)  # full by bytes with one batch of 32 queued
+    assert queue.get() is big
+    queue.done()
+    assert done.wait(10)  # room again: the waiting put goes in
+    t.join(10)
+    assert queue.bytes == 200 and queue.messages == 2
+    assert queue.put(batch(40, 100))  # 200 + 4000 <= 10 000: no wait
+    assert queue.bytes == 4200
+    assert delivery.batch_bytes(ScanBatch(shard=0, start=b"a", end=b"b", items=[])) == 0
+    mixed = ScanBatch(shard=0, start=b"a", end=b"b",
+                      items=[(b"k", b"x" * 10), (b"k", b"x" * 40), (b"k", b"x" * 70)])
+    assert delivery.batch_bytes(mixed) == 3 * (10 + 40 + 70) // 3
+    queue.close()
+    assert queue.bytes == 0
+
+
+def test_a_commit_takes_queued_batches_up_to_its_bytes_not_only_its_count() -> None:
+    commits: list[list[int]] = []
+
+    class Recorder:
+        def commit_due(self, scans: Sequence[ScanBatch]) -> CommitOutcome:
+            commits.append([int(s.start) for s in scans])
+            return CommitOutcome()
+
+    def scan(name: int) -> ScanBatch:  # 1000 values of 10 000 bytes (one object, shared)
+        return ScanBatch(shard=0, start=str(name).encode(), end=b"~",
+                         items=[(b"k", b"v" * 10_000)] * 1000)
+
+    assert delivery.batch_bytes(scan(0)) * 2 > delivery.COMMIT_BYTES_MAX
+    progress = Progress()
+    stage = DeliveryStage(committer=Recorder(), clock=FakeClock(START_MS),
+                          metrics=EngineMetrics(), progress=progress, queue_batches=8,
+                          batch_max=100_000, max_backoff_ms=100, on_commit=lambda _: None)
+    for name in (1, 2, 3, 4, 5):  # queued while the stage was idle
+        assert stage.put(scan(name))
+    stage.start()
+    try:
+        with progress.cond:
+            assert progress.cond.wait_for(lambda: progress.committed == 5, 10)
+    finally:
+        stage.stop()
+    # the first alone (after a pause), then two at a time: the second takes it past 16 MiB
+    assert commits == [[1], [2, 3], [4, 5]]

@@ -4,6 +4,8 @@ copy of equal their Python definitions."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import struct
 from collections import Counter
@@ -23,7 +25,7 @@ from scheduler.codec import (
     scheduled_values_py,
     split_due_py,
 )
-from scheduler.group_state import receipt_offsets_py
+from scheduler.group_state import Seal, receipt_offsets_py
 from scheduler.levels import DelayLevels
 from scheduler.native import native
 from scheduler.timeline import _per_second_py
@@ -83,6 +85,26 @@ def test_log_payloads_fills_in_what_c_leaves() -> None:
     assert _log_payloads_native(*args) == log_payloads_py(*args)
     with pytest.raises(CorruptionError):
         _log_payloads_native([b"\x98junk"], ["t"], ["i"], [0], [5], 9)
+
+
+@needs_native
+def test_log_payloads_of_large_bodies_are_whole_and_owned_once() -> None:
+    """Records cut to size in place (no copy of a 16 KiB body) are the Python twin's bytes,
+    and the answer's list holds the only reference to each (none leaked, none shared)."""
+    import sys
+
+    assert native is not None
+    bodies = [os.urandom(size) for size in (0, 1, 100, 16_384, 70_000, 1 << 20)]
+    values = [message_value(b, "tag", ("k1", "k2"), {}, 11, 12, 0) for b in bodies]
+    n = len(values)
+    args = (values, ["topic"] * n, [f"id{i}" for i in range(n)], list(range(n)),
+            [1 << 40] * n, (1 << 40) + 5)
+    out = native.log_payloads(*args)
+    assert out == log_payloads_py(*args)
+    for i, body in enumerate(bodies):
+        assert type(out[i]) is bytes and body in out[i]
+        refs = sys.getrefcount(out[i])
+        assert refs == 2  # the list's and the call's argument
 
 
 @needs_native
@@ -190,6 +212,35 @@ def test_receipt_offsets(receipt_offsets: Callable[[list[str], str], list[int] |
         assert got == [int(s, 16) for _, s in rows]
     else:
         assert got is None
+
+
+@needs_native
+@settings(max_examples=200)
+@given(key=st.binary(min_size=1, max_size=32), head=st.from_regex(r"\A3[01][0-9a-f]{1,16}\Z"),
+       offsets=st.lists(st.integers(0, (1 << 64) - 1), max_size=40))
+def test_seal_receipts(key: bytes, head: str, offsets: list[int]) -> None:
+    """BLAKE2s keyed, written in C from RFC 7693: the receipts hashlib's seals, for offsets
+    of every width in hex (1-16 digits)."""
+    assert native is not None
+    seal = Seal(key, "t", "g")
+    lease_key = seal.lease_key(head)
+    assert native.seal_receipts(lease_key, head, offsets) == seal.receipts_py(head, offsets)
+    assert native.seal_receipts(key, head, offsets) == [
+        f"{head}.{tag}.{o:x}" for o, tag in zip(offsets, native.seal_tags(
+            key, [f"{o:x}" for o in offsets]), strict=True)]
+
+
+@needs_native
+@settings(max_examples=200)
+@given(key=st.binary(min_size=1, max_size=32), offsets=st.lists(st.text(max_size=200).filter(
+    lambda t: "\n" not in t), max_size=10))
+def test_seal_tags(key: bytes, offsets: list[str]) -> None:
+    """Any text as the offset (a forged receipt's), of one block, several or none."""
+    assert native is not None
+    want = [hashlib.blake2s(o.encode(), key=key, digest_size=8).hexdigest() for o in offsets]
+    assert native.seal_tags(key, offsets) == want
+    seal = Seal(key, "t", "g")
+    assert native.seal_tags(seal.lease_key("30a"), offsets) == seal.tags_py("30a", offsets)
 
 
 # --- the rules C keeps its own copy of, held equal to their one definition in Python --------

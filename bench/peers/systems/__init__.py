@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from .base import System, SystemUnavailable
 
-SYSTEM_NAMES = ("redis", "bullmq", "postgres", "hourglass")
+SYSTEM_NAMES = ("redis", "bullmq", "postgres", "hourglass", "hourglass-cluster")
+#: what a run without ``--systems`` compares (the cluster starts six servers: asked for)
+DEFAULT_SYSTEMS = ("redis", "bullmq", "postgres", "hourglass")
 
 
 def make_system(name: str, options: dict) -> System:
@@ -25,7 +27,11 @@ def make_system(name: str, options: dict) -> System:
         from .hourglass import HourglassSystem
 
         return HourglassSystem(options)
+    if name == "hourglass-cluster":
+        from .hourglass_cluster import HourglassClusterSystem
+
+        return HourglassClusterSystem(options)
     raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEM_NAMES)}")
 
 
-__all__ = ["SYSTEM_NAMES", "System", "SystemUnavailable", "make_system"]
+__all__ = ["DEFAULT_SYSTEMS", "SYSTEM_NAMES", "System", "SystemUnavailable", "make_system"]

@@ -135,12 +135,22 @@ class System(ABC):
         """Bytes: ``memory`` (server RSS/PSS or the store's own figure), ``disk`` (data dir),
         and any system-specific parts (``aof``, ``wal``, ``relation``, ...)."""
 
+    def compacted_disk(self) -> int | None:
+        """Bytes of the data dir once the system compacted what it stores, if it has such a
+        step (called last in W1: it may stop the server); None if it has none."""
+        return None
+
     def server_processes(self) -> list[psutil.Process]:
         """The server's processes (for CPU accounting); empty if not started here."""
         return []
 
     def config(self) -> dict[str, str]:
         """The settings that matter for reading the numbers (shown in the report)."""
+        return {}
+
+    def extra_results(self) -> dict[str, object]:
+        """System-specific figures of the workload just run, merged into its results (the
+        cluster's follower lag); called once it finished, before ``stop``."""
         return {}
 
     def describe(self) -> dict[str, object]:
