@@ -99,7 +99,7 @@ def run(data_dir: Path, messages: int, slice_: int, settle_s: float) -> dict[str
             print(f"pending {row['pending']:>10,}: {row['msgs_per_s'] / 1000:6.0f} k msgs/s, "
                   f"CPU per message: sending {row['python_us']:.2f} µs, RocksDB background "
                   f"{row['rocksdb_us']:.2f} µs (CPU steal {row['steal_pct']} %)", flush=True)
-        store = broker._store
+        store = broker.parts.store
         assert store is not None
         before, began = thread_cpu(), time.monotonic()
         while time.monotonic() - began < settle_s and any(

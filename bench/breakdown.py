@@ -76,7 +76,7 @@ def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
     config = EngineConfig(data_dir=data_dir, timer_shards=1, segment_size=256 << 20)
     out: dict[str, dict[str, float]] = {"ingest": {}, "drain": {}}
     with Broker(config, clock) as broker:
-        intake, writes = broker._intake, broker._writes  # the benchmark looks inside
+        intake, writes = broker.parts.intake, broker.parts.writes  # the benchmark looks inside
         assert writes is not None
         ingest = out["ingest"]
         decoded: list[Any] = [None] * rounds
@@ -109,8 +109,8 @@ def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
             lambda r: msgpack_out.encode({"results": results[r]}), rounds)
 
         drain = out["drain"]
-        store_ = broker._store
-        committer = broker._committer
+        store_ = broker.parts.store
+        committer = broker.parts.committer
         assert store_ is not None
         timers = TimerIndex(store_)
         scans: list[Any] = [None] * rounds

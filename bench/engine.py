@@ -178,7 +178,7 @@ def bench_schedule(root: Path, n: int, shards: int) -> dict[str, Any]:
 
 def rocksdb_memory_mb(broker: Broker) -> dict[str, float]:
     """RocksDB's own memory after the run: memtables of every CF, the shared block cache."""
-    store = broker._store  # the benchmark looks inside on purpose
+    store = broker.parts.store  # the benchmark looks inside on purpose
     assert store is not None
     names = [*store.timer_cf_names(), "index", "cq", "expiry", "meta"]
     memtables = sum(store.property_int(cf, "rocksdb.size-all-mem-tables") or 0 for cf in names)

@@ -70,7 +70,7 @@ def measure(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
         samples[stage][compiled].append((time.thread_time() - started) * 1e6 / BATCH)
 
     with Broker(config, clock) as broker:
-        store, committer = broker._store, broker._committer  # the benchmark looks inside
+        store, committer = broker.parts.store, broker.parts.committer  # the benchmark looks inside
         assert store is not None and committer is not None
         for r in range(rounds):
             broker.send_batch([SendRequest(topic="t", body=BODY.encode(), msg_id=f"r{r}m{i}",

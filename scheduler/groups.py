@@ -10,7 +10,7 @@ dead-letter topic (``%DLQ%group``), holds what failed ``max_reconsume_times`` ti
   first), then offsets never handed out. Leases live in memory only.
 - ``ack`` is one RocksDB write per request: the committed offset of a stream moves up as
   acks fill the gaps; an ack above it is a ``gack/`` key until the gap below it fills.
-- ``nack`` is ONE write too, through ``Broker.submit(extra=..., atomic=True)``: the same
+- ``nack`` is ONE write too, through ``WritePaths.submit(extra=..., atomic=True)``: the same
   RocksDB batch acknowledges the message in its stream and schedules its retry (or appends
   its dead letter). ``atomic``: a retry or dead letter that is due at once is appended to the
   log with FLAG_BATCH, so it counts only with that batch's write, never by replay (see
@@ -539,6 +539,22 @@ class GroupManager:
                 dead_lettered=self._end_offset(g.dlq_topic) - max(
                     g.dlq_cursor, self.first_offset(g.dlq_topic)),  # (retention deletes some)
                 expired=self._stored_expired(g) + lost)
+
+    def offset(self, topic: str, group: str) -> int:
+        """The group's committed offset in ``topic`` (0: none committed yet)."""
+        check_topic(topic, allow_system=True)
+        check_group(group)
+        self._check_running()
+        return self._offsets.group_offset(topic, group)
+
+    def read_offset(self, topic: str, group: str) -> int:
+        """Where a pull or stream by ``group`` (no offset given) starts: its committed
+        offset, moved up to the topic's first offset when retention deleted past it (the
+        messages it lost count as ``expired``: ``catch_up``)."""
+        offset = self.offset(topic, group)
+        if offset < self.first_offset(topic):
+            offset = self.catch_up(topic, group)
+        return offset
 
     def set_offset(self, topic: str, group: str, offset: int) -> int:
         """Move the committed offset (skip or replay): acks above it are forgotten and every

@@ -1,7 +1,7 @@
 """Transactional half messages: prepare, commit, rollback, and check-back.
 
 A prepared message waits in the ``half`` column family, invisible to consumers, keyed by its
-next check time. Commit hands it to the engine's send path (``Broker.submit``) with the
+next check time. Commit hands it to the engine's send path (``WritePaths.submit``) with the
 transaction's own changes composed into the same RocksDB batch; rollback removes it; a
 check-back claim (a producer's poll, or the POST of scheduler/checkback/dispatcher.py) counts
 the check and moves the next one an interval later, and past the maximum DISCARDS the message
@@ -101,7 +101,8 @@ class Committing(Protocol):
 
 
 class Submit(Protocol):
-    """``Broker.submit``: store prepared messages, composing ``extra`` into the same batch."""
+    """``WritePaths.submit`` (wired in scheduler/engine.py): store prepared messages,
+    composing ``extra`` into the same batch."""
 
     def __call__(self, messages: Sequence[PreparedMessage], *,
                  extra: Callable[[Batch], None] | None = None,

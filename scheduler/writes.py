@@ -73,7 +73,17 @@ class WritePaths:
         extra: Callable[[Batch], None] | None = None, replace_prepared: bool = False,
         atomic: bool = False,
     ) -> list[SendOutcome]:
-        """See ``Broker.submit``."""
+        """Store prepared messages atomically: each is scheduled (timer key + index entry)
+        or, when already due, appended to the log; idempotent on (topic, msgId).
+
+        For composition (transactions, consumer groups' nacks): ``extra(batch)`` runs while
+        every lock is held (shard locks and the commit lock) and adds its own operations to
+        the one RocksDB batch that also schedules the messages; it may raise to abort, before
+        anything is written. ``replace_prepared``: an index entry PREPARED for the same
+        (topic, msgId) is the half message being committed, not a duplicate. ``atomic``:
+        messages due at once count only with the one RocksDB write (never by replay), as when
+        scheduled ones share the batch: all or nothing, also with ``extra``.
+        """
         if not messages:
             return []
         store, committer = self._store, self._committer

@@ -80,19 +80,19 @@ def build_router(ctx: ApiContext) -> APIRouter:
         body = decode(await read_body(request, MAX_BODY), request.headers.get("content-type"),
                       CheckCallbackIn)
         secret = None if body.secret is UNSET else body.secret
-        return respond(_out(broker.set_check_callback(group, body.url, secret)))
+        return respond(_out(broker.transactions.register_callback(group, body.url, secret)))
 
     @router.get("/v1/producer-groups/{group}/check-callback", **_operation(
         "getCheckCallback", "The group's check-back URL (admin)", errors=(404, 503)))
     async def get_check_callback(group: Group, principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.ADMIN)
-        return respond(_out(broker.get_check_callback(group)))
+        return respond(_out(broker.transactions.callbacks.get(group)))
 
     @router.delete("/v1/producer-groups/{group}/check-callback", **_operation(
         "deleteCheckCallback", "Stop check-back callbacks for the group; it polls again (admin)",
         errors=(404, 503)))
     async def delete_check_callback(group: Group, principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.ADMIN)
-        return respond(_out(broker.delete_check_callback(group)))
+        return respond(_out(broker.transactions.callbacks.delete(group)))
 
     return router

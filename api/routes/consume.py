@@ -215,9 +215,9 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             if group is None or offset is None:
                 raise InvalidArgument("commit=true needs a group and an offset")
             ctx.allow(principal, Permission.OFFSETS, topic)
-            broker.commit_group_offset(topic, check_group(group), offset)
+            broker.groups.set_offset(topic, check_group(group), offset)
         elif offset is None:
-            offset = 0 if group is None else broker.group_read_offset(topic, check_group(group))
+            offset = 0 if group is None else broker.groups.read_offset(topic, check_group(group))
         if wait_ms > 0:
             payloads = await _long_poll(topic, offset, max_messages, wait_ms / 1000.0)
         else:
@@ -264,7 +264,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     ))
     async def get_group_offset(topic: Topic, group: Group, principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.OFFSETS, topic)
-        return respond(schemas.GroupOffset(offset=broker.get_group_offset(topic, group)))
+        return respond(schemas.GroupOffset(offset=broker.groups.offset(topic, group)))
 
     @router.put("/v1/topics/{topic}/groups/{group}/offset", **operation(
         "commitGroupOffset", tag="consuming", summary="Commit a group's offset",
@@ -281,4 +281,4 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         raw = await read_body(request, ctx.limits.max_request_bytes)
         body = decode(raw, request.headers.get("content-type"), schemas.GroupOffsetIn)
         return respond(schemas.GroupOffset(
-            offset=broker.commit_group_offset(topic, group, body.offset)))
+            offset=broker.groups.set_offset(topic, group, body.offset)))

@@ -107,7 +107,7 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
     ))
     async def list_parked(principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.ADMIN)
-        parked = await run_in_threadpool(broker.parked)
+        parked = await run_in_threadpool(broker.quarantine.messages)
         return respond(schemas.ParkedMessages(messages=[schemas.ParkedMessage(
             topic=p.topic, msg_id=p.msg_id, deliver_at=p.deliver_at, reason=p.reason,
             size=p.size) for p in parked]))
@@ -120,7 +120,7 @@ def add_routes(router: APIRouter, ctx: ApiContext, registry: CollectorRegistry) 
     async def redrive_parked(principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.ADMIN)
         return respond(schemas.Redriven(redriven=await run_in_threadpool(
-            broker.redrive_parked)))
+            broker.quarantine.redrive)))
 
     @router.post("/v1/admin/snapshots", **operation(
         "createSnapshot", tag="operations", ok=201,

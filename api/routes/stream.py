@@ -295,7 +295,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         assert max_messages is not None and duration_ms is not None
         group = request.query_params.get("group")
         if offset is None:
-            offset = 0 if group is None else broker.group_read_offset(topic, check_group(group))
+            offset = 0 if group is None else broker.groups.read_offset(topic, check_group(group))
         broker.end_offset(topic)  # a bad topic, a stopped engine: refused before the 200
         first = broker.first_offset(topic)
         if offset < first:  # deleted by retention: refused before the 200 too

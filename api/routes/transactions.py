@@ -58,7 +58,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     def check_owner(principal: Principal, transaction_id: str) -> None:
         """NotFound, exactly as for an unknown id, unless the token may use the topic."""
         ctx.allow(principal, Permission.TRANSACT)
-        if not principal.may_use_topic(broker.transaction_status(transaction_id).topic):
+        if not principal.may_use_topic(broker.transactions.get(transaction_id).topic):
             raise NotFound(f"unknown transaction {transaction_id!r}")
 
     @router.post("/v1/topics/{topic}/transactions", **operation(
@@ -72,7 +72,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         raw = await read_body(request, ctx.limits.max_request_bytes)
         body = decode(raw, request.headers.get("content-type"), schemas.TransactionIn)
         immunity = None if body.check_immunity_seconds is UNSET else body.check_immunity_seconds
-        result = broker.prepare_transaction(
+        result = broker.transactions.prepare(
             to_send_request(body, topic), producer_group=body.producer_group,
             check_immunity_seconds=immunity,
         )
@@ -86,7 +86,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def commit_transaction(transaction_id: TransactionId,
                                  principal: Authenticated) -> Response:
         check_owner(principal, transaction_id)
-        return respond(transaction_result(broker.commit_transaction(transaction_id)))
+        return respond(transaction_result(broker.transactions.commit(transaction_id)))
 
     @router.post("/v1/transactions/{transactionId}/rollback", **operation(
         "rollbackTransaction", tag="transactions", summary="Roll back: never delivered",
@@ -95,7 +95,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def rollback_transaction(transaction_id: TransactionId,
                                    principal: Authenticated) -> Response:
         check_owner(principal, transaction_id)
-        return respond(transaction_result(broker.rollback_transaction(transaction_id)))
+        return respond(transaction_result(broker.transactions.rollback(transaction_id)))
 
     @router.get("/v1/producer-groups/{group}/transaction-checks", **operation(
         "pollTransactionChecks", tag="transactions",
@@ -111,7 +111,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         ctx.allow(principal, Permission.TRANSACT)
         # a poll scans the group's checks under the commit lock: keep the event loop free
         may_see = None if principal.role is Role.ADMIN else principal.may_use_topic
-        checks = await run_in_threadpool(broker.poll_transaction_checks, group, max_checks,
+        checks = await run_in_threadpool(broker.transactions.poll_checks, group, max_checks,
                                          may_see=may_see)
         return respond(schemas.TransactionChecks(checks=[transaction_check(c) for c in checks]))
 

@@ -125,7 +125,7 @@ def test_bad_input_is_refused_and_stores_nothing(
     problem(response, status, code)
     live.broker.drain()
     assert stored(live) == before
-    assert live.broker.get_group_offset(TOPIC, "g") == 0
+    assert live.broker.groups.offset(TOPIC, "g") == 0
 
 
 def test_chunked_oversize_request_is_413(small_limits: Live) -> None:

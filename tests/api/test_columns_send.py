@@ -488,13 +488,13 @@ def test_send_batch_stores_and_answers_the_same_either_way(tmp_path: Path) -> No
         clock = FakeClock(T0)
         broker = Broker(make_config(tmp_path / name), clock)
         broker.start()
-        broker._intake._ids._instance, broker._intake._ids._counter = "0123ABCD", itertools.count()
+        ids = broker.parts.intake._ids
+        ids._instance, ids._counter = "0123ABCD", itertools.count()
         brokers.append((broker, clock))
     columns, general = (b for b, _ in brokers)
-    general._intake.columns = lambda *args, **kwargs: None  # type: ignore[method-assign]
-    assert columns._writes is not None
-    submit_columns, taken = columns._writes.submit_columns, []
-    columns._writes.submit_columns = lambda batch: (  # type: ignore[method-assign]
+    general.parts.intake.columns = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    submit_columns, taken = columns.parts.writes.submit_columns, []
+    columns.parts.writes.submit_columns = lambda batch: (  # type: ignore[method-assign]
         taken.append(submit_columns(batch)) or taken[-1])
     batches = [
         [SendRequest(topic=topic, body=b"first", delay_ms=10) for topic in TOPICS],
@@ -533,7 +533,7 @@ def keys_of(dump: dict[str, list[tuple[bytes, bytes]]]) -> dict[str, list[bytes]
 
 
 def dump_store(broker: Broker) -> dict[str, list[tuple[bytes, bytes]]]:
-    store = broker._store
+    store = broker.parts.store
     assert store is not None
     cfs = [timer_cf(s) for s in range(store.timer_shards)] + [CF_INDEX, CF_EXPIRY, CF_META]
     return {cf: list(store.scan(cf)) for cf in cfs}

@@ -264,7 +264,7 @@ def test_storage_fault_is_503_and_stores_nothing(live: Live,
     def broken(*_: object, **__: object) -> None:
         raise StorageError("disk full")
 
-    monkeypatch.setattr(live.broker, "submit", broken)  # the storing step of every send
+    monkeypatch.setattr(live.broker.parts.writes, "submit", broken)  # the storing step of a send
     with live.client() as c:
         problem(send(c, msgId="x"), 503, "UNAVAILABLE")
         problem(c.post(f"/v1/topics/{TOPIC}/messages:batch",
@@ -276,7 +276,7 @@ def test_storage_fault_is_503_and_stores_nothing(live: Live,
 def test_corrupt_stored_data_is_a_corruption_problem(live: Live) -> None:
     with live.client() as c:
         assert send(c, msgId="m-bad", delayMs=5_000).status_code == 201
-        store = live.broker._store  # the live RocksDB: overwrite the message's index entry
+        store = live.broker.parts.store  # the live RocksDB: overwrite the message's index entry
         assert store is not None
         batch = store.batch()
         batch.put(CF_INDEX, index_key(TOPIC, "m-bad"), b"\xff not an index entry")
@@ -346,8 +346,8 @@ def test_an_unexpected_error_is_a_500_problem(live: Live,
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(live.broker, "send", bug)  # a hot route (served ahead of FastAPI)
-    monkeypatch.setattr(live.broker, "get_group_offset", bug)  # an ordinary route
-    monkeypatch.setattr(live.broker, "commit_group_offset", bug)  # one with a body
+    monkeypatch.setattr(live.broker.groups, "offset", bug)  # an ordinary route
+    monkeypatch.setattr(live.broker.groups, "set_offset", bug)  # one with a body
     with live.client() as c:
         problem(send(c), 500, "INTERNAL")
         problem(c.get(f"/v1/topics/{TOPIC}/groups/g/offset"), 500, "INTERNAL")

@@ -39,7 +39,7 @@ def _expire_old_segments(live: Live) -> int:
     for k in range(1, 4):
         _send(live, 60, 60 * k)
     live.fake_clock.advance(70_000)
-    retention = live.broker.retention
+    retention = live.broker.parts.retention
     assert retention is not None
     retention.run_once()
     first = live.broker.topic(TOPIC).first_offset

@@ -212,7 +212,7 @@ def test_markers_racing_the_delivery_of_their_targets(live: Live) -> None:
 def direct_backlog(broker: Broker) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Pending per topic, oldest deliverAt per topic and pending per level, counted from the
     timer column families (every key at or above a shard's persisted frontier)."""
-    store = broker._store
+    store = broker.parts.store
     assert store is not None
     topics: dict[str, int] = {}
     oldest: dict[str, int] = {}

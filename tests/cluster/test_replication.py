@@ -28,19 +28,19 @@ def workload(broker: Broker, clock: FakeClock) -> None:
                        SendRequest(topic="u", body=b"mix", msg_id="u1", delay_ms=500)])
     broker.cancel("t", "d3")
     broker.send(SendRequest(topic="t", body=b"dup", msg_id="n0"))  # idempotent
-    tx1 = broker.prepare_transaction(SendRequest(topic="t", body=b"tx1", msg_id="x1"),
+    tx1 = broker.transactions.prepare(SendRequest(topic="t", body=b"tx1", msg_id="x1"),
                                      producer_group="pg")
-    tx2 = broker.prepare_transaction(SendRequest(topic="t", body=b"tx2", msg_id="x2"),
+    tx2 = broker.transactions.prepare(SendRequest(topic="t", body=b"tx2", msg_id="x2"),
                                      producer_group="pg")
-    broker.commit_transaction(tx1.transaction_id)
-    broker.rollback_transaction(tx2.transaction_id)
+    broker.transactions.commit(tx1.transaction_id)
+    broker.transactions.rollback(tx2.transaction_id)
     clock.advance(2000)
     advance_until(clock, lambda: broker.end_offset("t") >= 5 + 19 + 1)
     g = broker.groups
     got = g.receive("t", "g", 6, 30_000)
     g.ack("t", "g", [m.receipt for m in got.messages[:3]])
     g.nack("t", "g", [got.messages[3].receipt])
-    broker.commit_group_offset("u", "g2", 1)
+    broker.groups.set_offset("u", "g2", 1)
     retry = g.topics("t", "g")[1]
     advance_until(clock, lambda: broker.end_offset(retry) >= 1, step=1000)
 
@@ -51,12 +51,12 @@ def test_a_follower_applying_the_stream_holds_the_same_log_bytes_and_answers(
     workload(leader, clock)
     assert stream.records, "nothing was shipped"
     follower.catch_up(stream)
-    end = leader._log.end_position  # type: ignore[union-attr]
+    end = leader.parts.log.end_position
     assert end > 0
     assert follower.log.end_position == end
     assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
             == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
-    assert store_contents(follower.store) == store_contents(leader._store)  # type: ignore[arg-type]
+    assert store_contents(follower.store) == store_contents(leader.parts.store)  # type: ignore[arg-type]
     assert applied_seq(follower.store) == len(stream.records)
     expected = {t: [(r.queue_offset, r.msg_id, r.body) for r in read_topic(leader, t)]
                 for t in ("t", "u", leader.groups.topics("t", "g")[1])}
@@ -70,7 +70,7 @@ def test_a_follower_applying_the_stream_holds_the_same_log_bytes_and_answers(
         assert {t: [(r.queue_offset, r.msg_id, r.body) for r in read_topic(again, t)]
                 for t in expected} == expected
         assert {m: again.status("t", m).status for m in statuses} == statuses
-        assert again.get_group_offset("u", "g2") == 1
+        assert again.groups.offset("u", "g2") == 1
     finally:
         harness.close_all()
 
@@ -94,16 +94,16 @@ def test_a_refused_publish_deposes_the_leader_and_revokes_its_unpublished_tail(
         pair: Pair) -> None:
     stream, leader, reps = pair.stream, pair.leader, pair.replicators
     leader.send(SendRequest(topic="t", body=b"a", msg_id="a"))
-    end = leader._log.end_position  # type: ignore[union-attr]
+    end = leader.parts.log.end_position
     shipped = len(stream.records)
     stream.refuse_next = 1
     with pytest.raises(NotLeader):
         leader.send(SendRequest(topic="t", body=b"b", msg_id="b"))
     assert reps[-1].deposed is not None
-    assert leader._log.end_position == end  # type: ignore[union-attr]
+    assert leader.parts.log.end_position == end
     with pytest.raises(NotLeader):  # for good: no write, no append
         leader.send(SendRequest(topic="t", body=b"c", msg_id="c"))
-    assert leader._log.end_position == end  # type: ignore[union-attr]
+    assert leader.parts.log.end_position == end
     assert len(stream.records) == shipped
     assert [r.msg_id for r in read_topic(leader, "t")] == ["a"]
 
@@ -144,7 +144,7 @@ def test_a_record_larger_than_a_stream_message_goes_in_pieces(
     assert all(len(m) <= stream.max_bytes for m in stream.records)
     follower.catch_up(stream)
     assert follower.guard.seq == len(stream.records)
-    end = leader._log.end_position  # type: ignore[union-attr]
+    end = leader.parts.log.end_position
     assert (log_bytes(tmp_path / "follower" / COMMITLOG_DIR, end)
             == log_bytes(tmp_path / "leader" / COMMITLOG_DIR, end))
 
@@ -162,9 +162,9 @@ def test_pieces_of_a_record_its_leader_never_finished_are_dropped(pair: Pair) ->
     follower.catch_up(stream)
     assert follower.guard.seq == applied and follower.guard.consumed == len(stream.records)
     # the next leader goes on after them: its record is applied, the pieces never
-    rep = LeaderReplicator(leader._store, leader._log, stream,  # type: ignore[arg-type]
+    rep = LeaderReplicator(leader.parts.store, leader.parts.log, stream,  # type: ignore[arg-type]
                            last_seq=len(stream.records))
-    batch = leader._store.batch()  # type: ignore[union-attr]
+    batch = leader.parts.store.batch()
     batch.ops = []
     rep.write(batch, None)
     follower.catch_up(stream)

@@ -63,11 +63,11 @@ def check_counts(data: Path) -> int:
     broker = Broker(EngineConfig(data_dir=data), FakeClock(0))
     broker.start()
     try:
-        store = broker._store
+        store = broker.parts.store
         assert store is not None
         scan = Backlog(store, [timer_cf(s) for s in range(store.timer_shards)], top=50)
         pending = scan.rebuild()
-        kept = broker._backlog
+        kept = broker.parts.backlog
         assert kept.by_topic() == scan.by_topic()
         assert kept.by_level() == scan.by_level()
         assert kept.timeline.series() == scan.timeline.series()

@@ -21,10 +21,11 @@ import pytest
 from api.auth import Role, TokenSpec
 from app.settings import load_settings
 from app.wiring import build_app
-from scheduler.broker import Broker, open_commitlog
+from scheduler.broker import Broker
 from scheduler.clock import SystemClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
+from scheduler.engine import open_commitlog
 from storage.rocks import RocksStore
 from tests.disk import tmpfs
 from tests.support.engine import FlakyLog, FlakyStore

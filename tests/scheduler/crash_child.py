@@ -10,10 +10,11 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from scheduler.broker import Broker, open_commitlog
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
+from scheduler.engine import open_commitlog
 from scheduler.model import SendRequest
 
 

@@ -30,7 +30,7 @@ DELAYS = (0, 1, 7, 999, 1_000, 1_500, 61_000, 3_600_000, 7_300_000)
 
 def scanned(broker: Broker) -> tuple[dict[str, int], dict[int, int], dict[object, object]]:
     """What the start-up scan finds in the broker's store now."""
-    store = broker._store
+    store = broker.parts.store
     assert store is not None
     backlog = Backlog(store, [timer_cf(s) for s in range(store.timer_shards)], top=50)
     backlog.rebuild()
@@ -40,14 +40,14 @@ def scanned(broker: Broker) -> tuple[dict[str, int], dict[int, int], dict[object
 
 def kept(broker: Broker) -> tuple[dict[str, int], dict[int, int], dict[object, object]]:
     """The counts the broker keeps in memory."""
-    backlog = broker._backlog
+    backlog = broker.parts.backlog
     return ({t: n for t, (n, _) in backlog.by_topic().items()}, backlog.by_level(),
             backlog.timeline.series())
 
 
 def loaded(broker: Broker) -> tuple[dict[str, int], dict[int, int], dict[object, object]]:
     """The counts a start would read now: the base plus the deltas not folded."""
-    store, counts = broker._store, broker._counts
+    store, counts = broker.parts.store, broker.parts.counts
     assert store is not None
     with counts._fold_lock:  # (not while the maintenance thread folds)
         series, levels, lazy = BacklogStore(store).load()
@@ -119,7 +119,7 @@ class CountsMachine(RuleBasedStateMachine):
 
     @rule()
     def fold(self) -> None:
-        self.broker._counts.fold(self.broker._all_locks)
+        self.broker.parts.counts.fold(self.broker.parts._all_locks)
 
     @rule()
     def restart(self) -> None:
@@ -130,14 +130,14 @@ class CountsMachine(RuleBasedStateMachine):
     def restart_without_fold(self) -> None:
         """As after a kill: the deltas not folded are read by the next start."""
         broker = self.broker
-        broker._fold_counts = lambda: None  # type: ignore[method-assign]
+        broker.parts._fold_counts = lambda: None  # type: ignore[method-assign]
         broker.close()
         self.broker = self._open()
 
     @invariant()
     def counts_match_a_full_scan(self) -> None:
         expected = scanned(self.broker)
-        timeline = self.broker._backlog.timeline
+        timeline = self.broker.parts.backlog.timeline
         for key, (seconds, _, hours) in expected[2].items():  # type: ignore[misc]
             for hour in list(hours)[:2]:  # an hour per second (reads its lazy seconds)
                 for quarter in range(4):
@@ -164,19 +164,18 @@ def test_a_data_directory_without_counts_is_scanned_once_and_kept(tmp_path: Path
     broker.send_batch([SendRequest(topic=t, body=b"x", msg_id=f"{t}{i}",
                                    deliver_at=START_MS + 1_000 * i)
                        for t in TOPICS for i in range(1, 20)])
-    store = broker._store
+    store = broker.parts.store
     assert store is not None
     batch = store.batch()  # as an older version left it: no counts at all
     for key, _ in list(store.scan(CF_META, b"bl", b"bm")):
         batch.delete(CF_META, key)
     store.write(batch)
-    broker._fold_counts = lambda: None  # type: ignore[method-assign]
+    broker.parts._fold_counts = lambda: None  # type: ignore[method-assign]
     broker.close()
     broker = Broker(make_config(tmp_path), clock)
     broker.start()
     try:
-        assert broker._store is not None
-        assert broker._store.get(CF_META, META_BACKLOG_FOLDED) is not None
+        assert broker.parts.store.get(CF_META, META_BACKLOG_FOLDED) is not None
         assert broker.stats().pending == 4 * 19
         assert kept(broker) == scanned(broker) == loaded(broker)
     finally:

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.broker import Broker, open_commitlog
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
+from scheduler.engine import open_commitlog
 from scheduler.model import SendRequest
 from storage.commitlog import CommitLog
 from storage.constants import CF_META, COMMITLOG_DIR, META_APPLIED_POSITION, ROCKSDB_DIR

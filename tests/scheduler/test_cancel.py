@@ -28,7 +28,7 @@ def test_cancel_before_at_and_after_the_due_time(broker: Broker, clock: FakeCloc
     # the scanners wait at a gate until the cancel is answered (else they may win the race,
     # which is a legitimate ALREADY_DELIVERED, not the case this line is about)
     gate = threading.Event()
-    for scanner in broker._scanners:
+    for scanner in broker.parts.scanners:
         scan = scanner.step
 
         def gated(scan: Callable[[], bool | None] = scan) -> bool | None:

@@ -114,7 +114,7 @@ def test_a_paced_scanner_sleeps_once_per_scan(tmp_path: Path,
                     clock)
     broker.start()
     try:
-        for scanner in broker._scanners:
+        for scanner in broker.parts.scanners:
             scanner._stopping = CountingStop(scanner._stopping, sleeps)  # type: ignore[assignment]
         now = clock.now_ms()
         first_due = time.monotonic() + 0.1

@@ -165,13 +165,13 @@ def test_pull_group_offsets_and_listener(broker: Broker, clock: FakeClock) -> No
     page = broker.pull("t", 1, 3)
     assert [m.offset for m in page.messages] == [1, 2, 3] and page.next_offset == 4
     assert broker.pull("t", 5, 10).messages == [] and broker.pull("t", 5, 10).next_offset == 5
-    assert broker.get_group_offset("t", "g") == 0
-    assert broker.commit_group_offset("t", "g", 4) == 4
-    assert broker.get_group_offset("t", "g") == 4
+    assert broker.groups.offset("t", "g") == 0
+    assert broker.groups.set_offset("t", "g", 4) == 4
+    assert broker.groups.offset("t", "g") == 4
     with pytest.raises(InvalidArgument):
-        broker.commit_group_offset("t", "g", 6)
+        broker.groups.set_offset("t", "g", 6)
     with pytest.raises(InvalidArgument):
-        broker.commit_group_offset("t", "g", -1)
+        broker.groups.set_offset("t", "g", -1)
     with pytest.raises(InvalidArgument):
         broker.pull("t", -1, 5)
     with pytest.raises(InvalidArgument):

@@ -137,6 +137,6 @@ def test_the_pause_ends_on_a_millisecond_boundary(harness: Harness, started_ns: 
     """deliverAt counts whole ms: a scan just after a boundary catches everything due in
     that ms at once (scheduler/scanner.py, pacing)."""
     broker = harness.open(timer_shards=1, scan_interval_ms=interval_ms)
-    scanner = broker._scanners[0]
+    scanner = broker.parts.scanners[0]
     assert scanner._pause_end(50.0, started_ns) == pytest.approx(50.0 + pause_ms / 1000,
                                                                   abs=1e-9)

@@ -64,23 +64,23 @@ def test_acks_fill_gaps_into_the_committed_offset_and_survive_a_restart(
     receipts = [m.receipt for m in got]
     result = groups(broker).ack("t", "g", [receipts[1], receipts[3]])
     assert (result.acked, result.stale) == (2, [])
-    assert broker.get_group_offset("t", "g") == 0  # offset 0 is still out
+    assert broker.groups.offset("t", "g") == 0  # offset 0 is still out
     broker.close()
     broker = harness.open()  # leases are gone; acks are not
     state = groups(broker).state("t", "g")
     assert (state.committed_offset, state.end_offset, state.leased) == (0, 6, 0)
     # a receipt from before the restart still acknowledges while nobody holds the message
     assert groups(broker).ack("t", "g", [receipts[0]]).acked == 1
-    assert broker.get_group_offset("t", "g") == 2
+    assert broker.groups.offset("t", "g") == 2
     again = groups(broker).receive("t", "g", 10, LEASE).messages
     assert [m.record.queue_offset for m in again] == [2, 4, 5]
     assert groups(broker).ack("t", "g", [receipts[2]]).stale == [receipts[2]]  # held again
     assert groups(broker).ack("t", "g", [m.receipt for m in again]).acked == 3
-    assert broker.get_group_offset("t", "g") == 6
+    assert broker.groups.offset("t", "g") == 6
     broker.close()
     broker = harness.open()
     assert groups(broker).receive("t", "g", 10, LEASE).messages == []
-    assert broker.pull("t", broker.get_group_offset("t", "g"), 10).messages == []
+    assert broker.pull("t", broker.groups.offset("t", "g"), 10).messages == []
 
 
 def test_a_stale_receipt_changes_nothing(broker: Broker, clock: FakeClock) -> None:
@@ -96,7 +96,7 @@ def test_a_stale_receipt_changes_nothing(broker: Broker, clock: FakeClock) -> No
     assert g.state("t", "g").leased == 1
     assert g.ack("t", "g", [new.receipt, new.receipt]).acked == 1  # a repeat is stale
     assert g.ack("t", "g", [new.receipt]).stale == [new.receipt]
-    assert broker.get_group_offset("t", "g") == 1
+    assert broker.groups.offset("t", "g") == 1
 
 
 def test_bad_receipts_are_rejected_before_anything_changes(broker: Broker) -> None:
@@ -237,15 +237,15 @@ def test_an_offset_commit_moves_the_group_and_ends_its_leases(broker: Broker) ->
     g = groups(broker)
     got = g.receive("t", "g", 2, LEASE).messages
     assert g.ack("t", "g", [got[1].receipt]).acked == 1
-    assert broker.commit_group_offset("t", "g", 3) == 3
+    assert broker.groups.set_offset("t", "g", 3) == 3
     assert g.state("t", "g").leased == 0
     assert g.ack("t", "g", [got[0].receipt]).stale == [got[0].receipt]  # below the offset
     assert [m.record.offset for m in g.receive("t", "g", 5, LEASE).messages] == [3, 4]
-    assert broker.commit_group_offset("t", "g", 0) == 0  # replay
+    assert broker.groups.set_offset("t", "g", 0) == 0  # replay
     assert [m.record.offset for m in g.receive("t", "g", 5, LEASE).messages] == \
         [0, 1, 2, 3, 4]  # the leases of 3 and 4 ended too
     with pytest.raises(InvalidArgument):
-        broker.commit_group_offset("t", "g", 6)
+        broker.groups.set_offset("t", "g", 6)
 
 
 def test_competing_members_in_threads_each_message_acknowledged_once(
@@ -326,7 +326,7 @@ def ack_keys(broker: Broker, topic: str = "t", group: str = "g") -> dict[int, in
     from storage.constants import CF_META
     from storage.keys import unpack_u64
 
-    store = broker._store
+    store = broker.parts.store
     assert store is not None
     prefix = ack_prefix(topic, group)
     return {unpack_u64(k, len(prefix)): unpack_u64(v) if v else unpack_u64(k, len(prefix)) + 1
@@ -354,10 +354,10 @@ def test_acks_out_of_order_are_stored_a_key_per_run_and_survive_a_restart(
     again = groups(broker).receive("t", "g", 100, LEASE).messages  # all but the acked 39
     assert [m.record.queue_offset for m in again] == [*range(40), 47, *range(80, 100)]
     assert groups(broker).ack("t", "g", [m.receipt for m in again[:41]]).acked == 41
-    assert broker.get_group_offset("t", "g") == 80
+    assert broker.groups.offset("t", "g") == 80
     assert ack_keys(broker) == {}  # every run now below the committed offset: deleted
     assert groups(broker).ack("t", "g", [m.receipt for m in again[41:]]).acked == 20
-    assert broker.get_group_offset("t", "g") == 100 and ack_keys(broker) == {}
+    assert broker.groups.offset("t", "g") == 100 and ack_keys(broker) == {}
 
 
 def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
@@ -371,7 +371,7 @@ def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
     broker = harness.open()
     send(broker, 10)
     groups(broker).receive("t", "g", 1, LEASE)  # the group exists
-    store = broker._store
+    store = broker.parts.store
     assert store is not None
     batch = store.batch()
     batch.put_many(CF_META, [(ack_prefix("t", "g") + pack_u64(o), b"") for o in (3, 4, 8)])
@@ -381,7 +381,7 @@ def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
     got = groups(broker).receive("t", "g", 10, LEASE).messages
     assert [m.record.queue_offset for m in got] == [0, 1, 2, 5, 6, 7, 9]
     assert groups(broker).ack("t", "g", [m.receipt for m in got[:5]]).acked == 5
-    assert broker.get_group_offset("t", "g") == 7  # 0-6 acked (3 and 4 from before)
+    assert broker.groups.offset("t", "g") == 7  # 0-6 acked (3 and 4 from before)
     assert ack_keys(broker) == {8: 9}
     groups(broker).set_offset("t", "g", 0)  # a replay drops every stored ack
     assert ack_keys(broker) == {}
@@ -400,8 +400,7 @@ def test_a_receipt_tag_is_a_blake2s_of_the_offset_under_an_hmac_of_the_lease(
     send(broker, 3)
     (m,) = groups(broker).receive("t", "g", 1, LEASE).messages
     head, tag, offset = m.receipt.split(".")
-    assert broker._store is not None
-    key = broker._store.get(CF_META, META_GROUP_RECEIPT_KEY)
+    key = broker.parts.store.get(CF_META, META_GROUP_RECEIPT_KEY)
     assert key is not None and len(key) == 32
 
     def expected(key: bytes, topic: str, group: str, head: str, offset: str) -> str:
@@ -431,12 +430,11 @@ def test_a_receipt_from_before_an_offset_commit_back_stays_within_the_window(
     first = g.receive("t", "g", 5, LEASE).messages
     assert g.ack("t", "g", [m.receipt for m in first]).acked == 5
     later = g.receive("t", "g", 5, LEASE).messages  # offsets 5..9
-    assert broker.commit_group_offset("t", "g", 0) == 0  # replay: the window is 0..4 again
+    assert broker.groups.set_offset("t", "g", 0) == 0  # replay: the window is 0..4 again
     result = g.ack("t", "g", [m.receipt for m in later])
     assert (result.acked, result.stale) == (0, [m.receipt for m in later])
     prefix = ack_prefix("t", "g")
-    assert broker._store is not None
-    assert list(broker._store.scan(CF_META, prefix, prefix + b"\xff")) == []
+    assert list(broker.parts.store.scan(CF_META, prefix, prefix + b"\xff")) == []
     assert g.state("t", "g").committed_offset == 0
 
 
@@ -453,4 +451,4 @@ def test_a_group_keeps_at_most_kept_receipts_and_acks_the_others_by_their_seal(
     for batch in reversed(batches):  # the third by its seal, the others as kept
         assert g.ack("t", "g", [m.receipt for m in batch]).acked == 1000
     assert (group.kept, group.issued) == (0, {})  # acked whole: nothing kept any more
-    assert broker.get_group_offset("t", "g") == 3_000
+    assert broker.groups.offset("t", "g") == 3_000

@@ -54,12 +54,11 @@ def test_list_scheduled_bounds_its_work_and_checks_its_input(broker: Broker) -> 
     broker.send_batch([SendRequest(topic="busy", body=b"x", delay_ms=10 + i)
                        for i in range(50)])
     broker.send(SendRequest(topic="rare", body=b"x", msg_id="r", delay_ms=1000))
-    assert broker._store is not None
-    page, cursor = list_scheduled(broker._store, "rare", from_ms=None, to_ms=None, limit=10,
+    page, cursor = list_scheduled(broker.parts.store, "rare", from_ms=None, to_ms=None, limit=10,
                                   cursor=None, scan_budget=20)
     assert page == [] and cursor is not None  # short page: go on from the cursor
     while cursor is not None and not page:
-        page, cursor = list_scheduled(broker._store, "rare", from_ms=None, to_ms=None,
+        page, cursor = list_scheduled(broker.parts.store, "rare", from_ms=None, to_ms=None,
                                       limit=10, cursor=cursor, scan_budget=20)
     assert [m.msg_id for m in page] == ["r"]
     for bad in ({"limit": 0}, {"limit": 1001}, {"cursor": "%%%"}, {"from_ms": -1}):

@@ -38,18 +38,17 @@ def _open(harness: Harness, *, upkeep: bool = False, **overrides: Any) -> Broker
     settings.update(overrides)
     broker = harness.open(**settings)
     if not upkeep:  # the test runs the rounds itself, deterministically
-        assert broker._maintenance is not None
-        broker._maintenance._retention = None
+        broker.parts.maintenance._retention = None
     return broker
 
 
 def _retention(broker: Broker) -> LogRetention:
-    assert broker.retention is not None
-    return broker.retention
+    assert broker.parts.retention is not None
+    return broker.parts.retention
 
 
 def _log(broker: Broker) -> CommitLog:
-    log = broker._log
+    log = broker.parts.log
     assert isinstance(log, CommitLog)
     return log
 
@@ -101,7 +100,7 @@ def test_segments_age_out_with_what_points_into_them(harness: Harness,
     assert _sealed(broker) == before[1:]
     first_position = _log(broker).first_position
     assert first_position == before[1]
-    stored = broker._store.get(CF_META, META_LOG_FIRST_POSITION)  # type: ignore[union-attr]
+    stored = broker.parts.store.get(CF_META, META_LOG_FIRST_POSITION)
     assert stored is not None and unpack_u64(stored) == first_position
     for topic in ("a", "b"):
         info = broker.topic(topic)
@@ -113,7 +112,7 @@ def test_segments_age_out_with_what_points_into_them(harness: Harness,
         assert _offsets(broker, topic, info.first_offset) == list(
             range(info.first_offset, 110))
     # no consume-queue entry and no ledger entry points below the log's first position
-    store = broker._store
+    store = broker.parts.store
     assert store is not None
     for key, value in store.scan(CF_CQ):
         assert int.from_bytes(value[:8], "big") >= first_position, key
@@ -239,7 +238,7 @@ def test_a_crash_between_two_file_removals_leaves_a_log_that_opens(
     reopened = _open(harness)
     assert _log(reopened).first_position > 0
     _retention(reopened).run_once()  # the leftovers below the stored first position go
-    stored = reopened._store.get(CF_META, META_LOG_FIRST_POSITION)  # type: ignore[union-attr]
+    stored = reopened.parts.store.get(CF_META, META_LOG_FIRST_POSITION)
     assert stored is not None and _log(reopened).first_position == unpack_u64(stored)
     first = reopened.topic("a").first_offset
     assert _offsets(reopened, "a", first) == list(range(first, 160))
@@ -328,14 +327,14 @@ def test_a_group_behind_the_first_offset_continues_from_it(harness: Harness,
     assert groups.state("g", "slow").expired == first - 2
     assert broker.metrics.group_expired.labels("g/slow").value == first - 2
     # a pull by a group behind it starts at the first offset, counted the same way
-    broker.commit_group_offset("g", "puller", 0)
-    assert broker.group_read_offset("g", "puller") == first
-    assert broker.get_group_offset("g", "puller") == first
+    broker.groups.set_offset("g", "puller", 0)
+    assert broker.groups.read_offset("g", "puller") == first
+    assert broker.groups.offset("g", "puller") == first
     assert groups.state("g", "puller").expired == first
     harness.close_all()
     reopened = _open(harness)  # expired and the moved offsets are durable
     assert reopened.groups.state("g", "slow").expired == first - 2
-    assert reopened.get_group_offset("g", "slow") >= first
+    assert reopened.groups.offset("g", "slow") >= first
 
 
 def _mapped_kib(path: Path) -> int:
@@ -406,7 +405,7 @@ def test_the_upkeep_thread_runs_a_round_a_second_at_most(harness: Harness,
     thread at 100 % of a core (the retention soak). Here one falls due each fake ms while
     fake time moves on by 1 ms steps for half a fake second: one round, not hundreds."""
     broker = _open(harness, upkeep=True, retention_ms=10_000, cleanup_interval_ms=60_000)
-    maintenance = broker._maintenance
+    maintenance = broker.parts.maintenance
     assert maintenance is not None
     for i in range(1_500):  # their expiries fall due one a millisecond
         broker.send(SendRequest(topic="e", body=b"x", msg_id=f"e{i}"))

@@ -32,7 +32,7 @@ def test_an_undecodable_message_is_parked_and_its_batch_delivered(harness: Harne
     assert [m.msg_id for m in got] == ["m0", "m1", "m3", "m4"]
     assert [m.offset for m in got] == [0, 1, 2, 3]  # no offset lost to the poison
     assert broker.ready
-    [parked] = broker.parked()
+    [parked] = broker.quarantine.messages()
     assert (parked.topic, parked.msg_id, parked.deliver_at) == ("t", "m2", due)
     assert "cannot be decoded" in parked.reason
     assert broker.stats().parked == 1 and broker.stats().pending == 0

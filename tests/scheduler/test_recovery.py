@@ -63,7 +63,7 @@ def test_shutdown_mid_delivery_loses_and_duplicates_nothing(harness: Harness,
     closer = threading.Thread(target=broker.close)
     advance_until(clock, lambda: log.appends == 1, step=0)
     closer.start()
-    assert broker._stopping.wait(60)
+    assert broker.parts.stopping.wait(60)
     resume.set()
     closer.join(60)
     assert not closer.is_alive()

@@ -10,10 +10,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler.broker import Broker, open_commitlog, open_store
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
+from scheduler.engine import open_commitlog, open_store
 from storage.errors import StorageError
 from storage.records import LogRecord
 from storage.rocks import Batch, RocksStore

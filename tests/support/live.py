@@ -87,6 +87,6 @@ def serve_twins(root: Path) -> Iterator[tuple[Live, Live]]:
     with serve(make_settings(root / "a"), FakeClock(T0)) as a, \
             serve(make_settings(root / "b"), FakeClock(T0)) as b:
         for live in (a, b):
-            ids = live.broker._intake._ids
+            ids = live.broker.parts.intake._ids
             ids._instance, ids._counter = "0123ABCD", itertools.count()
         yield a, b

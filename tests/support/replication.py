@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scheduler.broker import Broker, open_commitlog, open_store
+from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
+from scheduler.engine import open_commitlog, open_store
 from scheduler.timer_index import TimerIndex
 from storage.commitlog import CommitLog
 from storage.errors import NotLeader

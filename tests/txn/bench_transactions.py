@@ -58,7 +58,7 @@ def _timed(label: str, items: Sequence[Any], call: Callable[[Any], object],
 
 def _prepare_many(broker: Broker, prefix: str, n: int, group: str = "pg",
                   delay_ms: int | None = None) -> list[str]:
-    return [broker.prepare_transaction(
+    return [broker.transactions.prepare(
         SendRequest(topic="orders", body=BODY, msg_id=f"{prefix}{i}", delay_ms=delay_ms),
         producer_group=group).transaction_id for i in range(n)]
 
@@ -74,26 +74,26 @@ def run(n: int, workdir: Path) -> dict[str, Any]:
         msg_ids = [f"p{i}" for i in range(n)]
         txs: list[str] = []
         out["prepare"] = _timed("prepare", msg_ids, lambda m: txs.append(
-            broker.prepare_transaction(SendRequest(topic="orders", body=BODY, msg_id=m),
+            broker.transactions.prepare(SendRequest(topic="orders", body=BODY, msg_id=m),
                                        producer_group="pg").transaction_id))
-        out["commit_now"] = _timed("commit (due now)", txs[: n // 2], broker.commit_transaction)
+        out["commit_now"] = _timed("commit (due now)", txs[: n // 2], broker.transactions.commit)
         delayed = _prepare_many(broker, "d", n // 2, delay_ms=3_600_000)
-        out["commit_delayed"] = _timed("commit (delayed)", delayed, broker.commit_transaction)
-        out["rollback"] = _timed("rollback", txs[n // 2:], broker.rollback_transaction)
+        out["commit_delayed"] = _timed("commit (delayed)", delayed, broker.transactions.commit)
+        out["rollback"] = _timed("rollback", txs[n // 2:], broker.transactions.rollback)
 
         _prepare_many(broker, "c", n, group="poll")
         clock.advance(6_000)
         out["poll_claims"] = _timed("poll (claims, max 1000)", range(n // 1000),
-                                    lambda _: broker.poll_transaction_checks("poll", 1000),
+                                    lambda _: broker.transactions.poll_checks("poll", 1000),
                                     per_call=1000)
         clock.advance(30_000)  # check maximum 1: the next due poll discards
         out["discard"] = _timed("discard (polls of 1000)", range(n // 1000),
-                                lambda _: broker.poll_transaction_checks("poll", 1000),
+                                lambda _: broker.transactions.poll_checks("poll", 1000),
                                 per_call=1000)
 
         producer = Producer(default="COMMIT")
         with producer_endpoint(producer) as url:
-            broker.set_check_callback("cb", url)
+            broker.transactions.register_callback("cb", url)
             _prepare_many(broker, "cb", n // 4, group="cb")
             started = time.perf_counter()
             clock.advance(6_000)

@@ -20,7 +20,7 @@ def prepare(broker: Broker, msg_id: str, *, topic: str = "orders", group: str = 
             immunity: str | int | None = None, body: bytes | None = None,
             deliver_at: int | None = None, delay_ms: int | None = None,
             delay_level: int | None = None) -> TransactionOutcome:
-    return broker.prepare_transaction(
+    return broker.transactions.prepare(
         SendRequest(topic=topic, body=body if body is not None else msg_id.encode(),
                     msg_id=msg_id, deliver_at=deliver_at, delay_ms=delay_ms,
                     delay_level=delay_level),

@@ -16,10 +16,11 @@ import random
 import sys
 from pathlib import Path
 
-from scheduler.broker import Broker, open_commitlog
+from scheduler.broker import Broker
 from scheduler.clock import Clock, FakeClock, SystemClock
 from scheduler.committer import Log
 from scheduler.config import EngineConfig
+from scheduler.engine import open_commitlog
 from scheduler.model import SendRequest
 from storage.errors import Conflict
 from tests.scheduler.crash_child import DieAfterAppend
@@ -50,7 +51,7 @@ def main(data_dir: str, mode: str) -> None:
     broker.start()
 
     def prepare(msg_id: str, delay_ms: int | None = None) -> str:
-        tx = broker.prepare_transaction(
+        tx = broker.transactions.prepare(
             SendRequest(topic="orders", body=msg_id.encode(), msg_id=msg_id, delay_ms=delay_ms),
             producer_group="pg").transaction_id
         ack("prepare", tx, msg_id)
@@ -72,24 +73,24 @@ def main(data_dir: str, mode: str) -> None:
                     raise SystemExit(f"{op} of a prepared transaction conflicted") from None
                 ack(op, tx)
             else:
-                broker.poll_transaction_checks("pg", 10)
+                broker.transactions.poll_checks("pg", 10)
         raise SystemExit("NOT KILLED")
 
     txs = [prepare(f"m{i}") for i in range(20)]
     for tx in txs[:5]:
-        broker.commit_transaction(tx)
+        broker.transactions.commit(tx)
         ack("commit", tx)
     for tx in txs[5:10]:
-        broker.rollback_transaction(tx)
+        broker.transactions.rollback(tx)
         ack("rollback", tx)
     holder[0].armed = True
     if mode == "commit":
         print(json.dumps({"op": "dying", "tx": txs[10], "msg": ""}), flush=True)
-        broker.commit_transaction(txs[10])
+        broker.transactions.commit(txs[10])
     else:
         assert isinstance(clock, FakeClock)
         clock.advance(6_000)
-        broker.poll_transaction_checks("pg", 1)  # discards the oldest prepared one
+        broker.transactions.poll_checks("pg", 1)  # discards the oldest prepared one
     print("NOT KILLED", flush=True)
 
 

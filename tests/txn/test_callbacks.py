@@ -27,8 +27,8 @@ def _settle(broker: Broker) -> None:
 def test_answers_are_applied(broker: Broker, clock: FakeClock) -> None:
     producer = Producer()
     with producer_endpoint(producer) as url:
-        reg = broker.set_check_callback("pg", url)
-        assert reg.url == url and broker.get_check_callback("pg") == reg
+        reg = broker.transactions.register_callback("pg", url)
+        assert reg.url == url and broker.transactions.callbacks.get("pg") == reg
         txs = {name: prepare(broker, name).transaction_id
                for name in ("commit", "rollback", "unknown", "slow", "error")}
         producer.answers.update({txs["commit"]: "COMMIT", txs["rollback"]: "ROLLBACK",
@@ -45,7 +45,7 @@ def test_answers_are_applied(broker: Broker, clock: FakeClock) -> None:
         assert first["topic"] == "orders" and first["producerGroup"] == "pg"
         assert first["body"] == "commit" and first["bodyBase64"] == "Y29tbWl0"
 
-        status = {name: broker.transaction_status(tx).status for name, tx in txs.items()}
+        status = {name: broker.transactions.get(tx).status for name, tx in txs.items()}
         assert status == {"commit": "COMMITTED", "rollback": "ROLLED_BACK",
                           "unknown": "PREPARED", "slow": "PREPARED", "error": "PREPARED"}
         assert [m.msg_id for m in read_topic(broker, "orders")] == ["commit"]
@@ -59,7 +59,7 @@ def test_answers_are_applied(broker: Broker, clock: FakeClock) -> None:
         _settle(broker)
         assert {name: producer.seen(tx) for name, tx in txs.items()} == \
             {"commit": 1, "rollback": 1, "unknown": 2, "slow": 2, "error": 2}
-        assert broker.transaction_status(txs["slow"]).status == "COMMITTED"
+        assert broker.transactions.get(txs["slow"]).status == "COMMITTED"
         assert broker.metrics.tx_checks_sent.value == 8
     assert sorted(m.msg_id for m in read_topic(broker, "orders")) == ["commit", "slow"]
 
@@ -69,7 +69,7 @@ def test_unanswered_checks_end_in_a_discard(harness: Harness, clock: FakeClock) 
                           transaction_check_max=3)
     producer = Producer(default="UNKNOWN")
     with producer_endpoint(producer) as url:
-        broker.set_check_callback("pg", url)
+        broker.transactions.register_callback("pg", url)
         tx = prepare(broker, "never")
         clock.advance(6_000)
         for _ in range(4):
@@ -86,43 +86,43 @@ def test_unanswered_checks_end_in_a_discard(harness: Harness, clock: FakeClock) 
 def test_only_registered_groups_get_callbacks(broker: Broker, clock: FakeClock) -> None:
     producer = Producer(default="COMMIT")
     with producer_endpoint(producer) as url:
-        broker.set_check_callback("with-url", url)
+        broker.transactions.register_callback("with-url", url)
         prepare(broker, "a", group="with-url")
         polled = prepare(broker, "b", group="polling")
         clock.advance(6_000)
         _settle(broker)
         assert [r["msgId"] for r in producer.received] == ["a"]
-        [check] = broker.poll_transaction_checks("polling", 10)  # untouched by the dispatcher
+        [check] = broker.transactions.poll_checks("polling", 10)  # untouched by the dispatcher
         assert check.transaction_id == polled.transaction_id and check.check_times == 1
 
-        broker.delete_check_callback("with-url")
+        broker.transactions.callbacks.delete("with-url")
         prepare(broker, "c", group="with-url")
         clock.advance(6_000)
         _settle(broker)
         assert [r["msgId"] for r in producer.received] == ["a"]
-        assert [c.msg_id for c in broker.poll_transaction_checks("with-url", 10)] == ["c"]
+        assert [c.msg_id for c in broker.transactions.poll_checks("with-url", 10)] == ["c"]
     with pytest.raises(NotFound):
-        broker.get_check_callback("with-url")
+        broker.transactions.callbacks.get("with-url")
 
 
 def test_registration_is_admin_configured_and_persistent(
         harness: Harness, clock: FakeClock) -> None:
     broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1:*",))
     with pytest.raises(InvalidArgument, match="allow-list"):
-        broker.set_check_callback("pg", "http://10.0.0.1/check")
-    broker.set_check_callback("pg", "http://127.0.0.1:1/check")
+        broker.transactions.register_callback("pg", "http://10.0.0.1/check")
+    broker.transactions.register_callback("pg", "http://127.0.0.1:1/check")
     broker.close()
     broker = harness.open(transaction_callback_allowed_hosts=("127.0.0.1:*",))
-    assert broker.get_check_callback("pg").url == "http://127.0.0.1:1/check"
+    assert broker.transactions.callbacks.get("pg").url == "http://127.0.0.1:1/check"
     broker.close()
     # the allow-list shrank: the registration is kept (and shown) but never called
     broker = harness.open()
     producer = Producer(default="COMMIT")
     with producer_endpoint(producer) as url:
         with pytest.raises(InvalidArgument, match="disabled"):
-            broker.set_check_callback("pg", url)
-        assert broker.get_check_callback("pg").url == "http://127.0.0.1:1/check"
+            broker.transactions.register_callback("pg", url)
+        assert broker.transactions.callbacks.get("pg").url == "http://127.0.0.1:1/check"
         prepare(broker, "m")
         clock.advance(6_000)
         _settle(broker)
-        assert [c.msg_id for c in broker.poll_transaction_checks("pg", 10)] == ["m"]
+        assert [c.msg_id for c in broker.transactions.poll_checks("pg", 10)] == ["m"]

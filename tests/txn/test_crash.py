@@ -33,16 +33,16 @@ def test_a_commit_that_reached_only_the_log_is_finished_not_repeated(
     tx = prepare(broker, "m")
     _fail_the_write_after_the_next_append(harness)
     with pytest.raises(StorageError):
-        broker.commit_transaction(tx.transaction_id)  # the message is due now: log append
+        broker.transactions.commit(tx.transaction_id)  # the message is due now: log append
     if restart:
         broker.close()
         broker = harness.open(flaky=True)
     # the retried commit answers COMMITTED and appends nothing; a rollback now conflicts
-    assert broker.commit_transaction(tx.transaction_id).status == "COMMITTED"
+    assert broker.transactions.commit(tx.transaction_id).status == "COMMITTED"
     with pytest.raises(Conflict):
-        broker.rollback_transaction(tx.transaction_id)
+        broker.transactions.rollback(tx.transaction_id)
     clock.advance(3_600_000)
-    assert broker.poll_transaction_checks("pg", 10) == []
+    assert broker.transactions.poll_checks("pg", 10) == []
     broker.drain()
     assert [m.msg_id for m in read_topic(broker, "orders")] == ["m"]
     assert broker.status("orders", "m").status is MessageStatus.DELIVERED
@@ -57,10 +57,10 @@ def test_a_rollback_after_a_half_written_commit_conflicts(
     tx = prepare(broker, "m")
     _fail_the_write_after_the_next_append(harness)
     with pytest.raises(StorageError):
-        broker.commit_transaction(tx.transaction_id)
+        broker.transactions.commit(tx.transaction_id)
     with pytest.raises(Conflict):
-        broker.rollback_transaction(tx.transaction_id)
-    assert broker.transaction_status(tx.transaction_id).status == "COMMITTED"
+        broker.transactions.rollback(tx.transaction_id)
+    assert broker.transactions.get(tx.transaction_id).status == "COMMITTED"
     assert [m.msg_id for m in read_topic(broker, "orders")] == ["m"]
 
 
@@ -72,15 +72,15 @@ def test_a_discard_that_reached_only_the_log_is_finished_not_repeated(
     clock.advance(6_000)
     _fail_the_write_after_the_next_append(harness)
     with pytest.raises(StorageError):
-        broker.poll_transaction_checks("pg", 10)  # discards at once: check maximum 0
+        broker.transactions.poll_checks("pg", 10)  # discards at once: check maximum 0
     if restart:
         broker.close()
         broker = harness.open(flaky=True, transaction_check_max=0)
-    assert broker.poll_transaction_checks("pg", 10) == []
-    assert broker.transaction_status(tx.transaction_id).status == "DISCARDED"
+    assert broker.transactions.poll_checks("pg", 10) == []
+    assert broker.transactions.get(tx.transaction_id).status == "DISCARDED"
     assert broker.status("orders", "m").status is MessageStatus.DISCARDED
     with pytest.raises(Conflict):
-        broker.commit_transaction(tx.transaction_id)
+        broker.transactions.commit(tx.transaction_id)
     broker.drain()
     assert [m.msg_id for m in read_topic(broker, TOPIC_TRANS_CHECK_MAX_TIME)] == \
         [tx.transaction_id]
@@ -98,6 +98,6 @@ def test_a_failed_prepare_or_rollback_changes_nothing(harness: Harness) -> None:
     tx = prepare(broker, "a")  # the msgId is free: nothing of the failed prepare stayed
     store.fail_writes = 1
     with pytest.raises(StorageError):
-        broker.rollback_transaction(tx.transaction_id)
-    assert broker.transaction_status(tx.transaction_id).status == "PREPARED"
-    assert broker.rollback_transaction(tx.transaction_id).status == "ROLLED_BACK"
+        broker.transactions.rollback(tx.transaction_id)
+    assert broker.transactions.get(tx.transaction_id).status == "PREPARED"
+    assert broker.transactions.rollback(tx.transaction_id).status == "ROLLED_BACK"

@@ -34,10 +34,10 @@ def _fill(broker: Broker, clock: FakeClock) -> None:
     for i in range(N):
         prepare(broker, f"i{i}", group="idle")
     clock.advance(6_000)
-    while broker.poll_transaction_checks("busy", 1000):
+    while broker.transactions.poll_checks("busy", 1000):
         pass
     for tx in busy:
-        broker.commit_transaction(tx)
+        broker.transactions.commit(tx)
     prepare(broker, "live", group="busy")
     clock.advance(6_000)
 
@@ -49,7 +49,7 @@ def test_polls_skip_finished_checks_and_other_groups(harness: Harness, clock: Fa
     store = harness.store
     assert store is not None
     _fill(broker, clock)
-    skipped, nexts, checks = _moved(store, lambda: broker.poll_transaction_checks("busy", 10))
+    skipped, nexts, checks = _moved(store, lambda: broker.transactions.poll_checks("busy", 10))
     assert [c.msg_id for c in checks] == ["live"]
     assert skipped < 50, skipped  # not the 2 N tombstones below the group's floor
     assert nexts <= 5, nexts  # and none of the N keys of "idle"
@@ -61,11 +61,11 @@ def test_polls_skip_finished_checks_and_other_groups(harness: Harness, clock: Fa
     store = harness.store
     assert store is not None
     clock.advance(30_000)
-    skipped, _, checks = _moved(store, lambda: broker.poll_transaction_checks("busy", 10))
+    skipped, _, checks = _moved(store, lambda: broker.transactions.poll_checks("busy", 10))
     assert [c.msg_id for c in checks] == ["live"]
     assert skipped >= N, skipped
     clock.advance(30_000)
-    skipped, _, checks = _moved(store, lambda: broker.poll_transaction_checks("busy", 10))
+    skipped, _, checks = _moved(store, lambda: broker.transactions.poll_checks("busy", 10))
     assert [c.msg_id for c in checks] == ["live"]
     assert skipped < 50, skipped
 
@@ -80,7 +80,7 @@ def test_unanswered_rounds_leave_a_polling_groups_due_checks_alone(
     for i in range(N):
         prepare(broker, f"p{i}", group="polled")
     clock.advance(6_000)
-    assert len(broker.poll_transaction_checks("polled", 1)) == 1  # it polls: present
+    assert len(broker.transactions.poll_checks("polled", 1)) == 1  # it polls: present
     broker.transactions.dispatcher.join()
 
     def rounds() -> None:

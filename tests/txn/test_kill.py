@@ -49,12 +49,12 @@ def test_kill_9_after_the_append_of_a_commit(tmp_path: Path) -> None:
     broker = Broker(config(tmp_path), FakeClock(START_MS + 1_000))
     broker.start()
     try:
-        assert broker.transaction_status(dying).status == "COMMITTED"  # finished by replay
-        assert broker.commit_transaction(dying).status == "COMMITTED"  # the client's retry
+        assert broker.transactions.get(dying).status == "COMMITTED"  # finished by replay
+        assert broker.transactions.commit(dying).status == "COMMITTED"  # the client's retry
         committed = [a["tx"] for a in acks if a["op"] == "commit"]
         rolled = [a["tx"] for a in acks if a["op"] == "rollback"]
-        assert all(broker.transaction_status(t).status == "COMMITTED" for t in committed)
-        assert all(broker.transaction_status(t).status == "ROLLED_BACK" for t in rolled)
+        assert all(broker.transactions.get(t).status == "COMMITTED" for t in committed)
+        assert all(broker.transactions.get(t).status == "ROLLED_BACK" for t in rolled)
         assert sorted(m.msg_id for m in read_topic(broker, "orders")) == \
             sorted(["m10", *(f"m{i}" for i in range(5))])
         assert broker.stats().transactions_prepared == 9
@@ -69,11 +69,11 @@ def test_kill_9_after_the_append_of_a_discard(tmp_path: Path) -> None:
     broker = Broker(config(tmp_path, transaction_check_max=0), FakeClock(START_MS + 6_000))
     broker.start()
     try:
-        assert broker.transaction_status(oldest_prepared).status == "DISCARDED"
+        assert broker.transactions.get(oldest_prepared).status == "DISCARDED"
         assert broker.status("orders", "m10").status is MessageStatus.DISCARDED
         assert [m.msg_id for m in read_topic(broker, TOPIC_TRANS_CHECK_MAX_TIME)] == \
             [oldest_prepared]
-        assert len(broker.poll_transaction_checks("pg", 100)) == 0  # the rest: discarded now
+        assert len(broker.transactions.poll_checks("pg", 100)) == 0  # the rest: discarded now
         broker.drain()
         discarded = [m.msg_id for m in read_topic(broker, TOPIC_TRANS_CHECK_MAX_TIME)]
         assert len(discarded) == len(set(discarded)) == 10
@@ -112,7 +112,7 @@ def test_kill_9_at_a_random_moment(tmp_path: Path, seed: int) -> None:
         delivered = collections.Counter(m.msg_id for m in read_topic(broker, "orders"))
         assert all(n == 1 for n in delivered.values()), delivered
         for tx, msg in msg_of.items():
-            state = broker.transaction_status(tx).status
+            state = broker.transactions.get(tx).status
             expected = {"commit": "COMMITTED", "rollback": "ROLLED_BACK"}.get(final.get(tx, ""))
             if expected is not None:
                 assert state == expected, (tx, msg)

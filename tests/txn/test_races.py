@@ -33,9 +33,9 @@ def _settle(broker: Broker, tx_ids: list[str], action: str) -> None:
     for tx_id in tx_ids:
         try:
             if action == "commit":
-                broker.commit_transaction(tx_id)
+                broker.transactions.commit(tx_id)
             else:
-                broker.rollback_transaction(tx_id)
+                broker.transactions.rollback(tx_id)
         except Conflict:
             pass  # the other side won; the final check below says who
 
@@ -59,7 +59,7 @@ def _race_commits(broker: Broker, commit: list[str], *, rollback: list[str],
 
     def poll() -> None:
         while not done.is_set():
-            broker.poll_transaction_checks("pg", rng.randint(1, 4))
+            broker.transactions.poll_checks("pg", rng.randint(1, 4))
 
     def committer() -> None:
         _settle(broker, commit, "commit")
@@ -81,7 +81,7 @@ def _assert_exactly_once(broker: Broker, clock: FakeClock, txs: dict[str, str]) 
     discarded one in TRANS_CHECK_MAX_TIME_TOPIC once, nothing else anywhere."""
     clock.advance(24 * 3600 * 1000)  # every committed message is due, every check too
     broker.drain()
-    states = {tx_id: broker.transaction_status(tx_id).status for tx_id in txs}
+    states = {tx_id: broker.transactions.get(tx_id).status for tx_id in txs}
     delivered = collections.Counter(m.msg_id for m in read_topic(broker, "orders"))
     discarded = collections.Counter(m.msg_id for m in read_topic(broker,
                                                                  TOPIC_TRANS_CHECK_MAX_TIME))
@@ -90,7 +90,7 @@ def _assert_exactly_once(broker: Broker, clock: FakeClock, txs: dict[str, str]) 
     assert set(discarded) == {t for t, s in states.items() if s == "DISCARDED"}
     assert "PREPARED" not in states.values()
     # nothing is left to check: no half message outlived its transaction
-    assert broker.poll_transaction_checks("pg", 1000) == []
+    assert broker.transactions.poll_checks("pg", 1000) == []
     assert broker.stats().transactions_prepared == 0
 
 
@@ -110,7 +110,7 @@ def test_commits_race_polls_and_rollbacks(harness: Harness, clock: FakeClock) ->
         _race_commits(broker, batch, rollback=batch[::2], rng=rng)
         clock.advance(50)
     _assert_exactly_once(broker, clock, txs)
-    states = collections.Counter(broker.transaction_status(t).status for t in txs)
+    states = collections.Counter(broker.transactions.get(t).status for t in txs)
     assert states["COMMITTED"] >= 200 and states["COMMITTED"] + states["ROLLED_BACK"] == 400
     _assert_nothing_left_after_restart(harness, broker)
 
@@ -124,12 +124,12 @@ def test_commits_race_discards(harness: Harness, clock: FakeClock) -> None:
     for _ in range(40):
         batch = _prepare_round(broker, txs, rng)
         clock.advance(6_000)
-        broker.poll_transaction_checks("pg", 100)  # the one allowed check
+        broker.transactions.poll_checks("pg", 100)  # the one allowed check
         clock.advance(10)  # now the next due poll discards them
         _race_commits(broker, batch, rollback=[], rng=rng)
-        broker.poll_transaction_checks("pg", 100)  # discard whatever is left
+        broker.transactions.poll_checks("pg", 100)  # discard whatever is left
     _assert_exactly_once(broker, clock, txs)
-    states = collections.Counter(broker.transaction_status(t).status for t in txs)
+    states = collections.Counter(broker.transactions.get(t).status for t in txs)
     assert states["COMMITTED"] + states["DISCARDED"] == 400
     assert states["COMMITTED"] > 0 and states["DISCARDED"] > 0
     _assert_nothing_left_after_restart(harness, broker)

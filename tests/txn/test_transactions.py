@@ -36,7 +36,7 @@ def test_prepare_is_invisible_until_commit(broker: Broker, clock: FakeClock) -> 
     assert broker.stats().transactions_prepared == 1
     assert broker.stats().pending == 0  # not a scheduled message
 
-    committed = broker.commit_transaction(result.transaction_id)
+    committed = broker.transactions.commit(result.transaction_id)
     assert committed.status == "COMMITTED" and committed.deliver_at == clock.now_ms()
     delivered = read_topic(broker, "orders")  # no timing: delivered at once, synchronously
     assert [(m.msg_id, m.body) for m in delivered] == [("m1", b"payload")]
@@ -55,7 +55,7 @@ def test_a_committed_delayed_message_is_delivered_at_its_time_and_not_before(
     deliver_at = START_MS + 10_000
     tx = prepare(broker, "later", deliver_at=deliver_at)
     clock.advance(1_000)
-    committed = broker.commit_transaction(tx.transaction_id)
+    committed = broker.transactions.commit(tx.transaction_id)
     assert committed.deliver_at == deliver_at
     assert broker.status("orders", "later").status is MessageStatus.SCHEDULED
     clock.set(deliver_at - 1)
@@ -69,21 +69,21 @@ def test_a_committed_delayed_message_is_delivered_at_its_time_and_not_before(
     clock.advance(INTERVAL * 20)  # no check-back, no second delivery
     broker.drain()
     assert _ids(broker, "orders") == ["later"]
-    assert broker.poll_transaction_checks("pg", 10) == []
+    assert broker.transactions.poll_checks("pg", 10) == []
 
 
 def test_relative_delays_count_from_the_commit(broker: Broker, clock: FakeClock) -> None:
     """RocketMQ resolves a delay when it stores the committed message; so does hourglass."""
     by_ms = prepare(broker, "by-ms", delay_ms=5_000)
     by_level = prepare(broker, "by-level", delay_level=3)  # 10 s
-    by_prop = broker.prepare_transaction(
+    by_prop = broker.transactions.prepare(
         SendRequest(topic="orders", body=b"p", msg_id="by-prop",
                     properties={"TIMER_DELAY_SEC": "2"}), producer_group="pg")
     clock.advance(3_000)
     commit_at = clock.now_ms()
-    assert broker.commit_transaction(by_ms.transaction_id).deliver_at == commit_at + 5_000
-    assert broker.commit_transaction(by_level.transaction_id).deliver_at == commit_at + 10_000
-    assert broker.commit_transaction(by_prop.transaction_id).deliver_at == commit_at + 2_000
+    assert broker.transactions.commit(by_ms.transaction_id).deliver_at == commit_at + 5_000
+    assert broker.transactions.commit(by_level.transaction_id).deliver_at == commit_at + 10_000
+    assert broker.transactions.commit(by_prop.transaction_id).deliver_at == commit_at + 2_000
     clock.set(commit_at + 4_999)
     broker.drain()
     assert _ids(broker, "orders") == ["by-prop"]
@@ -95,50 +95,50 @@ def test_relative_delays_count_from_the_commit(broker: Broker, clock: FakeClock)
 def test_a_past_deliver_at_is_delivered_at_commit(broker: Broker, clock: FakeClock) -> None:
     tx = prepare(broker, "past", deliver_at=START_MS + 1_000)
     clock.advance(5_000)
-    assert broker.commit_transaction(tx.transaction_id).deliver_at == START_MS + 1_000
+    assert broker.transactions.commit(tx.transaction_id).deliver_at == START_MS + 1_000
     assert _ids(broker, "orders") == ["past"]
 
 
 def test_a_rolled_back_message_is_never_delivered(broker: Broker, clock: FakeClock) -> None:
     tx = prepare(broker, "gone", delay_ms=100)
-    rolled = broker.rollback_transaction(tx.transaction_id)
+    rolled = broker.transactions.rollback(tx.transaction_id)
     assert rolled.status == "ROLLED_BACK"
     assert broker.status("orders", "gone").status is MessageStatus.ROLLED_BACK
     clock.advance(INTERVAL * 40)
     broker.drain()
     assert _ids(broker, "orders") == []
-    assert broker.poll_transaction_checks("pg", 100) == []
-    assert broker.rollback_transaction(tx.transaction_id).status == "ROLLED_BACK"  # idempotent
+    assert broker.transactions.poll_checks("pg", 100) == []
+    assert broker.transactions.rollback(tx.transaction_id).status == "ROLLED_BACK"  # idempotent
     with pytest.raises(Conflict):
-        broker.commit_transaction(tx.transaction_id)
+        broker.transactions.commit(tx.transaction_id)
     assert broker.metrics.tx_rolled_back.value == 1
 
 
 def test_commit_is_idempotent_and_rollback_after_commit_conflicts(
         broker: Broker, clock: FakeClock) -> None:
     tx = prepare(broker, "once", delay_ms=1_000)
-    first = broker.commit_transaction(tx.transaction_id)
+    first = broker.transactions.commit(tx.transaction_id)
     clock.advance(500)
-    again = broker.commit_transaction(tx.transaction_id)
+    again = broker.transactions.commit(tx.transaction_id)
     assert again == first
     with pytest.raises(Conflict):
-        broker.rollback_transaction(tx.transaction_id)
+        broker.transactions.rollback(tx.transaction_id)
     clock.advance(1_000)
     broker.drain()
-    assert broker.commit_transaction(tx.transaction_id) == first  # also after delivery
+    assert broker.transactions.commit(tx.transaction_id) == first  # also after delivery
     assert _ids(broker, "orders") == ["once"]
     assert broker.metrics.tx_committed.value == 1
-    assert broker.transaction_status(tx.transaction_id).status == "COMMITTED"
+    assert broker.transactions.get(tx.transaction_id).status == "COMMITTED"
 
 
 def test_unknown_transactions_are_not_found(broker: Broker) -> None:
     for tx_id in (new_transaction_id(START_MS), "not-a-transaction", ""):
         with pytest.raises(NotFound):
-            broker.commit_transaction(tx_id)
+            broker.transactions.commit(tx_id)
         with pytest.raises(NotFound):
-            broker.rollback_transaction(tx_id)
+            broker.transactions.rollback(tx_id)
         with pytest.raises(NotFound):
-            broker.transaction_status(tx_id)
+            broker.transactions.get(tx_id)
 
 
 def test_prepare_validates_like_a_send_and_stores_nothing_on_bad_input(broker: Broker) -> None:
@@ -153,7 +153,7 @@ def test_prepare_validates_like_a_send_and_stores_nothing_on_bad_input(broker: B
     ]
     for request, group, error in bad:
         with pytest.raises(error):
-            broker.prepare_transaction(request, producer_group=group)
+            broker.transactions.prepare(request, producer_group=group)
     assert broker.metrics.tx_prepared.value == 0
     assert broker.stats().transactions_prepared == 0
 
@@ -186,21 +186,21 @@ def test_checks_start_only_after_the_immunity(
         first_check_ms: int) -> None:
     tx = prepare(broker, "m", immunity=immunity)
     clock.set(START_MS + first_check_ms - 1)
-    assert broker.poll_transaction_checks("pg", 10) == []
+    assert broker.transactions.poll_checks("pg", 10) == []
     clock.set(START_MS + first_check_ms)
-    [check] = broker.poll_transaction_checks("pg", 10)
+    [check] = broker.transactions.poll_checks("pg", 10)
     assert check.transaction_id == tx.transaction_id and check.check_times == 1
     assert check.prepared_at == START_MS and check.body == b"m" and check.topic == "orders"
 
 
 def test_the_immunity_property_is_honoured(broker: Broker, clock: FakeClock) -> None:
-    broker.prepare_transaction(
+    broker.transactions.prepare(
         SendRequest(topic="orders", body=b"x", msg_id="p",
                     properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "9"}), producer_group="pg")
     clock.set(START_MS + 8_999)
-    assert broker.poll_transaction_checks("pg", 10) == []
+    assert broker.transactions.poll_checks("pg", 10) == []
     clock.set(START_MS + 9_000)
-    assert len(broker.poll_transaction_checks("pg", 10)) == 1
+    assert len(broker.transactions.poll_checks("pg", 10)) == 1
 
 
 def test_check_count_grows_and_stops_at_the_maximum_with_discard(
@@ -208,16 +208,16 @@ def test_check_count_grows_and_stops_at_the_maximum_with_discard(
     tx = prepare(broker, "stuck", body=b"stuck body", delay_ms=1)
     clock.advance(6_000)
     for n in range(1, 16):
-        [check] = broker.poll_transaction_checks("pg", 10)
+        [check] = broker.transactions.poll_checks("pg", 10)
         assert check.check_times == n
-        assert broker.poll_transaction_checks("pg", 10) == []  # counted: not again at once
+        assert broker.transactions.poll_checks("pg", 10) == []  # counted: not again at once
         clock.advance(INTERVAL - 1)
-        assert broker.poll_transaction_checks("pg", 10) == []  # the next is one interval on
+        assert broker.transactions.poll_checks("pg", 10) == []  # the next is one interval on
         clock.advance(1)
-    assert broker.poll_transaction_checks("pg", 10) == []  # the 16th: discarded instead
+    assert broker.transactions.poll_checks("pg", 10) == []  # the 16th: discarded instead
     assert broker.status("orders", "stuck").status is MessageStatus.DISCARDED
-    assert broker.transaction_status(tx.transaction_id).status == "DISCARDED"
-    for action in (broker.commit_transaction, broker.rollback_transaction):
+    assert broker.transactions.get(tx.transaction_id).status == "DISCARDED"
+    for action in (broker.transactions.commit, broker.transactions.rollback):
         with pytest.raises(Conflict):
             action(tx.transaction_id)
     clock.advance(INTERVAL * 10)
@@ -239,11 +239,11 @@ def test_the_check_settings_are_configurable(harness: Harness, clock: FakeClock)
                           transaction_check_max=2)
     prepare(broker, "m")
     clock.advance(1_000)
-    assert [c.check_times for c in broker.poll_transaction_checks("pg", 5)] == [1]
+    assert [c.check_times for c in broker.transactions.poll_checks("pg", 5)] == [1]
     clock.advance(5_000)
-    assert [c.check_times for c in broker.poll_transaction_checks("pg", 5)] == [2]
+    assert [c.check_times for c in broker.transactions.poll_checks("pg", 5)] == [2]
     clock.advance(5_000)
-    assert broker.poll_transaction_checks("pg", 5) == []
+    assert broker.transactions.poll_checks("pg", 5) == []
     assert broker.status("orders", "m").status is MessageStatus.DISCARDED
 
 
@@ -253,17 +253,17 @@ def test_polls_are_per_group_oldest_first_and_bounded(broker: Broker, clock: Fak
         clock.advance(1)
     prepare(broker, "b0", group="B")
     clock.advance(6_000)
-    assert [c.msg_id for c in broker.poll_transaction_checks("A", 3)] == ["a0", "a1", "a2"]
-    assert [c.msg_id for c in broker.poll_transaction_checks("A", 3)] == ["a3", "a4"]
-    assert broker.poll_transaction_checks("A", 3) == []
-    assert [(c.msg_id, c.producer_group) for c in broker.poll_transaction_checks("B", 3)] == \
+    assert [c.msg_id for c in broker.transactions.poll_checks("A", 3)] == ["a0", "a1", "a2"]
+    assert [c.msg_id for c in broker.transactions.poll_checks("A", 3)] == ["a3", "a4"]
+    assert broker.transactions.poll_checks("A", 3) == []
+    assert [(c.msg_id, c.producer_group) for c in broker.transactions.poll_checks("B", 3)] == \
         [("b0", "B")]
-    assert broker.poll_transaction_checks("C", 3) == []
+    assert broker.transactions.poll_checks("C", 3) == []
     for bad in (0, 1001, -1):
         with pytest.raises(InvalidArgument):
-            broker.poll_transaction_checks("A", bad)
+            broker.transactions.poll_checks("A", bad)
     with pytest.raises(InvalidArgument):
-        broker.poll_transaction_checks("no spaces", 1)
+        broker.transactions.poll_checks("no spaces", 1)
 
 
 def test_a_prepare_earlier_than_the_poll_floor_is_still_found(
@@ -272,23 +272,23 @@ def test_a_prepare_earlier_than_the_poll_floor_is_still_found(
     immunity lands before the previous keys and must not be skipped."""
     prepare(broker, "long", immunity="60")
     clock.advance(10_000)
-    assert broker.poll_transaction_checks("pg", 10) == []  # nothing due: floor moves to now
+    assert broker.transactions.poll_checks("pg", 10) == []  # nothing due: floor moves to now
     prepare(broker, "short")  # due at now + 6 s, before "long"
     clock.advance(6_000)
-    assert [c.msg_id for c in broker.poll_transaction_checks("pg", 10)] == ["short"]
+    assert [c.msg_id for c in broker.transactions.poll_checks("pg", 10)] == ["short"]
     clock.advance(44_000)  # "long" is due; the group polled within two check intervals
-    assert [c.msg_id for c in broker.poll_transaction_checks("pg", 10)] == ["short", "long"]
+    assert [c.msg_id for c in broker.transactions.poll_checks("pg", 10)] == ["short", "long"]
 
 
 def test_a_commit_after_checks_delivers_once(broker: Broker, clock: FakeClock) -> None:
     tx = prepare(broker, "m")
     clock.advance(6_000)
-    [check] = broker.poll_transaction_checks("pg", 10)
-    broker.commit_transaction(check.transaction_id)
+    [check] = broker.transactions.poll_checks("pg", 10)
+    broker.transactions.commit(check.transaction_id)
     clock.advance(INTERVAL)
-    assert broker.poll_transaction_checks("pg", 10) == []
+    assert broker.transactions.poll_checks("pg", 10) == []
     assert _ids(broker, "orders") == ["m"]
-    assert broker.transaction_status(tx.transaction_id).status == "COMMITTED"
+    assert broker.transactions.get(tx.transaction_id).status == "COMMITTED"
 
 
 def test_everything_survives_a_restart(harness: Harness, clock: FakeClock) -> None:
@@ -298,15 +298,15 @@ def test_everything_survives_a_restart(harness: Harness, clock: FakeClock) -> No
     rolled = prepare(broker, "rolled-back")
     now_tx = prepare(broker, "committed-now")
     clock.advance(6_000)
-    assert len(broker.poll_transaction_checks("pg", 10)) == 4  # checkTimes 1 each
-    broker.commit_transaction(committed.transaction_id)
-    broker.rollback_transaction(rolled.transaction_id)
-    broker.commit_transaction(now_tx.transaction_id)
+    assert len(broker.transactions.poll_checks("pg", 10)) == 4  # checkTimes 1 each
+    broker.transactions.commit(committed.transaction_id)
+    broker.transactions.rollback(rolled.transaction_id)
+    broker.transactions.commit(now_tx.transaction_id)
     broker.close()
 
     broker = harness.open()
     assert broker.stats().transactions_prepared == 1
-    states = {tx.msg_id: broker.transaction_status(tx.transaction_id).status
+    states = {tx.msg_id: broker.transactions.get(tx.transaction_id).status
               for tx in (prepared, committed, rolled, now_tx)}
     assert states == {"stays-prepared": "PREPARED", "committed-later": "COMMITTED",
                       "rolled-back": "ROLLED_BACK", "committed-now": "COMMITTED"}
@@ -317,9 +317,9 @@ def test_everything_survives_a_restart(harness: Harness, clock: FakeClock) -> No
     broker.drain()
     assert _ids(broker, "orders") == ["committed-now", "committed-later"]
     clock.advance(INTERVAL)
-    [check] = broker.poll_transaction_checks("pg", 10)  # the count survived too
+    [check] = broker.transactions.poll_checks("pg", 10)  # the count survived too
     assert (check.msg_id, check.check_times) == ("stays-prepared", 2)
-    broker.commit_transaction(prepared.transaction_id)
+    broker.transactions.commit(prepared.transaction_id)
     assert _ids(broker, "orders") == ["committed-now", "committed-later", "stays-prepared"]
 
 
@@ -328,15 +328,15 @@ def test_finished_transactions_expire_after_the_retention(
     broker = harness.open(retention_ms=60_000)
     rolled = prepare(broker, "r")
     committed = prepare(broker, "c")
-    broker.rollback_transaction(rolled.transaction_id)
-    broker.commit_transaction(committed.transaction_id)
+    broker.transactions.rollback(rolled.transaction_id)
+    broker.transactions.commit(committed.transaction_id)
     open_tx = prepare(broker, "p")
     clock.advance(59_999)
-    assert broker.transaction_status(rolled.transaction_id).status == "ROLLED_BACK"
+    assert broker.transactions.get(rolled.transaction_id).status == "ROLLED_BACK"
 
     def expired(tx_id: str) -> bool:
         try:
-            broker.transaction_status(tx_id)
+            broker.transactions.get(tx_id)
         except NotFound:
             return True
         return False
@@ -344,6 +344,6 @@ def test_finished_transactions_expire_after_the_retention(
     from tests.support.engine import advance_until
     advance_until(clock, lambda: expired(rolled.transaction_id)
                   and expired(committed.transaction_id), step=1)
-    assert broker.transaction_status(open_tx.transaction_id).status == "PREPARED"
+    assert broker.transactions.get(open_tx.transaction_id).status == "PREPARED"
     with pytest.raises(NotFound):
         broker.status("orders", "r")
