@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 NATS_SERVER = Path(sys.executable).parent / "nats-server"
@@ -27,6 +28,7 @@ class NatsCluster:
         self.size = size
         self.ports = [free_port() for _ in range(size)]
         self.cluster_ports = [free_port() for _ in range(size)]
+        self.monitor_ports = [free_port() for _ in range(size)]  # /healthz
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
 
     @property
@@ -45,6 +47,7 @@ class NatsCluster:
         path = self.root / f"n{i}.conf"
         path.write_text(
             f'server_name: "n{i}"\nlisten: "127.0.0.1:{self.ports[i]}"\nmax_payload: 8MB\n'
+            f'http: "127.0.0.1:{self.monitor_ports[i]}"\n'
             f'jetstream {{ store_dir: "{store}" }}\n'
             f'cluster {{ name: "hg", listen: "127.0.0.1:{self.cluster_ports[i]}", '
             f"routes: [{routes}] }}\n")
@@ -72,6 +75,25 @@ class NatsCluster:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"nats-server n{n} is not listening") from None
                     time.sleep(0.05)
+
+    def healthy(self, i: int) -> bool:
+        """nats-server ``i``'s ``/healthz``: 200 once it is in the cluster and every JetStream
+        asset it holds a replica of (the write-ahead stream, the KV buckets) is current."""
+        try:
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.monitor_ports[i]}/healthz", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:  # (an HTTPError 503 included: not current yet)
+            return False
+
+    def wait_healthy(self, i: int, timeout_s: float = 60.0) -> float:
+        """Seconds until nats-server ``i`` is healthy (RuntimeError past ``timeout_s``)."""
+        started = time.monotonic()
+        while not self.healthy(i):
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"nats-server n{i} not healthy in {timeout_s} s")
+            time.sleep(0.05)
+        return time.monotonic() - started
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
         proc = self.procs[i]

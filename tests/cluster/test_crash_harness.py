@@ -176,8 +176,9 @@ def first_write(nodes: list[ServerProcess], work: Workload) -> float:
 def disturb(cluster: HourglassCluster, work: Workload, round_: int) -> dict[str, object]:
     """Between kills, now and then: the leader paused past its lease and resumed, a NATS
     server killed and restarted, a follower's data directory wiped. Then the cluster is let
-    heal (a write answered) before the next kill: a kill measures one failover, not a kill
-    on top of a NATS election still under way (docs/cluster.md). What it did, and how long
+    heal (a write answered, a restarted NATS server healthy) before the next kill: a kill
+    measures one failover, not a kill on top of a NATS election still under way
+    (docs/cluster.md). What it did, and how long
     the cluster took to answer a write again."""
     done: dict[str, object] = {}
     if round_ % 5 == 2:
@@ -197,6 +198,9 @@ def disturb(cluster: HourglassCluster, work: Workload, round_: int) -> dict[str,
         # it led the write-ahead stream or the lease bucket (nats-server: 4-9 s)
         done["nats_loss_s"] = round(first_write(cluster.nodes, work), 3)
         cluster.nats.start(victim)
+        # back in the cluster with every replica it holds current: its return may move a
+        # RAFT leadership, which is no part of the next kill's failover
+        done["nats_rejoined_s"] = round(cluster.nats.wait_healthy(victim), 3)
     elif round_ % 10 == 0:
         leader = cluster.leader()
         follower = next(n for n in cluster.nodes if n is not leader)

@@ -96,3 +96,19 @@ def test_records_read_in_order_from_any_sequence(nats_cluster: NatsCluster,
         assert link.fetch(base + 51, 16, wait_s=0.1) == []
     finally:
         link.close()
+
+
+def test_a_restarted_nats_server_is_healthy_once_back_and_current(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path / "nats") as cluster:
+        assert cluster.wait_healthy(0) >= 0 and cluster.healthy(1)
+        link = _link(cluster)
+        try:
+            for i in range(20):
+                link.publish(f"r{i}".encode(), i)
+        finally:
+            link.close()
+        cluster.kill(2)
+        assert not cluster.healthy(2)
+        cluster.start(2)
+        assert cluster.wait_healthy(2, timeout_s=60) >= 0
+        assert cluster.healthy(2)
