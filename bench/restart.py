@@ -38,52 +38,12 @@ from typing import Any
 import orjson
 
 from bench.http import _call, _free_port, _start_server
-from bench.support.analysis_workload import WorkloadSpec, _future_delay
-from scheduler.backlog_store import BacklogStore
-from scheduler.codec import message_value
-from scheduler.config import EngineConfig
-from scheduler.timeline import HOUR, Loader, TimelineCounts
-from storage.constants import ROCKSDB_DIR, timer_cf
-from storage.keys import encode_timer_key, topic_shard
-from storage.rocks import RocksStore
+from bench.timeline import write_pending
+from scheduler.timeline import HOUR
+from storage.constants import ROCKSDB_DIR
 
-TOPICS = tuple(f"topic-{i}" for i in range(8))
-WRITE_BATCH = 10_000
 TARGET_S = 2.0
 LOAD_TOPIC = f"load-{secrets.token_hex(4)}"  # a topic (and msgIds) of this run only
-
-
-def write_pending(data_dir: Path, messages: int, now: int, seed: int = 17) -> float:
-    """``messages`` pending timer keys and their persisted counts; returns seconds taken."""
-    rng = random.Random(seed)
-    spec = WorkloadSpec()
-    started = time.perf_counter()
-    shards = EngineConfig(data_dir=data_dir).timer_shards  # what the server will open
-    store = RocksStore(data_dir / ROCKSDB_DIR, timer_shards=shards)
-    try:
-        cfs = {t: timer_cf(topic_shard(t, shards)) for t in TOPICS}
-        value = message_value(b"0123456789abcdef", None, (), {}, now, now, 0)
-        loader = Loader()
-        for lo in range(0, messages, WRITE_BATCH):
-            by_cf: dict[str, list[tuple[bytes, bytes]]] = {}
-            for i in range(lo, min(lo + WRITE_BATCH, messages)):
-                topic = TOPICS[i % len(TOPICS)]
-                key = encode_timer_key(now + HOUR + _future_delay(rng, spec), topic,
-                                       f"m-{i:09d}")
-                by_cf.setdefault(cfs[topic], []).append((key, value))
-                loader.prefixes[topic.encode()].append(key[:8])
-            loader.flush()
-            batch = store.batch()
-            for cf, items in by_cf.items():
-                batch.put_many(cf, sorted(items))
-            store.write(batch)
-        timeline = TimelineCounts()
-        loader.into(timeline)
-        BacklogStore(store).initialise(timeline.series(), {})
-        store.flush()
-    finally:
-        store.close()
-    return time.perf_counter() - started
 
 
 def _start(data_dir: Path, port: int, token: str, log: Path) -> tuple[Any, float]:
@@ -214,7 +174,8 @@ def main(argv: list[str]) -> int:
         write_s = None
         if args.data_dir is None or not (data_dir / ROCKSDB_DIR).exists():
             print(f"writing {args.messages:,} pending messages ...", flush=True)
-            write_s = round(write_pending(data_dir, args.messages, int(time.time() * 1000)), 1)
+            written = write_pending(data_dir, args.messages, int(time.time() * 1000), lead_ms=HOUR)
+            write_s = round(written, 1)
         token = secrets.token_urlsafe(24)
         port = _free_port()
         proc, fresh_s = _start(tmp / "fresh", port, token, tmp / "server.log")

@@ -1,11 +1,11 @@
 """``hourglass bench timeline``: ``GET /v1/admin/timeline`` with 10 M messages pending.
 
-1. Writes ``--messages`` timer keys straight into the RocksStore (as a send stores them; no
-   index entries, which neither the start-up scan nor the timeline reads), over 8 topics,
+1. Writes ``--messages`` timer keys and their backlog counts straight into the RocksStore (as
+   a send stores them; no index entries, which the timeline does not read), over 8 topics,
    deliverAt from the analysis workload's mixture (support/analysis_workload.py: 10 %
    in one burst second 30 min ahead, 40 % within the hour, 30 % within the day, 20 % within
    7 days).
-2. Starts ``hourglass serve`` on that store (its start-up scan rebuilds the counts) and times
+2. Starts ``hourglass serve`` on that store (it reads the stored counts) and times
    start-up to ready, and the server's memory.
 3. Times the endpoint over real HTTP: each window (all topics and one topic; from 1 h to 10
    years, 1 to 1000 buckets) ``--rounds`` times, after one warm-up call.
@@ -31,9 +31,10 @@ import psutil
 
 from bench.http import _call, _free_port, _start_server
 from bench.support.analysis_workload import WorkloadSpec, _future_delay
+from scheduler.backlog_store import BacklogStore
 from scheduler.codec import message_value
 from scheduler.config import EngineConfig
-from scheduler.timeline import DAY, HOUR, TimelineCounts
+from scheduler.timeline import DAY, HOUR, Loader, TimelineCounts
 from storage.constants import ROCKSDB_DIR, timer_cf
 from storage.keys import encode_timer_key, topic_shard
 from storage.rocks import RocksStore
@@ -43,8 +44,11 @@ WRITE_BATCH = 10_000
 TARGET_MS = 200
 
 
-def write_pending(data_dir: Path, messages: int, now: int, seed: int = 17) -> float:
-    """``messages`` pending timer keys in the store of ``data_dir``; returns seconds taken."""
+def write_pending(data_dir: Path, messages: int, now: int, seed: int = 17, *,
+                  lead_ms: int = 0) -> float:
+    """``messages`` pending timer keys in the store of ``data_dir``, due ``lead_ms`` and more
+    from ``now``, and their persisted backlog counts (as sends store them: a start reads
+    them, no scan); returns seconds taken."""
     rng = random.Random(seed)
     spec = WorkloadSpec()
     started = time.perf_counter()
@@ -53,16 +57,23 @@ def write_pending(data_dir: Path, messages: int, now: int, seed: int = 17) -> fl
     try:
         cfs = {t: timer_cf(topic_shard(t, shards)) for t in TOPICS}
         value = message_value(b"0123456789abcdef", None, (), {}, now, now, 0)
+        loader = Loader()
         for lo in range(0, messages, WRITE_BATCH):
             by_cf: dict[str, list[tuple[bytes, bytes]]] = {}
             for i in range(lo, min(lo + WRITE_BATCH, messages)):
                 topic = TOPICS[i % len(TOPICS)]
-                key = encode_timer_key(now + _future_delay(rng, spec), topic, f"m-{i:09d}")
+                key = encode_timer_key(now + lead_ms + _future_delay(rng, spec), topic,
+                                       f"m-{i:09d}")
                 by_cf.setdefault(cfs[topic], []).append((key, value))
+                loader.prefixes[topic.encode()].append(key[:8])
+            loader.flush()
             batch = store.batch()
             for cf, items in by_cf.items():
-                batch.put_many(cf, items)
+                batch.put_many(cf, sorted(items))
             store.write(batch)
+        timeline = TimelineCounts()
+        loader.into(timeline)
+        BacklogStore(store).initialise(timeline.series(), {})
         store.flush()
     finally:
         store.close()
