@@ -68,7 +68,7 @@ def main(data_dir: str, mode: str) -> None:
                 tx = prepared.pop(rng.randrange(len(prepared)))
                 op = "commit" if roll < 0.75 else "rollback"
                 try:
-                    getattr(broker, f"{op}_transaction")(tx)
+                    getattr(broker.transactions, op)(tx)
                 except Conflict:
                     raise SystemExit(f"{op} of a prepared transaction conflicted") from None
                 ack(op, tx)
