@@ -30,12 +30,15 @@ from pathlib import Path
 
 import psutil
 
+from storage.native import PURE_PYTHON_ENV
+
 from . import report
 from .common import log, stop_all
 from .systems import DEFAULT_SYSTEMS, SYSTEM_NAMES, SystemUnavailable, make_system
 from .workloads import WORKLOADS, Params, pilot_rate
 
 REPO = Path(__file__).resolve().parents[2]
+NATIVE_LAYERS = ("storage", "scheduler", "api")  # one compiled module each (setup.py)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -235,9 +238,11 @@ def freeze_source(rev: str, workroot: Path) -> tuple[Path, str]:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     log(f"hourglass server code frozen at {commit[:12]} in {dest}")
     # git archive holds no build products: the working tree's compiled hot paths (one per
-    # layer, setup.py) go along when they were built from the same sources, else the frozen
-    # server runs their pure-Python twins
-    for layer in ("storage", "scheduler", "api"):
+    # layer, setup.py) go along when they were built from the same sources; else the frozen
+    # copy's own are built (a missing one would not mean its pure-Python twin: the editable
+    # install's finder maps ``<layer>._native`` to the working tree's build)
+    differ = []
+    for layer in NATIVE_LAYERS:
         sources = [Path(layer) / "_native.pyx", Path("storage") / "_msgpack.pxd",
                    Path("scheduler") / "_handles.pxd"]
         built = sorted((REPO / layer).glob("_native.*.so"))
@@ -246,9 +251,19 @@ def freeze_source(rev: str, workroot: Path) -> tuple[Path, str]:
             for so in built:
                 shutil.copy2(so, dest / layer / so.name)
         else:
-            log(f"{layer}/_native differs from the working tree's build (or is not built): "
-                "the frozen server runs its pure Python twins")
+            differ.append(layer)
+    if differ:
+        log(f"{', '.join(differ)}: the working tree's build is of other sources: building the "
+            "frozen copy's compiled hot paths (a minute)")
+        subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=dest,
+                       capture_output=True, check=False)
     return dest, commit
+
+
+def frozen_unbuilt(dest: Path) -> list[str]:
+    """The layers of the frozen copy ``dest`` without a compiled module of their own (its
+    server must then run every pure-Python twin: ``HOURGLASS_PURE_PYTHON``)."""
+    return [layer for layer in NATIVE_LAYERS if not sorted((dest / layer).glob("_native.*.so"))]
 
 
 def wait_quiet(threshold: float, max_wait: float) -> None:
@@ -333,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     args.hourglass_src = None
     if args.hourglass_rev and "hourglass" in args.systems:
         args.hourglass_src, args.hourglass_rev = freeze_source(args.hourglass_rev, workroot)
+        if unbuilt := frozen_unbuilt(args.hourglass_src):
+            log(f"{', '.join(unbuilt)} not built in the frozen copy: its server runs the "
+                "pure-Python twins")
+            args.hourglass_env[PURE_PYTHON_ENV] = "1"
     status = 0
     try:
         for name in args.systems:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.peers.run import REPO, freeze_source
+from bench.peers.run import NATIVE_LAYERS, REPO, freeze_source, frozen_unbuilt
 
 PROBE = "from storage.native import native; import storage; print(native is not None, " \
         "storage.__file__)"
@@ -38,3 +38,14 @@ def test_frozen_copy_takes_every_layers_extension_along(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", LAYERS_PROBE], cwd=dest, check=True, text=True,
                          capture_output=True, env={"PYTHONPATH": str(dest)}).stdout.split()
     assert out == [str(b) for b in built]
+
+
+def test_a_layer_left_unbuilt_in_the_frozen_copy_is_named(tmp_path: Path) -> None:
+    """A layer without its own compiled module in the frozen copy would import the working
+    tree's (the editable install maps it): the harness must run the pure twins instead."""
+    dest, _ = freeze_source("HEAD", tmp_path)
+    built = {layer for layer in NATIVE_LAYERS if sorted((REPO / layer).glob("_native.*.so"))}
+    assert frozen_unbuilt(dest) == [layer for layer in NATIVE_LAYERS if layer not in built]
+    for so in (dest / "api").glob("_native.*.so"):
+        so.unlink()
+    assert "api" in frozen_unbuilt(dest)
