@@ -58,20 +58,23 @@ def _pull_msgpack_native(payloads: list[bytes], offset: int, once: bool = False)
     frame: bytes | None = native.pull_frame(payloads, once)
     if frame is not None:  # every message done in C, in one buffer
         return frame
-    parts, offsets = _msgpack_parts(payloads, once)
+    parts, offsets = _parts(payloads, once)
     next_offset = offsets[-1] + 1 if parts else offset
     return b"".join((PULL_HEAD, msgpack_array_header(len(parts)), *parts, NEXT_OFFSET,
                      _msgpack.encode(next_offset)))
 
 
-def _msgpack_parts(payloads: Sequence[bytes], once: bool) -> tuple[list[bytes], list[int]]:
-    """Each payload's message in msgpack (in C when it can), and its offset."""
+def _parts(payloads: Sequence[bytes], once: bool, *,
+           json: bool = False) -> tuple[list[bytes], list[int]]:
+    """Each payload's message in msgpack or JSON (in C when it can), and its offset."""
     assert native is not None
-    parts, offsets = native.delivered_msgpack(list(payloads), once=once)
+    transcode, encoder = ((native.delivered_json, _json) if json
+                          else (native.delivered_msgpack, _msgpack))
+    parts, offsets = transcode(list(payloads), once=once)
     for i, part in enumerate(parts):
         if part is None:
             message = decode_log_records([payloads[i]])[0]
-            parts[i] = _msgpack.encode(delivered(message, once))
+            parts[i] = encoder.encode(delivered(message, once))
             offsets[i] = message.queue_offset
     return parts, offsets
 
@@ -88,22 +91,10 @@ def _pull_json_native(payloads: list[bytes], offset: int, once: bool = False) ->
     frame: bytes | None = native.pull_frame_json(payloads, once)
     if frame is not None:  # every message done in C, in one buffer
         return frame
-    parts, offsets = _json_parts(payloads, once)
+    parts, offsets = _parts(payloads, once, json=True)
     next_offset = offsets[-1] + 1 if parts else offset
     return b"".join((PULL_HEAD_JSON, b",".join(parts), NEXT_OFFSET_JSON,
                      _json.encode(next_offset), b"}"))
-
-
-def _json_parts(payloads: Sequence[bytes], once: bool) -> tuple[list[bytes], list[int]]:
-    """Each payload's message in JSON (in C when it can), and its offset."""
-    assert native is not None
-    parts, offsets = native.delivered_json(list(payloads), once=once)
-    for i, part in enumerate(parts):
-        if part is None:
-            message = decode_log_records([payloads[i]])[0]
-            parts[i] = _json.encode(delivered(message, once))
-            offsets[i] = message.queue_offset
-    return parts, offsets
 
 
 def pull_answer(payloads: list[bytes], offset: int, once: bool, msgpack: bool,
@@ -123,13 +114,13 @@ def pull_answer(payloads: list[bytes], offset: int, once: bool, msgpack: bool,
             return _json.encode([delivered(m, once) for m in decode_log_records(list(piece))])
     elif not msgpack:
         def encode(piece: Sequence[bytes]) -> bytes:
-            return b"[" + b",".join(_json_parts(piece, once)[0]) + b"]"
+            return b"[" + b",".join(_parts(piece, once, json=True)[0]) + b"]"
     elif native is None:
         def encode(piece: Sequence[bytes]) -> bytes:
             return _msgpack.encode([delivered(m, once) for m in decode_log_records(list(piece))])
     else:
         def encode(piece: Sequence[bytes]) -> bytes:
-            parts = _msgpack_parts(piece, once)[0]
+            parts = _parts(piece, once)[0]
             return b"".join((msgpack_array_header(len(parts)), *parts))
     return PiecewiseAnswer(frame, payloads, sizes, encode, msgpack=msgpack)
 

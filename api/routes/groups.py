@@ -9,6 +9,7 @@ topic.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from itertools import repeat
 from typing import Any, TypeVar
 
@@ -107,21 +108,7 @@ def _receive_msgpack_native(result: LeasedBatch, acked: AckCounts | None,
     others (retries shown as their original, and what C leaves) are encoded from their
     document."""
     assert native is not None
-    messages = result.messages
-    # C writes reconsumeTimes 0: that of every message shown as stored
-    at = [i for i, m in enumerate(messages) if m.payload is not None and not m.reconsume_times]
-    shown = messages if len(at) == len(messages) else [messages[i] for i in at]
-    done, _ = native.delivered_msgpack([m.payload for m in shown], [m.receipt for m in shown],
-                                       [m.delivery_count for m in shown], once)
-    if shown is messages:  # the usual receive: nothing retried
-        parts = done
-    else:
-        parts = [None] * len(messages)
-        for i, part in zip(at, done, strict=True):
-            parts[i] = part
-    for i, part in enumerate(parts):
-        if part is None:
-            parts[i] = _msgpack.encode(received(messages[i], once))
+    parts = _received_parts(result.messages, _shown_as_stored(result.messages), once)
     head = b"\x84\xa8messages" if acked is not None else b"\x82\xa8messages"
     tail = [b"\xaaleaseUntil", _msgpack.encode(result.lease_until)]
     if acked is not None:
@@ -142,7 +129,7 @@ def _receive_json_native(result: LeasedBatch, acked: AckCounts | None,
     ``_receive_msgpack_native`` does in msgpack."""
     assert native is not None
     messages = result.messages
-    at = [i for i, m in enumerate(messages) if m.payload is not None and not m.reconsume_times]
+    at = _shown_as_stored(messages)
     head, lease, acked_key, stale_key = RECEIVE_JSON
     tail = [lease, _json.encode(result.lease_until)]
     if acked is not None:
@@ -153,10 +140,27 @@ def _receive_json_native(result: LeasedBatch, acked: AckCounts | None,
                                       [m.delivery_count for m in messages], once)
         if joined is not None:
             return b"".join((head, joined, *tail, b"}"))
+    parts = _received_parts(messages, at, once, json=True)
+    return b"".join((head, b",".join(parts), *tail, b"}"))
+
+
+def _shown_as_stored(messages: Sequence[LeasedMessage]) -> list[int]:
+    """Where the messages shown as stored are (C writes reconsumeTimes 0: theirs)."""
+    return [i for i, m in enumerate(messages) if m.payload is not None and not m.reconsume_times]
+
+
+def _received_parts(messages: Sequence[LeasedMessage], at: list[int], once: bool, *,
+                    json: bool = False) -> list[bytes]:
+    """Each leased message in msgpack or JSON: those ``at`` transcoded from their LogRecord
+    bytes in C, the others (retries shown as their original, and what C leaves) encoded from
+    their document."""
+    assert native is not None
+    transcode, encoder = ((native.delivered_json, _json) if json
+                          else (native.delivered_msgpack, _msgpack))
     shown = messages if len(at) == len(messages) else [messages[i] for i in at]
-    done, _ = native.delivered_json([m.payload for m in shown], [m.receipt for m in shown],
-                                    [m.delivery_count for m in shown], once)
-    if shown is messages:
+    done, _ = transcode([m.payload for m in shown], [m.receipt for m in shown],
+                        [m.delivery_count for m in shown], once)
+    if shown is messages:  # the usual receive: nothing retried
         parts = done
     else:
         parts = [None] * len(messages)
@@ -164,8 +168,8 @@ def _receive_json_native(result: LeasedBatch, acked: AckCounts | None,
             parts[i] = part
     for i, part in enumerate(parts):
         if part is None:
-            parts[i] = _json.encode(received(messages[i], once))
-    return b"".join((head, b",".join(parts), *tail, b"}"))
+            parts[i] = encoder.encode(received(messages[i], once))
+    return parts
 
 
 _msgpack = msgspec.msgpack.Encoder()
