@@ -272,4 +272,4 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         raw = await read_body(request, ctx.limits.max_request_bytes)
         body = decode(raw, request.headers.get("content-type"), schemas.GroupOffsetIn)
         return respond(schemas.GroupOffset(
-            offset=broker.groups.set_offset(topic, group, body.offset)))
+            offset=await ctx.write(broker.groups.set_offset, topic, group, body.offset)))

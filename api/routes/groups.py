@@ -205,7 +205,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def receive_messages(request: Request) -> Response:
         topic, group, body = await parse(request, schemas.ReceiveIn, optional=True)
         groups = broker.groups
-        acked = None if body.ack is msgspec.UNSET else groups.ack(topic, group, body.ack)
+        acked = (None if body.ack is msgspec.UNSET
+                 else await ctx.write(groups.ack, topic, group, body.ack))
         if body.wait_ms > 0:
             result = await _long_poll(topic, group, body, body.wait_ms / 1000.0)
         else:
@@ -265,7 +266,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     ))
     async def ack_messages(request: Request) -> Response:
         topic, group, body = await parse(request, schemas.AckIn)
-        result = broker.groups.ack(topic, group, body.receipts)
+        result = await ctx.write(broker.groups.ack, topic, group, body.receipts)
         return respond(schemas.AckResult(acked=result.acked, stale=result.stale), 200, request)
 
     @router.post("/v1/topics/{topic}/groups/{group}:nack", **operation(
@@ -278,8 +279,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         topic, group, body = await parse(request, schemas.NackIn)
         level = None if body.delay_level is msgspec.UNSET else body.delay_level
         delay = None if body.delay_ms is msgspec.UNSET else body.delay_ms
-        result = broker.groups.nack(topic, group, body.receipts, delay_level=level,
-                                    delay_ms=delay)
+        result = await ctx.write(lambda: broker.groups.nack(
+            topic, group, body.receipts, delay_level=level, delay_ms=delay))
         return respond(schemas.NackResult(retrying=result.retrying,
                                           dead_lettered=result.dead_lettered,
                                           stale=result.stale), 200, request)
@@ -328,4 +329,4 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def redrive_dead_letters(request: Request) -> Response:
         topic, group, body = await parse(request, schemas.RedriveIn, optional=True)
         return respond(schemas.RedriveResult(
-            redriven=broker.groups.redrive(topic, group, body.max)))
+            redriven=await ctx.write(broker.groups.redrive, topic, group, body.max)))

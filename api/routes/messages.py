@@ -83,7 +83,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         ctx.allow(principal, Permission.SEND, topic, sending=True)
         raw = await read_body(request, request_limit)
         message = decode(raw, request.headers.get("content-type"), schemas.MessageIn)
-        result = broker.send(to_send_request(message, topic))
+        result = await ctx.write(broker.send, to_send_request(message, topic))
         return respond(result, 200 if result.duplicate else 201)  # == schemas.SendResult
 
     @router.post("/v1/topics/{topic}/messages:batch", **operation(
@@ -104,8 +104,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         limit = ctx.limits.max_batch_messages
         minimal = prefers_minimal(request)
         # the common case read straight from the bytes, msgpack or JSON
-        columns = broker.send_columns(topic, raw, max_count=limit,
-                                      json=not is_msgpack(content_type))
+        columns = await ctx.write(lambda: broker.send_columns(
+            topic, raw, max_count=limit, json=not is_msgpack(content_type)))
         if columns is not None:  # (a column batch holds no duplicate)
             return (summary_answer(len(columns.msg_ids), [], request) if minimal
                     else scheduled_answer(columns, request))
@@ -113,12 +113,12 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         if len(batch.messages) > limit:
             raise InvalidArgument(f"a batch holds at most {limit} messages, got "
                                   f"{len(batch.messages)}")
-        columns = broker.send_columns(topic, batch.messages, UNSET)
+        columns = await ctx.write(broker.send_columns, topic, batch.messages, UNSET)
         if columns is not None:  # the common case, with no object per message
             return (summary_answer(len(columns.msg_ids), [], request) if minimal
                     else scheduled_answer(columns, request))
         requests = [to_send_request(m, topic, i) for i, m in enumerate(batch.messages)]
-        results = broker.send_batch(requests)
+        results = await ctx.write(broker.send_batch, requests)
         if minimal:
             return summary_answer(len(results), [i for i, r in enumerate(results)
                                                  if r.duplicate], request)
@@ -136,7 +136,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         topic = broker.handle_topic(cancel_handle)  # NotFound for a handle that is not ours
         if not principal.may_use_topic(topic):
             raise Forbidden(f"this token may not use topic {topic!r}")
-        result = broker.cancel_by_handle(cancel_handle)
+        result = await ctx.write(broker.cancel_by_handle, cancel_handle)
         return respond(schemas.CancelResult(msg_id=result.msg_id, topic=result.topic,
                                             status=result.status))
 
@@ -148,7 +148,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def cancel_message(topic: Topic, msg_id: MsgIdPath,
                              principal: Authenticated) -> Response:
         ctx.allow(principal, Permission.CANCEL, topic)
-        result = broker.cancel(topic, check_msg_id(msg_id))
+        result = await ctx.write(broker.cancel, topic, check_msg_id(msg_id))
         return respond(schemas.CancelResult(msg_id=result.msg_id, topic=result.topic,
                                             status=result.status))
 

@@ -72,10 +72,10 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         raw = await read_body(request, ctx.limits.max_request_bytes)
         body = decode(raw, request.headers.get("content-type"), schemas.TransactionIn)
         immunity = None if body.check_immunity_seconds is UNSET else body.check_immunity_seconds
-        result = broker.transactions.prepare(
+        result = await ctx.write(lambda: broker.transactions.prepare(
             to_send_request(body, topic), producer_group=body.producer_group,
             check_immunity_seconds=immunity,
-        )
+        ))
         return respond(transaction_result(result), 200 if result.duplicate else 201)
 
     @router.post("/v1/transactions/{transactionId}/commit", **operation(
@@ -86,7 +86,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def commit_transaction(transaction_id: TransactionId,
                                  principal: Authenticated) -> Response:
         check_owner(principal, transaction_id)
-        return respond(transaction_result(broker.transactions.commit(transaction_id)))
+        return respond(transaction_result(
+            await ctx.write(broker.transactions.commit, transaction_id)))
 
     @router.post("/v1/transactions/{transactionId}/rollback", **operation(
         "rollbackTransaction", tag="transactions", summary="Roll back: never delivered",
@@ -95,7 +96,8 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
     async def rollback_transaction(transaction_id: TransactionId,
                                    principal: Authenticated) -> Response:
         check_owner(principal, transaction_id)
-        return respond(transaction_result(broker.transactions.rollback(transaction_id)))
+        return respond(transaction_result(
+            await ctx.write(broker.transactions.rollback, transaction_id)))
 
     @router.get("/v1/producer-groups/{group}/transaction-checks", **operation(
         "pollTransactionChecks", tag="transactions",
