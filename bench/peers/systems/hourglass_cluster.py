@@ -11,7 +11,9 @@ Besides the workload's figures it reports (``cluster`` in results.json):
   read from its ``/metrics`` at the end: count, mean, and p50/p99 interpolated within the
   histogram's buckets (and the bucket bound it falls under);
 - CPU seconds per process group (leader, followers, NATS servers) over the workload: the six
-  servers share this machine's cores with the load generator.
+  servers share this machine's cores with the load generator; and the leader's and the
+  followers' split (``cpu_threads_s``): ``rocksdb`` = RocksDB's flush and compaction
+  threads, ``python`` = the rest (HTTP, writes, apply, the NATS client's loop).
 """
 
 from __future__ import annotations
@@ -65,6 +67,21 @@ def lag_summary(metrics_text: str) -> dict[str, Any]:
                 break
             lo, below = le, cum
     return out
+
+
+def rocksdb_cpu(proc: psutil.Process) -> float:
+    """CPU seconds of ``proc``'s RocksDB background threads (flushes and compactions, named
+    ``rocksdb:low`` / ``rocksdb:high``; they live as long as the store)."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        for t in proc.threads():
+            try:
+                name = Path(f"/proc/{proc.pid}/task/{t.id}/comm").read_text()
+            except OSError:
+                continue
+            if name.startswith("rocksdb:"):
+                total += t.user_time + t.system_time
+    return total
 
 
 class HourglassClusterSystem(HourglassSystem):
@@ -143,11 +160,16 @@ class HourglassClusterSystem(HourglassSystem):
         out: dict[str, float] = {}
         for group, procs in self._groups().items():
             total = 0.0
+            rocks = 0.0
             for p in procs:
                 with contextlib.suppress(psutil.Error):
                     t = p.cpu_times()
                     total += t.user + t.system
+                if group != "nats":
+                    rocks += rocksdb_cpu(p)
             out[group] = total
+            if group != "nats":
+                out[f"{group}.rocksdb"], out[f"{group}.python"] = rocks, total - rocks
         return out
 
     def server_processes(self) -> list[psutil.Process]:
@@ -181,8 +203,9 @@ class HourglassClusterSystem(HourglassSystem):
     def extra_results(self) -> dict[str, Any]:
         """Follower lag over the workload and CPU seconds per process group."""
         cpu1 = self._cpu_by_group()
-        out: dict[str, Any] = {"cpu_s": {k: round(cpu1.get(k, 0.0) - self._cpu0.get(k, 0.0), 2)
-                                         for k in cpu1}}
+        spent = {k: round(cpu1.get(k, 0.0) - self._cpu0.get(k, 0.0), 2) for k in cpu1}
+        out: dict[str, Any] = {"cpu_s": {k: v for k, v in spent.items() if "." not in k},
+                               "cpu_threads_s": {k: v for k, v in spent.items() if "." in k}}
         lags: dict[str, Any] = {}
         if self.cluster is not None:
             for node in self.cluster.nodes:
