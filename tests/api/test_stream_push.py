@@ -225,7 +225,8 @@ def test_twenty_streams_of_a_topic_get_every_message_once_and_in_order(live: Liv
                 while len(got) < 12:
                     got += [m["offset"] for m in reader.next()["messages"]]
                 assert got == list(range(12))
-            assert live.app.state.ctx.pusher.writer_passes >= 1
+            # (a pass is counted once it wrote every stream: the last frame may come first)
+            until(lambda: live.app.state.ctx.pusher.writer_passes >= 1, 10, "a writer pass")
         finally:
             for r, cl in zip(responses, clients, strict=True):
                 r.close()
