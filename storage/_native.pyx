@@ -159,6 +159,31 @@ def frame(list payloads, list lengths, Py_ssize_t start, uint32_t magic, uint32_
     return buf, positions
 
 
+def frame_headers(list payloads, Py_ssize_t start, uint32_t magic, uint32_t seed):
+    """== log_format.frame_headers_py: the 12-byte headers of ``payloads``' records, back to
+    back in one buffer, and each record's position when the records are written at
+    ``start``, each header followed by its payload (no copy of a payload)."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(payloads), i, size, at = start
+    cdef object p
+    for i in range(n):
+        p = <object>PyList_GET_ITEM(payloads, i)
+        if type(p) is not bytes:
+            raise TypeError(f"a payload is bytes, not {type(p).__name__}")
+    buf = PyBytes_FromStringAndSize(NULL, 12 * n)
+    cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(buf)
+    cdef list positions = [None] * n
+    for i in range(n):
+        p = <object>PyList_GET_ITEM(payloads, i)
+        size = PyBytes_GET_SIZE(p)
+        _put_u32le(out + 12 * i, magic)
+        _put_u32le(out + 12 * i + 4, <uint32_t>size)
+        _put_u32le(out + 12 * i + 8, _crc32c(<uint32_t>size ^ seed,
+                                             <const uint8_t*>PyBytes_AS_STRING(p), size))
+        positions[i] = at
+        at += 12 + size
+    return buf, positions
+
+
 def read_records(mm, Py_ssize_t base, Py_ssize_t hi, list positions, Py_ssize_t index,
                  list out, Py_ssize_t room, uint32_t magic, uint32_t seed):
     """The loop of CommitLog.read_many over the positions in one segment [base, hi) from

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from storage.batch import put_sorted_py
 from storage.commitlog import CommitLog
 from storage.errors import CorruptionError, HourglassError
-from storage.log_format import CRC_SEED, RECORD_MAGIC, frame_py
+from storage.log_format import CRC_SEED, RECORD_MAGIC, frame_headers_py, frame_py
 from storage.native import PURE_PYTHON_ENV, native
 from storage.records import (
     LogRecord,
@@ -75,6 +75,21 @@ def test_frame(payloads: list[bytes], start: int) -> None:
     lengths = [len(p) for p in payloads]
     holds(native.frame(payloads, lengths, start, RECORD_MAGIC, CRC_SEED),
           frame_py(payloads, lengths, start), takes=True)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(payloads=st.lists(st.binary(max_size=600), max_size=40), start=st.integers(0, 1 << 40))
+def test_frame_headers(payloads: list[bytes], start: int) -> None:
+    """The headers of a gathered write: each header of ``frame``, and its positions."""
+    assert native is not None
+    lengths = [len(p) for p in payloads]
+    headers, positions = frame_headers_py(payloads, lengths, start)
+    holds(native.frame_headers(payloads, start, RECORD_MAGIC, CRC_SEED),
+          (headers, positions), takes=True)
+    framed, framed_positions = frame_py(payloads, lengths, start)
+    assert framed_positions == positions
+    assert framed == b"".join(headers[12 * i:12 * i + 12] + p for i, p in enumerate(payloads))
 
 
 def recorder() -> tuple[list[tuple[bytes, bytes, int]], Callable[..., None]]:
