@@ -59,6 +59,9 @@ from storage.rocks import RocksStore
 log = logging.getLogger(__name__)
 
 NOTHING_PENDING = MAX_U64  # covered_ms of a shard with no pending key at all
+#: mean bytes of a scan's values from which the shard's next scan reads without filling
+#: RocksDB's block cache (``Scanner.step``)
+LARGE_VALUE_BYTES = 4096
 
 
 class ShardState:
@@ -124,6 +127,11 @@ class Scanner(threading.Thread):
         self._stopping = stopping
         self._max_backoff_ms = max_backoff_ms
         self._interval_ms = interval_ms
+        #: the last scan's values were large: the next one reads around the block cache
+        #: (each due key is read once; 16 KiB bodies filled the cache and paid an insert and
+        #: an eviction each, while small values' scans are cheaper with it: RocksStore.
+        #: read_range_next)
+        self.large_values = False
 
     def run(self) -> None:
         precise_timers()  # it wakes at due instants: the default 50 µs slack is lateness
@@ -179,7 +187,8 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items, after = self._timers.read_due(st.cf, start, end, limit)
+            items, after = self._timers.read_due(st.cf, start, end, limit,
+                                                 fill_cache=not self.large_values)
             complete = len(items) < limit or after is not None
             if complete:
                 st.frontier_key = max(start, end)
@@ -194,6 +203,9 @@ class Scanner(threading.Thread):
         if batch is None:
             self._progress.notify()
             return False
+        # (the first, middle and last value's mean, as delivery's batch_bytes estimates)
+        self.large_values = (len(items[0][1]) + len(items[len(items) // 2][1])
+                             + len(items[-1][1])) >= 3 * LARGE_VALUE_BYTES
         self._metrics.scan_batch_size.observe(len(items))
         self._progress.hand()
         if not self._hand_off(batch):

@@ -95,10 +95,9 @@ class RocksStore:
         self._shards = 0
         self._closed = False
         self._gate = Gate()
-        # a due-range scan reads each timer key once, right before delivery deletes it
-        # (below the frontier): its blocks are not kept in the block cache (``read_range_next``)
-        self._scan_opts = rocksdict.ReadOptions()
-        self._scan_opts.fill_cache(False)
+        # a due-range scan of large values leaves the block cache alone (``read_range_next``)
+        self._no_fill = rocksdict.ReadOptions()
+        self._no_fill.fill_cache(False)  # type: ignore[call-arg]  # (the stub lacks the bool)
         self._clock = clock or MonotonicClock()
         self._replicator: Replicator | None = None  # cluster mode (storage/replication.py)
         self._guard = WriteGuard(self._path, clock=self._clock,
@@ -368,15 +367,16 @@ class RocksStore:
             out = list(itertools.takewhile(lambda kv: kv[0] >= start, out))
         return out
 
-    def read_range_next(self, cf: str, start: bytes, end: bytes,
-                        limit: int) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    def read_range_next(self, cf: str, start: bytes, end: bytes, limit: int, *,
+                        fill_cache: bool = True) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
         """Up to ``limit`` pairs of [start, end), and the first key at or after ``end`` when
         the iterator reached it (None: no such key, or ``limit`` pairs came first). One
         iterator, one seek (a timer scan reads what is due and when to look next with it:
-        scheduler/timer_index.py). The blocks it reads from SST files do not go into the
-        block cache (``fill_cache`` off): each due key is read once, and a burst's values
-        filled the whole cache (1 M due at once: tens of MiB of the server's RSS; 16 KiB
-        bodies: an insert and an eviction a message)."""
+        scheduler/timer_index.py). ``fill_cache`` False: the data blocks it reads from SST
+        files do not go into the block cache (a scanner reading large values: each due key
+        is read once, and 16 KiB bodies cost an insert and an eviction each and filled the
+        cache; for small values, leaving it off cost a 200 k burst ~15 % more CPU in
+        process, docs/performance.md)."""
         self._check_cf(cf)
         after: list[bytes] = []
 
@@ -390,7 +390,7 @@ class RocksStore:
             handle = self._cf(cf)
             try:
                 it: Iterator[tuple[bytes, bytes]] = handle.items(  # type: ignore[assignment]
-                    from_key=start, read_opt=self._scan_opts)
+                    from_key=start, read_opt=None if fill_cache else self._no_fill)
                 out = list(itertools.islice(itertools.takewhile(before_end, it), limit))
                 del it
             except Exception as exc:

@@ -65,6 +65,32 @@ def test_read_range_next_gives_the_range_and_the_first_key_past_it(store: RocksS
         store.read_range_next("nope", b"", b"x", 1)
 
 
+def test_read_range_next_without_fill_cache_leaves_the_block_cache(tmp_path: Path) -> None:
+    """A scan of large values read with ``fill_cache=False`` (the scanners' reads of large
+    bodies) puts none of its data blocks into the block cache; read again with it, the same
+    range fills the cache by about its bytes."""
+    cf = timer_cf(0)
+    with RocksStore(tmp_path / "db", timer_shards=1) as s:
+        keys = [encode_timer_key(t, "t", "m") for t in range(200)]
+        b = s.batch()
+        b.put_many(cf, [(k, bytes([k[7]]) * 16384) for k in keys])
+        s.write(b)
+        s.flush()  # (from an SST file, not the memtable)
+
+        def cache() -> int:
+            return s.property_int(cf, "rocksdb.block-cache-usage") or 0
+
+        before = cache()
+        items, after = s.read_range_next(cf, keys[0], encode_timer_key(150, "t", ""), 1000,
+                                         fill_cache=False)
+        assert [k for k, _ in items] == keys[:150] and after == keys[150]
+        assert all(v == bytes([k[7]]) * 16384 for k, v in items)
+        assert cache() - before < 16384 * 10  # (index and filter blocks at most)
+        again = s.read_range_next(cf, keys[0], encode_timer_key(150, "t", ""), 1000)
+        assert again == (items, after)
+        assert cache() - before > 16384 * 100
+
+
 def test_shard_count_is_persisted_and_enforced(tmp_path: Path) -> None:
     with RocksStore(tmp_path / "db", timer_shards=3) as s:
         assert unpack_u64(s.get(CF_META, META_SHARDS) or b"") == 3
