@@ -58,6 +58,32 @@ def test_crc32c(data: bytes, value: int) -> None:
 
 
 @needs_native
+def test_crc32c_of_long_buffers_in_three_lanes() -> None:
+    """Buffers long enough for the instruction's three lanes (1536 bytes a stretch, joined
+    through the tables of 512 zero bytes), at every length around a stretch's end and with
+    a tail of every size, from any running value, agree with the tables and the package."""
+    assert native is not None
+    data = bytes((i * 131 + (i >> 7) * 29) & 0xFF for i in range(3 * 1536 + 40))
+    lengths = [n for base in (1536, 3072, 4608) for n in range(base - 9, base + 17)]
+    lengths += [0, 7, 511, 512, 1535, 16384]
+    long = (data * 4)[:16384]
+    hardware = native.crc32c_hardware()
+    try:
+        for n in lengths:
+            piece = (long if n == 16384 else data)[:n]
+            for value in (0, 1, 0xFFFFFFFF, 0x9E3779B9):
+                expected = crc32c(piece, value)
+                for use in (True, False):
+                    native.crc32c_hardware(use)
+                    assert native.crc32c(piece, value) == expected, (n, value, use)
+                    # resumed in the middle: CRC(a + b) == CRC(b) from CRC(a)
+                    half = native.crc32c(piece[:n // 3], value)
+                    assert native.crc32c(piece[n // 3:], half) == expected
+    finally:
+        native.crc32c_hardware(hardware)
+
+
+@needs_native
 def test_crc32c_uses_the_cpu_where_it_can() -> None:
     assert native is not None
     has_sse42 = platform.machine() == "x86_64" and "sse4_2" in Path(
