@@ -501,7 +501,12 @@ class CommitLog:
             except IndexError:
                 continue
             if seg.base <= position < seg.base + seg.size:
+                # read again: its pages come back, and the flusher gives them back again
+                # (``_release_behind``; a caught-up stream reads the tail of the segment
+                # before the last after each roll, and those pages stayed until the next
+                # idle round, a minute later)
                 seg.touched = True
+                seg.released = False
                 return seg
         if position < self.first_position:
             raise OffsetExpired(f"position {position} was deleted (the log starts at "

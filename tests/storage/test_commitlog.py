@@ -170,6 +170,9 @@ def test_the_flusher_gives_back_the_pages_of_segments_behind_the_last_two(
         assert log._release_behind() == 0  # nothing more to give back
         assert log.read_many(positions) == payloads  # released pages read back intact
         assert _resident_kib(segments[0].path) > 0
+        # read again, they are given back again by the next round
+        assert log._release_behind() == len(segments) - 2
+        assert [_resident_kib(seg.path) for seg in segments[:-2]] == [0] * (len(segments) - 2)
         log.flush()
     finally:
         log.close()
