@@ -3,12 +3,13 @@ pull loops (urllib3, msgpack both ways), through the three tools built on it."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
-from bench.peers import client_cost, consume_only, request_cost
+from bench.peers import burst_cpu, client_cost, consume_only, request_cost
 from bench.peers.systems.hourglass import HourglassSystem
 
 
@@ -22,6 +23,13 @@ def test_the_consumers_get_every_message(mode: str, body: str, encoding: str,
                               "--n", "3000", "--timeout", "60"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{mode}, body {body}, {encoding}: 3,000 messages in hand in "), out
+
+
+def test_burst_cpu_times_a_burst_of_large_bodies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert burst_cpu.main(["--n", "1500", "--payload", "8192", "--lead", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n"] == 1500 and out["drain_s"] >= 0 and out["server_cpu_s"] > 0
+    assert set(out["rss_growth_mib"]) == {"RssAnon", "RssFile"}
 
 
 def test_client_cost_pulls_everything_through_both_clients(
