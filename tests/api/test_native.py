@@ -251,6 +251,45 @@ def test_receive_answer_json(rows: list[tuple[LogRecord, bool, str, int, int]],
         receive_json_py, result, ack, once)
 
 
+@needs_native
+@settings(max_examples=100)
+@given(rows=st.lists(st.tuples(log_records, st.text(max_size=20), st.integers(1, 50)),
+                     max_size=40),
+       lease_until=st.integers(0, 1 << 62),
+       acked=st.none() | st.tuples(st.integers(0, 1000), st.lists(st.text(max_size=10),
+                                                                  max_size=3)),
+       once=st.booleans())
+def test_receive_answer_of_columns(rows: list[tuple[LogRecord, str, int]], lease_until: int,
+                                   acked: tuple[int, list[str]] | None, once: bool) -> None:
+    """The usual receive, kept as columns (payloads, receipts, counts: no object per
+    message), is written in one buffer in C (``received_msgpack``, ``received_json``): the
+    bytes of the Python twins, also past 15 messages (array16) and for a record C leaves to
+    Python (then the whole answer goes the other way)."""
+    payloads = [encode_log_record(record) for record, _, _ in rows]
+    result = LeasedBatch(lease_until=lease_until, payloads=payloads,
+                         receipts=[r for _, r, _ in rows], counts=[c for _, _, c in rows])
+    assert result.columns is not None and len(result) == len(rows)
+    ack = None if acked is None else AckCounts(acked=acked[0], stale=acked[1])
+    for native_answer, python_answer in ((_receive_msgpack_native, receive_msgpack_py),
+                                         (_receive_json_native, receive_json_py)):
+        assert outcome(native_answer, result, ack, once) == outcome(
+            python_answer, result, ack, once)
+
+
+def test_a_leased_batch_is_messages_or_three_columns_of_one_length() -> None:
+    """Columns make their LeasedMessage when asked for; columns of unequal lengths, or
+    none at all, are refused."""
+    record = LogRecord(topic="t", msg_id="m", queue_offset=3, body=b"b")
+    batch = LeasedBatch(lease_until=9, payloads=[encode_log_record(record)], receipts=["r"],
+                        counts=[2])
+    (m,) = batch.messages
+    assert (m.receipt, m.delivery_count, m.reconsume_times, m.record) == ("r", 2, 0, record)
+    assert LeasedBatch(lease_until=9, messages=[m]).columns is None
+    for bad in ({"payloads": [b""], "receipts": [], "counts": [1]}, {}):
+        with pytest.raises(ValueError):
+            LeasedBatch(lease_until=9, **bad)
+
+
 # --- the keys: one definition, the schemas ----------------------------------------------------
 def test_the_keys_are_the_schemas() -> None:
     """api/wire_keys.py builds every key the encoders write from the Structs: the pull
