@@ -218,6 +218,10 @@ class AckPlan:
     committed: dict[int, int] = field(default_factory=dict)  # stream -> new committed offset
     # stream -> the runs of acks stored above the committed offset: [(first, end), ...]
     runs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    highest: dict[int, int] = field(default_factory=dict)  # stream -> its highest taken
+    # the usual ack: the receipts of one whole lease that holds all of them, as issued
+    # (``accepted`` is then its offsets; ``apply`` ends it whole)
+    whole: Lease | None = None
 
     @property
     def taken(self) -> int:
@@ -384,9 +388,9 @@ class Group:
                                            "\n".join(lease.receipts).encode())
             except (TypeError, UnicodeEncodeError):
                 same = False
-            if same:
+            if same:  # (its offsets as the lease keeps them: ``plan`` knows them by that)
                 n = len(receipts)
-                return [lease.kind] * n, list(lease.offsets), [lease.lease_id] * n
+                return [lease.kind] * n, lease.offsets, [lease.lease_id] * n
         found = parse_receipts(receipts)
         n = len(found)
         heads, tags, hexes = map(list, zip(*found, strict=True))
@@ -430,6 +434,14 @@ class Group:
             # the usual ack: receipts of one lease that still holds all of them (C passes)
             stream = streams[kinds[0]]
             lease = stream.leases.get(offsets[0])
+            if lease is not None and lease.lease_id == lease_ids[0] and (
+                    offsets is lease.offsets and lease.held == n):
+                # a whole lease's receipts as issued (``decode``), every one still held by
+                # it (``held`` counts the offsets the stream maps to it)
+                seen[kinds[0]].update(offsets)
+                plan.whole = lease
+                self._advance(plan)
+                return plan
             if lease is not None and lease.lease_id == lease_ids[0] and list(
                     map(stream.leases.get, offsets)).count(lease) == n:
                 taken = set(offsets)
@@ -455,12 +467,16 @@ class Group:
         return plan
 
     def _advance(self, plan: AckPlan) -> None:
-        """Where each stream's committed offset moves once the plan's offsets are acked."""
+        """Where each stream's committed offset moves once the plan's offsets are acked (and
+        the highest offset it takes in each)."""
         for kind, stream in enumerate(self.streams):
             taken, acked = plan.accepted[kind], stream.acked
             committed = stream.committed
-            if taken and min(taken) == committed and max(taken) - committed + 1 == len(taken):
-                committed += len(taken)  # a run from the committed offset (the usual ack)
+            if taken:
+                lo = min(taken)
+                hi = plan.highest[kind] = max(taken)
+                if lo == committed and hi - committed + 1 == len(taken):
+                    committed += len(taken)  # a run from the committed offset (usual ack)
             while committed in taken or committed in acked:
                 committed += 1
             if committed != stream.committed:
@@ -472,16 +488,24 @@ class Group:
             taken = plan.accepted[kind]
             if not taken:
                 continue
-            for lease, n in Counter(map(stream.leases.pop, taken, repeat(None))).items():
-                if lease is not None:
-                    lease.held -= n
-                    if not lease.held:
-                        self.forget(lease)
+            whole = plan.whole
+            if whole is not None and whole.kind == kind:  # one lease, whole: it ends
+                leases = stream.leases
+                for offset in whole.offsets:
+                    del leases[offset]
+                whole.held = 0
+                self.forget(whole)
+            else:
+                for lease, n in Counter(map(stream.leases.pop, taken, repeat(None))).items():
+                    if lease is not None:
+                        lease.held -= n
+                        if not lease.held:
+                            self.forget(lease)
             if stream.counts:
                 for offset in taken:
                     stream.counts.pop(offset, None)
             committed = plan.committed.get(kind, stream.committed)
-            if max(taken) >= committed:
+            if plan.highest[kind] >= committed:
                 stream.acked.update(o for o in taken if o >= committed)
             if committed != stream.committed:
                 if stream.acked:

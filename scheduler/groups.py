@@ -437,7 +437,9 @@ class GroupManager:
                                                 for first in stream.runs if first < committed])
             else:
                 committed = stream.committed
-            above = sorted(o for o in plan.accepted[kind] if o >= committed)
+            taken = plan.accepted[kind]
+            above = sorted(o for o in taken if o >= committed) if taken and plan.highest[
+                kind] >= committed else None
             if above:  # gaps below them remain: kept until they fill, a key per run
                 runs = plan.runs[kind] = ack_runs(above)
                 batch.put_many(CF_META, [(prefix + pack_u64(first), pack_u64(end))

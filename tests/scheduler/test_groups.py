@@ -490,3 +490,32 @@ def test_a_group_keeps_at_most_kept_receipts_and_acks_the_others_by_their_seal(
         assert g.ack("t", "g", [m.receipt for m in batch]).acked == 1000
     assert (group.kept, group.issued) == (0, {})  # acked whole: nothing kept any more
     assert broker.groups.offset("t", "g") == 3_000
+
+
+def test_a_whole_lease_acked_as_issued_ends_it_and_a_part_acked_before_is_stale(
+        broker: Broker, clock: FakeClock) -> None:
+    """The usual ack (a receive's receipts as issued) takes the lease whole; once part of
+    it was acknowledged, or its lease expired and another member holds a message again,
+    the same receipts are taken one by one: what was acked already, or is held by the other
+    lease, is stale, the rest acknowledged once."""
+    send(broker, 12)
+    g = groups(broker)
+    first = g.receive("t", "g", 4, LEASE).messages
+    whole = g.ack("t", "g", [m.receipt for m in first])
+    assert (whole.acked, whole.stale) == (4, [])
+    assert g.state("t", "g").committed_offset == 4 and g.state("t", "g").leased == 0
+    second = [m.receipt for m in g.receive("t", "g", 4, LEASE).messages]
+    assert g.ack("t", "g", [second[1]]).acked == 1
+    again = g.ack("t", "g", second)  # as issued, but one of them is acknowledged already
+    assert (again.acked, again.stale) == (3, [second[1]])
+    assert g.state("t", "g").committed_offset == 8 and g.state("t", "g").leased == 0
+    third = [m.receipt for m in g.receive("t", "g", 4, 1_000).messages]
+    clock.advance(1_000)  # the lease expires: all four handed out again, to another member
+    other = g.receive("t", "g", 2, LEASE).messages
+    assert [m.record.queue_offset for m in other] == [8, 9] and other[0].delivery_count == 2
+    late = g.ack("t", "g", third)
+    assert (late.acked, late.stale) == (2, third[:2])  # 10, 11: nobody held them
+    assert g.ack("t", "g", [m.receipt for m in other]).acked == 2
+    state = g.state("t", "g")
+    assert (state.committed_offset, state.leased) == (12, 0)
+    assert g.receive("t", "g", 10, LEASE).messages == []
