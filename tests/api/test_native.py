@@ -187,6 +187,30 @@ def test_json_strings_and_bodies_of_every_byte() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("special", ['"', "\\", "\x00", "\x1f", "\n", "\x7f", "\u00e9",
+                                     "\U0001f600"])
+def test_a_byte_to_escape_or_decode_at_every_place_of_an_eight_byte_word(special: str) -> None:
+    """Strings and text bodies are passed eight bytes at a time where nothing in them is
+    escaped (``_w_jstr``) or not ASCII (``_utf8``): a byte that is, at each place of a
+    word and in the bytes left after the last whole word, is written as msgspec writes it,
+    and an invalid UTF-8 byte there makes the body binary."""
+    assert native is not None
+    for n in range(0, 26):
+        for at in range(n + 1):
+            text = "a" * at + special + "b" * (n - at)
+            bodies = [text.encode(), ("a" * at).encode() + b"\xff" + b"b" * (n - at)]
+            for body in bodies:
+                record = LogRecord(topic="t", msg_id="m", queue_offset=1, body=body, tags=text,
+                                   properties={text: text})
+                payload = encode_log_record(record)
+                for once in (False, True):
+                    holds(native.delivered_json([payload], once=once)[0][0],
+                          python_delivered_json(payload, once), takes=True)
+                    holds(native.delivered_msgpack([payload], once=once)[0][0],
+                          python_delivered(payload, once), takes=True)
+
+
+@needs_native
 @settings(max_examples=100)
 @given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40),
        once=st.booleans())
