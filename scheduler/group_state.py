@@ -150,13 +150,13 @@ class Seal:
             copy4 = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG * _QUAD).copy
             quad, digest = -1, ""
             for hexed in offsets:
-                offset = int(hexed, 16)
-                if offset >> 2 != quad:
-                    quad = offset >> 2
+                number = int(hexed, 16)
+                if number >> 2 != quad:
+                    quad = number >> 2
                     m = copy4()
                     m.update(f"{quad:x}".encode())
                     digest = m.hexdigest()
-                at = 2 * _TAG * (offset & 3)
+                at = 2 * _TAG * (number & 3)
                 out4.append(digest[at:at + 2 * _TAG])
             return out4
         copy = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG).copy
