@@ -18,6 +18,9 @@ JetStream objects (names from ``ClusterNames``):
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import hashlib
 import logging
 import threading
 from collections.abc import Coroutine
@@ -36,6 +39,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code
+
+
+class SnapshotMoved(Exception):
+    """A snapshot download that stalled or read other bytes than the object's digest: the
+    leader replaced the snapshot (and its chunks went) while it was read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,7 @@ class NatsLink:
         self.replicas = replicas
         self.lease_ms = lease_ms
         self.timeout_s = timeout_s
+        self.snapshot_stall_s = 5.0  # no snapshot chunk for so long: read it again
         self._name = name
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="nats-link",
@@ -266,25 +275,67 @@ class NatsLink:
         return self._run(self._snapshot_seq())
 
     async def _snapshot_seq(self) -> int | None:
+        info = await self._snapshot_info()
+        return None if info is None else int(info.description)
+
+    async def _snapshot_info(self) -> Any:
         try:
             info = await self._objects.get_info(self.names.snapshot_key)
         except (NotFoundError, nats.js.errors.ObjectNotFoundError):
             return None
         if info is None or getattr(info, "deleted", False):
             return None
-        return int(info.description)
+        return info
 
     def get_snapshot(self, dest: Path, timeout_s: float = 300.0) -> int | None:
-        """Write the cluster's snapshot to ``dest``; its sequence (None: there is none)."""
-        return self._run(self._get_snapshot(dest), timeout_s)
+        """Write the cluster's snapshot to ``dest``; its sequence (None: there is none).
 
-    async def _get_snapshot(self, dest: Path) -> int | None:
-        seq = await self._snapshot_seq()
-        if seq is None:
-            return None
-        with dest.open("wb") as f:
-            await self._objects.get(self.names.snapshot_key, writeinto=f)
-        return seq
+        The leader replaces the snapshot while others may read it, and JetStream's object
+        store then purges the old one's chunks: a reader that looked the object up just
+        before waits for chunks that will never come (nats-py's own ``get`` waits forever).
+        So a download that receives no chunk for ``snapshot_stall_s`` (or whose digest does
+        not match) starts again from the object's current description, until ``timeout_s``."""
+        return self._run(self._get_snapshot(dest, timeout_s), timeout_s + 5)
+
+    async def _get_snapshot(self, dest: Path, timeout_s: float) -> int | None:
+        deadline = self._loop.time() + timeout_s
+        while True:
+            info = await self._snapshot_info()
+            if info is None:
+                return None
+            try:
+                await self._download(info, dest)
+                return int(info.description)
+            except SnapshotMoved as exc:
+                if self._loop.time() > deadline:
+                    raise Unavailable(f"the cluster's snapshot could not be read: {exc}") from exc
+                log.info("the snapshot at sequence %s moved while read (%s); reading it again",
+                         info.description, exc)
+
+    async def _download(self, info: Any, dest: Path) -> None:
+        """The chunks of the object ``info`` into ``dest`` (a stalled or mismatched read
+        raises SnapshotMoved; the subscription goes in any case)."""
+        subject = f"$O.{self.names.snapshot_bucket}.C.{info.nuid}"
+        digest = hashlib.sha256()
+        size = 0
+        sub = await self._js.subscribe(subject, ordered_consumer=True)
+        try:
+            with dest.open("wb") as f:
+                for _ in range(int(info.chunks or 0)):
+                    try:
+                        msg = await sub.next_msg(timeout=self.snapshot_stall_s)
+                    except nats.errors.TimeoutError:
+                        raise SnapshotMoved(f"no chunk in {self.snapshot_stall_s} s after "
+                                            f"{size} of {info.size} bytes") from None
+                    f.write(msg.data)
+                    digest.update(msg.data)
+                    size += len(msg.data)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        wanted = str(info.digest or "").split("=", 1)[-1]  # "SHA-256=<base64url>"
+        if size != info.size or base64.urlsafe_b64decode(wanted + "==") != digest.digest():
+            raise SnapshotMoved(f"{size} bytes read of {info.size}, or not the digest stored")
 
     # --- the lease ----------------------------------------------------------------------------
     def lease_holder(self) -> tuple[bytes, int] | None:

@@ -3,6 +3,7 @@ the write-ahead stream, the lease, reading the stream in order."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,69 @@ def test_records_read_in_order_from_any_sequence(nats_cluster: NatsCluster,
         assert link.fetch(base + 51, 16, wait_s=0.1) == []
     finally:
         link.close()
+
+
+def _snapshot_names(tag: str):  # type: ignore[no-untyped-def]
+    from scheduler.cluster.link import ClusterNames
+
+    return ClusterNames(wal=f"{tag.upper()}_WAL", lease_bucket=f"{tag}-lease",
+                        node_bucket=f"{tag}-nodes", snapshot_bucket=f"{tag}-snapshots")
+
+
+def test_a_snapshot_replaced_while_read_is_read_again_not_waited_for(
+        nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    """The leader replaces the snapshot; JetStream purges the old one's chunks. A reader that
+    looked up the old one must not wait for them for ever (nats-py's ``get`` does): it
+    gives up on them and reads the current one."""
+    from scheduler.cluster.link import SnapshotMoved
+
+    link = _link(nats_cluster, names=_snapshot_names("moved"))
+    link.snapshot_stall_s = 0.5
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_bytes(b"o" * 300_000)  # three chunks of 128 KiB
+    new.write_bytes(b"n" * 200_000)
+    try:
+        link.put_snapshot(old, 7)
+        stale = link._run(link._snapshot_info())
+        link.put_snapshot(new, 9)
+        with pytest.raises(SnapshotMoved):
+            link._run(link._download(stale, tmp_path / "stale"), 10)
+        assert link.get_snapshot(tmp_path / "got", timeout_s=10) == 9
+        assert (tmp_path / "got").read_bytes() == new.read_bytes()
+    finally:
+        link.close()
+
+
+def test_snapshots_read_while_the_leader_keeps_replacing_them(
+        nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    """Every download is whole and the snapshot its sequence names, however the puts fall."""
+    link, reader = (_link(nats_cluster, names=_snapshot_names("churn")) for _ in range(2))
+    reader.snapshot_stall_s = 0.5
+    stop = threading.Event()
+
+    def keep_replacing() -> None:
+        seq = 0
+        while not stop.is_set():
+            seq += 1
+            path = tmp_path / f"put-{seq % 2}"
+            path.write_bytes(bytes([seq % 256]) * (100_000 + 37 * seq))
+            link.put_snapshot(path, seq)
+
+    (tmp_path / "first").write_bytes(b"\0" * 100_000)
+    link.put_snapshot(tmp_path / "first", 0)
+    writer = threading.Thread(target=keep_replacing, daemon=True)
+    writer.start()
+    try:
+        for i in range(30):
+            got = tmp_path / f"got-{i}"
+            seq = reader.get_snapshot(got, timeout_s=30)
+            assert seq is not None
+            assert got.read_bytes() == bytes([seq % 256]) * (100_000 + 37 * seq)
+    finally:
+        stop.set()
+        writer.join(30)
+        link.close()
+        reader.close()
 
 
 def test_a_restarted_nats_server_is_healthy_once_back_and_current(tmp_path: Path) -> None:
