@@ -26,6 +26,8 @@ class EngineConfig:
     # name                          default           unit / meaning
     timer_shards: int = 2  #                           timer column families = scanner threads
     scan_batch_size: int = 1000  #                      keys per due-range scan
+    scan_batch_bytes: int = 4 << 20  #                  and bytes of their values (large bodies:
+    #                                                   256 of 16 KiB, not 16 MiB a scan)
     scan_interval_ms: int = 2  #                        ms of real time at least between two scans
     #                                                   of a shard that found it all (0: none)
     delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
@@ -122,8 +124,8 @@ class EngineConfig:
 
 
 #: the tunables that must be integers >= 1
-_POSITIVE = ("timer_shards", "scan_batch_size", "delivery_queue_batches", "delivery_queue_bytes",
-             "delivery_batch_max",
+_POSITIVE = ("timer_shards", "scan_batch_size", "scan_batch_bytes", "delivery_queue_batches",
+             "delivery_queue_bytes", "delivery_batch_max",
              "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms", "compact_after_deletes",
              "cleanup_interval_ms", "flush_interval_ms", "group_lease_window",
              "listing_scan_budget", "max_answer_bytes", "backlog_topic_labels",

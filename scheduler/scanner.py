@@ -59,6 +59,9 @@ from storage.rocks import RocksStore
 log = logging.getLogger(__name__)
 
 NOTHING_PENDING = MAX_U64  # covered_ms of a shard with no pending key at all
+#: mean bytes of a scan's values from which the shard's next scan reads without filling
+#: RocksDB's block cache (``Scanner.step``)
+LARGE_VALUE_BYTES = 4096
 
 
 class ShardState:
@@ -112,18 +115,28 @@ class Scanner(threading.Thread):
         self, *, state: ShardState, store: RocksStore, clock: Clock, batch_size: int,
         hand_off: Callable[[ScanBatch], bool], progress: Progress, metrics: EngineMetrics,
         stopping: threading.Event, max_backoff_ms: int = 60_000, interval_ms: int = 0,
+        batch_bytes: int | None = None,
     ) -> None:
+        """``batch_size`` keys a scan at most, and with ``batch_bytes``, of large values only
+        as many as add up to about that many bytes (the first commit of a burst of 16 KiB
+        bodies: 256 of them, not 1000: docs/performance.md, Large bodies)."""
         super().__init__(name=f"scanner-{state.shard}", daemon=True)
         self.state = state
         self._timers = TimerIndex(store)
         self._clock = clock
         self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
         self._hand_off = hand_off
         self._progress = progress
         self._metrics = metrics
         self._stopping = stopping
         self._max_backoff_ms = max_backoff_ms
         self._interval_ms = interval_ms
+        #: the last scan's values were large: the next one reads around the block cache
+        #: (each due key is read once; 16 KiB bodies filled the cache and paid an insert and
+        #: an eviction each, while small values' scans are cheaper with it: RocksStore.
+        #: read_range_next)
+        self.large_values = False
 
     def run(self) -> None:
         precise_timers()  # it wakes at due instants: the default 50 µs slack is lateness
@@ -179,8 +192,10 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items, after = self._timers.read_due(st.cf, start, end, limit)
-            complete = len(items) < limit or after is not None
+            items, after = self._timers.read_due(st.cf, start, end, limit,
+                                                 fill_cache=not self.large_values,
+                                                 max_bytes=self._batch_bytes)
+            complete = after is not None or (len(items) < limit and not self._cut(items))
             if complete:
                 st.frontier_key = max(start, end)
                 # sends of an earlier key lower it (note_scheduled)
@@ -194,6 +209,9 @@ class Scanner(threading.Thread):
         if batch is None:
             self._progress.notify()
             return False
+        # (the first, middle and last value's mean, as delivery's batch_bytes estimates)
+        self.large_values = (len(items[0][1]) + len(items[len(items) // 2][1])
+                             + len(items[-1][1])) >= 3 * LARGE_VALUE_BYTES
         self._metrics.scan_batch_size.observe(len(items))
         self._progress.hand()
         if not self._hand_off(batch):
@@ -204,6 +222,14 @@ class Scanner(threading.Thread):
             self._set_covered()
         self._progress.notify()
         return False
+
+    def _cut(self, items: list[tuple[bytes, bytes]]) -> bool:
+        """Whether a read that stopped short of ``limit`` with no key after it may have been
+        cut by ``batch_bytes`` (its values add up to that many: TimerIndex.read_due), not
+        have found everything due: then the scan goes on at once (one more scan, empty at
+        worst), never past keys it did not read."""
+        budget = self._batch_bytes
+        return budget is not None and sum(len(value) for _, value in items) >= budget
 
     def _set_covered(self) -> None:
         """covered_ms: just before the first pending key (``wake_at``); lock held. Only once

@@ -51,13 +51,18 @@ class TimerIndex:
         upper = None if now_ms >= MAX_U64 else time_bound(now_ms + 1)
         return self._store.read_range(cf, time_bound(from_ms), upper, limit)
 
-    def read_due(self, cf: str, start: bytes, end: bytes,
-                 limit: int) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    def read_due(self, cf: str, start: bytes, end: bytes, limit: int, *,
+                 fill_cache: bool = True, max_bytes: int | None = None,
+                 ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
         """A scanner's read: up to ``limit`` pairs of [start, end) (start: the frontier, end:
         ``time_bound(now + 1)``), and the first key at or after ``end`` when the iterator
         reached it (None: no such key, or ``limit`` pairs came first): when to look next. One
-        RocksDB iterator, one seek."""
-        return self._store.read_range_next(cf, start, end, limit)
+        RocksDB iterator, one seek. ``fill_cache`` False: its blocks stay out of the block
+        cache; ``max_bytes``: large values stop at about that many bytes, and then (only
+        then) ``after`` is None, fewer than ``limit`` came and their values add up to
+        ``max_bytes`` or more (``RocksStore.read_range_next``)."""
+        return self._store.read_range_next(cf, start, end, limit, fill_cache=fill_cache,
+                                           max_bytes=max_bytes)
 
     def frontier(self, shard: int) -> bytes:
         """Persisted scan frontier of shard: every timer key below it is delivered or

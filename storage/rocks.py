@@ -66,6 +66,10 @@ def _storage_error(what: str, exc: BaseException) -> StorageError:
     return StorageError(f"RocksDB {what} failed: {exc}")
 
 
+#: pairs a bounded due-range read takes before it judges their values' size
+#: (``RocksStore.read_range_next``)
+_SIZED_HEAD = 32
+
 class RocksStore:
     def __init__(
         self, path: str | Path, *, timer_shards: int | None = 2, sync_writes: bool = False,
@@ -95,6 +99,9 @@ class RocksStore:
         self._shards = 0
         self._closed = False
         self._gate = Gate()
+        # a due-range scan of large values leaves the block cache alone (``read_range_next``)
+        self._no_fill = rocksdict.ReadOptions()
+        self._no_fill.fill_cache(False)  # type: ignore[call-arg]  # (the stub lacks the bool)
         self._clock = clock or MonotonicClock()
         self._replicator: Replicator | None = None  # cluster mode (storage/replication.py)
         self._guard = WriteGuard(self._path, clock=self._clock,
@@ -364,12 +371,24 @@ class RocksStore:
             out = list(itertools.takewhile(lambda kv: kv[0] >= start, out))
         return out
 
-    def read_range_next(self, cf: str, start: bytes, end: bytes,
-                        limit: int) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    def read_range_next(self, cf: str, start: bytes, end: bytes, limit: int, *,
+                        fill_cache: bool = True, max_bytes: int | None = None,
+                        ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
         """Up to ``limit`` pairs of [start, end), and the first key at or after ``end`` when
         the iterator reached it (None: no such key, or ``limit`` pairs came first). One
         iterator, one seek (a timer scan reads what is due and when to look next with it:
-        scheduler/timer_index.py)."""
+        scheduler/timer_index.py). ``fill_cache`` False: the data blocks it reads from SST
+        files do not go into the block cache (a scanner reading large values: each due key
+        is read once, and 16 KiB bodies cost an insert and an eviction each and filled the
+        cache; for small values, leaving it off cost a 200 k burst ~15 % more CPU in
+        process, docs/performance.md).
+
+        ``max_bytes``: pairs of large values stop once their values add up to it (the last
+        one may pass it): then ``after`` is None, fewer than ``limit`` came, and their values
+        add up to ``max_bytes`` or more (how a caller tells such a read from one that found
+        no more). Whether the values are large is judged from the first ``_SIZED_HEAD``
+        pairs: smaller ones are read ``limit`` at a time, uncounted (no Python call a
+        pair more than without the bound)."""
         self._check_cf(cf)
         after: list[bytes] = []
 
@@ -383,12 +402,38 @@ class RocksStore:
             handle = self._cf(cf)
             try:
                 it: Iterator[tuple[bytes, bytes]] = handle.items(  # type: ignore[assignment]
-                    from_key=start)
-                out = list(itertools.islice(itertools.takewhile(before_end, it), limit))
-                del it
+                    from_key=start, read_opt=None if fill_cache else self._no_fill)
+                due = itertools.takewhile(before_end, it)
+                if max_bytes is None or limit <= _SIZED_HEAD:
+                    out = list(itertools.islice(due, limit))
+                else:
+                    out = list(itertools.islice(due, _SIZED_HEAD))
+                    if len(out) == _SIZED_HEAD:
+                        out += self._rest(due, out, limit, max_bytes)
+                del it, due
             except Exception as exc:
                 raise _storage_error("scan", exc) from exc
         return out, after[0] if after else None
+
+    @staticmethod
+    def _rest(due: Iterator[tuple[bytes, bytes]], head: list[tuple[bytes, bytes]], limit: int,
+              max_bytes: int) -> list[tuple[bytes, bytes]]:
+        """``read_range_next`` past its first pairs ``head``: the rest up to ``limit``, and
+        for values large enough that ``limit`` of them would pass ``max_bytes``, only until
+        all the values add up to ``max_bytes``."""
+        taken = sum(len(value) for _, value in head)
+        room = limit - len(head)
+        if taken * limit < max_bytes * len(head):  # small values: ``limit`` of them fit
+            return list(itertools.islice(due, room))
+        rest: list[tuple[bytes, bytes]] = []
+        while room and taken < max_bytes:
+            item = next(due, None)
+            if item is None:
+                break
+            rest.append(item)
+            taken += len(item[1])
+            room -= 1
+        return rest
 
     def scan(
         self, cf: str, start: bytes = b"", end: bytes | None = None, limit: int | None = None,

@@ -61,6 +61,7 @@ _madvise.restype = ctypes.c_int
 _MADV_POPULATE_READ = 22  # <sys/mman.h>, Linux 5.14
 _MADV_DONTNEED = 4  # <sys/mman.h>
 PWRITE_MIN_BYTES = 16 << 10  # writes this large go in with pwrite (module doc)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # pieces a pwritev
 
 
 def populate(mm: mmap.mmap) -> bool:
@@ -175,6 +176,22 @@ class Segment:
         while view:
             written = os.pwrite(self._fd, view, offset)
             view, offset = view[written:], offset + written
+
+    def write_gather(self, offset: int, pieces: list[bytes | memoryview], total: int) -> None:
+        """Write ``pieces`` (``total`` bytes together) back to back at ``offset`` with
+        ``pwritev``, up to ``_IOV_MAX`` pieces a call: records of large payloads go in
+        without first being copied into one buffer (storage/commitlog.py ``_write_run``).
+        A short write (a signal, a full disk) writes the rest of that call's pieces with
+        ``write``."""
+        if offset < 0 or offset + total > self.size:
+            raise ValueError(f"write of {total} bytes at {offset} outside the segment")
+        for first in range(0, len(pieces), _IOV_MAX):
+            some = pieces[first:first + _IOV_MAX]
+            want = sum(map(len, some))
+            written = os.pwritev(self._fd, some, offset)
+            if written < want:
+                self.write(offset + written, memoryview(b"".join(some))[written:])
+            offset += want
 
     def zero_from(self, offset: int) -> int:
         """Zero every non-zero byte from ``offset`` to the end; returns the bytes rewritten."""

@@ -1,96 +1,124 @@
-"""W2 alone for the hourglass adapter, with the CPU of its drain: the server's and this
-process's (the consumers') from the due time until every message is in hand.
+"""One burst over HTTP, the server's CPU by thread while it drains.
 
-The side-by-side's W2 reports CPU over the ingest and the drain together; on a shared
-machine its drain time moves with the other work there. This starts a server as the
-side-by-side does, starts the adapter's consumers (``--mode receive``: ``--consumers``
-members of one group; ``pull`` / ``stream``), sends ``--n`` messages due at one instant
-``--lead-ms`` after the start, and prints the drain (due -> last message in hand), when the
-last one was in the log (the server's ``storedAt``), the CPU of the drain window, and the
-receive requests the server answered and their mean time in it (``/metrics``)::
+W2 of the side-by-side counts the server's CPU from the start of its ingest and its RSS
+growth from before it; this starts a server as the side-by-side does, sends ``--n`` messages
+of ``--payload`` bytes all due at one instant (``--lead`` seconds after the ingest ends, so
+RocksDB's flushes have settled), consumes them with the adapter's stream, and reports, from
+just before the due time until the last message is in hand: when the first and the last
+arrived, the server's CPU (each thread's, named as ``py-spy dump`` names them when it is
+installed) and the growth of its anonymous and file-backed RSS (sampled every 20 ms)::
 
-    .venv/bin/python -m bench.peers.burst_cpu --n 200000 --encoding json
+    .venv/bin/python -m bench.peers.burst_cpu --n 20000 --payload 16384
+    .venv/bin/python -m bench.peers.burst_cpu --src /tmp/frozen-copy   # another checkout
+
+One JSON line goes to stdout, the threads to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import psutil
-
-from .common import Batch, Tracker, msg_id, now_ms, random_bodies
+from .common import Batch, msg_id, now_ms, random_bodies
 from .systems.hourglass import HourglassSystem
 
 
-def _cpu(procs: list[psutil.Process]) -> float:
-    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+def _rss(pid: int) -> dict[str, int]:
+    """RssAnon and RssFile of ``pid``, in MiB."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("RssAnon", "RssFile")):
+            key, value = line.split(":")
+            out[key] = int(value.split()[0]) // 1024
+    return out
 
 
-def _receives(system: HourglassSystem) -> tuple[float, float]:
-    """(receive requests answered, their seconds in the server) so far, from /metrics."""
-    lines = [line for line in system._call("GET", "/metrics").data.decode().splitlines()
-             if ":receive" in line]
-
-    def metric(name: str) -> float:
-        return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
-
-    return (metric("hourglass_http_requests_total"),
-            metric("hourglass_http_request_duration_seconds_sum"))
+def _thread_names(pid: int) -> dict[int, str]:
+    """Thread id -> Python thread name, from ``py-spy dump`` (empty when it is not there)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    try:
+        dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True,
+                              text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    names = {}
+    for line in dump.splitlines():
+        if line.startswith("Thread ") and '"' in line:
+            tid = line.split()[1]
+            names[int(tid, 0)] = line.split('"')[1]
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peers.burst_cpu",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("receive", "pull", "stream"), default="receive")
-    ap.add_argument("--n", type=int, default=200_000)
-    ap.add_argument("--consumers", type=int, default=2, help="group members (receive)")
-    ap.add_argument("--encoding", choices=("msgpack", "json"), default="msgpack")
-    ap.add_argument("--lead-ms", type=int, default=6_000,
-                    help="the messages are due this long after the first send")
-    ap.add_argument("--timeout", type=float, default=60.0,
-                    help="give up this many seconds after the due time")
+    ap.add_argument("--n", type=int, default=20_000)
+    ap.add_argument("--payload", type=int, default=16_384, help="bytes of each body")
+    ap.add_argument("--lead", type=float, default=4.0,
+                    help="seconds between the ingest's estimated end and the due time")
+    ap.add_argument("--src", type=Path, default=None,
+                    help="serve the code of this checkout (built), not the working tree's")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="a HOURGLASS_* setting for the server (repeatable)")
+    ap.add_argument("--timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
+    options: dict[str, object] = {"hourglass_env": dict(e.split("=", 1) for e in args.env)}
+    if args.src is not None:
+        options["hourglass_src"] = args.src.resolve()
     work = Path(tempfile.mkdtemp(prefix="hourglass-burst-"))
-    system = HourglassSystem({"hourglass_consume": args.mode, "consumers": args.consumers,
-                              "hourglass_encoding": args.encoding})
+    system = HourglassSystem(options)
     system.start(work)
     try:
-        tracker = Tracker(args.n)
-        system.start_consumers(tracker.record)
-        due = int(now_ms()) + args.lead_ms
-        bodies = random_bodies(1000)
+        server = system.server_processes()[0]
+        received: dict[str, float] = {}
+        lock = threading.Lock()
+
+        def sink(ids: list[str], t: float, _lateness: list[int]) -> None:
+            with lock:
+                for i in ids:
+                    received[i] = t
+
+        system.start_consumers(sink)  # type: ignore[arg-type]
+        bodies = random_bodies(1000, args.payload)
+        due = int(now_ms() + 1000 * (args.lead + args.n * args.payload / 60e6))
         for start in range(0, args.n, 1000):
             stop = min(start + 1000, args.n)
             system.send(Batch([msg_id(i) for i in range(start, stop)], [due] * (stop - start),
                               bodies[:stop - start]))
-        if now_ms() >= due:
-            raise SystemExit("the ingest outlasted --lead-ms: give it more")
-        server, me = system.server_processes(), psutil.Process()
-        while now_ms() < due - 500:
-            time.sleep(0.01)
-        before = _receives(system)  # (the receives long-polling until the due time are in)
-        while now_ms() < due:
-            time.sleep(0.001)
-        server0, client0 = _cpu(server), _cpu([me])
-        while tracker.distinct < args.n and now_ms() < due + args.timeout * 1000:
-            time.sleep(0.002)
-        server1, client1 = _cpu(server), _cpu([me])
-        if tracker.distinct < args.n:
-            raise SystemExit(f"only {tracker.distinct:,} of {args.n:,} messages in hand")
-        requests, took = np.subtract(_receives(system), before)
-        print(f"{args.mode}, {args.encoding}: drain {(np.nanmax(tracker.recv) - due) / 1000:.3f} s"
-              f" (all in the log by {np.nanmax(tracker.server_late) / 1000:.3f} s); CPU of the "
-              f"drain: server {server1 - server0:.2f} s, client {client1 - client0:.2f} s; "
-              f"{requests:.0f} receive requests answered after the due time (those long-polling "
-              f"until it included), {took / max(requests, 1) * 1000:.2f} ms each in the server "
-              f"(first byte in to last byte out)")
-    finally:
+        while now_ms() < due - 300:
+            time.sleep(0.05)
+
+        def threads() -> dict[int, float]:
+            return {t.id: t.user_time + t.system_time for t in server.threads()}
+
+        cpu0, rss0 = threads(), _rss(server.pid)
+        peak = dict(rss0)
+        while len(received) < args.n and now_ms() < due + args.timeout * 1000:
+            time.sleep(0.02)
+            peak = {k: max(v, peak[k]) for k, v in _rss(server.pid).items()}
+        cpu1 = threads()
+        names = _thread_names(server.pid)
         system.stop_consumers()
+        if len(received) < args.n:
+            raise SystemExit(f"only {len(received):,} of {args.n:,} messages arrived")
+        spent = {tid: cpu1[tid] - cpu0.get(tid, 0.0) for tid in cpu1}
+        print(json.dumps({
+            "n": args.n, "payload": args.payload,
+            "first_ms": round(min(received.values()) - due, 1),
+            "drain_s": round((max(received.values()) - due) / 1000, 3),
+            "server_cpu_s": round(sum(spent.values()), 3),
+            "rss_growth_mib": {k: peak[k] - rss0[k] for k in peak}}))
+        for tid in sorted(spent, key=lambda t: -spent[t]):
+            if spent[tid] >= 0.005:
+                print(f"  {names.get(tid, tid)}: {spent[tid]:.3f} s", file=sys.stderr)
+    finally:
         system.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -169,6 +169,31 @@ def test_delivered_json(record: LogRecord, data: st.DataObject, once: bool) -> N
 
 
 @needs_native
+def test_text_bodies_around_the_eight_byte_ascii_check() -> None:
+    """Whether a body is text (sent as ``body``) or bytes (``bodyBase64``) is decided in
+    C eight ASCII bytes at a time (storage/_msgpack.pxd ``_utf8``): a non-ASCII character,
+    valid or not (a lone continuation byte, a truncated sequence, a surrogate, an overlong
+    form), at every place before, across and after a word boundary, in bodies of every
+    length around a word's, decides as Python's strict decoder does, in both encodings."""
+    assert native is not None
+    odd = [b"\xc3\xa9", b"\xe2\x80\xa8", b"\xf0\x9f\x98\x80", b"\x80", b"\xc3", b"\xe2\x80",
+           b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xff"]
+    bodies = [b"a" * n for n in range(0, 34)]
+    bodies += [b"a" * at + c + b"b" * after for c in odd for at in range(0, 18)
+               for after in (0, 1, 7, 8, 9)]
+    bodies.append(b"x" * 16384 + b"\x80")  # a long text run, then one bad byte at the end
+    bodies.append(b"x" * 16384)
+    for body in bodies:
+        payload = encode_log_record(LogRecord(topic="t", msg_id="m", queue_offset=1,
+                                              body=body))
+        for once in (False, True):
+            holds(native.delivered_msgpack([payload], once=once)[0][0],
+                  python_delivered(payload, once), takes=True)
+            holds(native.delivered_json([payload], once=once)[0][0],
+                  python_delivered_json(payload, once), takes=True)
+
+
+@needs_native
 def test_json_strings_and_bodies_of_every_byte() -> None:
     """Each byte value below 0x80 in a string and in a text body, and base64 of bodies of
     every length modulo 3, as msgspec writes them."""

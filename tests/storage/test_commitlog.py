@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from storage import commitlog, segment
 from storage.commitlog import HEADER_SIZE, CommitLog
 from storage.errors import InvalidArgument, StorageError
 
@@ -28,6 +29,48 @@ def test_append_read_and_reopen(tmp_path: Path) -> None:
         assert [payload for _, payload in log.iter_from(positions[50])] == payloads[50:]
         assert log.verify().errors == []
         assert log.verify().records == 200
+
+
+def test_large_records_go_in_gathered_and_read_the_same(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of large records are written with one gathered write of headers and payloads
+    (``Segment.write_gather``, more pieces than one ``pwritev`` takes), not framed into one
+    buffer: the segment files hold the very bytes the framed write gives, across
+    segment rolls, and read back, recover and verify alike."""
+    payloads = [bytes([i % 251]) * (4000 + i * 37 % 9000) for i in range(700)]
+    payloads[100:110] = [b"s" * 10] * 10  # small ones inside a run of large ones
+    calls: list[int] = []
+    gather = segment.Segment.write_gather
+
+    def spy(self: segment.Segment, offset: int, pieces: list[bytes], total: int) -> None:
+        calls.append(len(pieces))
+        gather(self, offset, pieces, total)
+
+    monkeypatch.setattr(segment.Segment, "write_gather", spy)
+    monkeypatch.setattr(segment, "_IOV_MAX", 64)  # (a run takes several pwritev calls)
+
+    def fill(path: Path) -> list[int]:
+        with CommitLog(path, segment_size=1 << 20) as log:
+            positions = log.append_batch(payloads[:450]) + log.append_batch(payloads[450:])
+            assert log.read_many(positions) == payloads
+        return positions
+
+    gathered = fill(tmp_path / "gathered")
+    assert calls and max(calls) > 64  # the gathered path wrote them
+    monkeypatch.setattr(commitlog, "GATHER_MIN_RECORD", 1 << 40)  # never gathered
+    calls.clear()
+    framed = fill(tmp_path / "framed")
+    assert not calls
+    assert gathered == framed
+    files = _segments(tmp_path / "gathered")
+    assert len(files) > 3 and files == _segments(tmp_path / "framed")
+    for base in files:
+        name = f"{base:020d}"
+        assert (tmp_path / "gathered" / name).read_bytes() == (
+            tmp_path / "framed" / name).read_bytes()
+    with CommitLog(tmp_path / "gathered", segment_size=1 << 20, full_check=True) as log:
+        assert log.verify().errors == []
+        assert [p for _, p in log.iter_from(0)] == payloads
 
 
 def test_records_never_span_segments(tmp_path: Path) -> None:
@@ -127,6 +170,9 @@ def test_the_flusher_gives_back_the_pages_of_segments_behind_the_last_two(
         assert log._release_behind() == 0  # nothing more to give back
         assert log.read_many(positions) == payloads  # released pages read back intact
         assert _resident_kib(segments[0].path) > 0
+        # read again, they are given back again by the next round
+        assert log._release_behind() == len(segments) - 2
+        assert [_resident_kib(seg.path) for seg in segments[:-2]] == [0] * (len(segments) - 2)
         log.flush()
     finally:
         log.close()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from storage.batch import put_sorted_py
 from storage.commitlog import CommitLog
 from storage.errors import CorruptionError, HourglassError
-from storage.log_format import CRC_SEED, RECORD_MAGIC, frame_py
+from storage.log_format import CRC_SEED, RECORD_MAGIC, frame_headers_py, frame_py
 from storage.native import PURE_PYTHON_ENV, native
 from storage.records import (
     LogRecord,
@@ -58,6 +58,32 @@ def test_crc32c(data: bytes, value: int) -> None:
 
 
 @needs_native
+def test_crc32c_of_long_buffers_in_three_lanes() -> None:
+    """Buffers long enough for the instruction's three lanes (1536 bytes a stretch, joined
+    through the tables of 512 zero bytes), at every length around a stretch's end and with
+    a tail of every size, from any running value, agree with the tables and the package."""
+    assert native is not None
+    data = bytes((i * 131 + (i >> 7) * 29) & 0xFF for i in range(3 * 1536 + 40))
+    lengths = [n for base in (1536, 3072, 4608) for n in range(base - 9, base + 17)]
+    lengths += [0, 7, 511, 512, 1535, 16384]
+    long = (data * 4)[:16384]
+    hardware = native.crc32c_hardware()
+    try:
+        for n in lengths:
+            piece = (long if n == 16384 else data)[:n]
+            for value in (0, 1, 0xFFFFFFFF, 0x9E3779B9):
+                expected = crc32c(piece, value)
+                for use in (True, False):
+                    native.crc32c_hardware(use)
+                    assert native.crc32c(piece, value) == expected, (n, value, use)
+                    # resumed in the middle: CRC(a + b) == CRC(b) from CRC(a)
+                    half = native.crc32c(piece[:n // 3], value)
+                    assert native.crc32c(piece[n // 3:], half) == expected
+    finally:
+        native.crc32c_hardware(hardware)
+
+
+@needs_native
 def test_crc32c_uses_the_cpu_where_it_can() -> None:
     assert native is not None
     has_sse42 = platform.machine() == "x86_64" and "sse4_2" in Path(
@@ -75,6 +101,21 @@ def test_frame(payloads: list[bytes], start: int) -> None:
     lengths = [len(p) for p in payloads]
     holds(native.frame(payloads, lengths, start, RECORD_MAGIC, CRC_SEED),
           frame_py(payloads, lengths, start), takes=True)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(payloads=st.lists(st.binary(max_size=600), max_size=40), start=st.integers(0, 1 << 40))
+def test_frame_headers(payloads: list[bytes], start: int) -> None:
+    """The headers of a gathered write: each header of ``frame``, and its positions."""
+    assert native is not None
+    lengths = [len(p) for p in payloads]
+    headers, positions = frame_headers_py(payloads, lengths, start)
+    holds(native.frame_headers(payloads, start, RECORD_MAGIC, CRC_SEED),
+          (headers, positions), takes=True)
+    framed, framed_positions = frame_py(payloads, lengths, start)
+    assert framed_positions == positions
+    assert framed == b"".join(headers[12 * i:12 * i + 12] + p for i, p in enumerate(payloads))
 
 
 def recorder() -> tuple[list[tuple[bytes, bytes, int]], Callable[..., None]]:

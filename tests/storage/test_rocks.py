@@ -65,6 +65,56 @@ def test_read_range_next_gives_the_range_and_the_first_key_past_it(store: RocksS
         store.read_range_next("nope", b"", b"x", 1)
 
 
+def test_read_range_next_without_fill_cache_leaves_the_block_cache(tmp_path: Path) -> None:
+    """A scan of large values read with ``fill_cache=False`` (the scanners' reads of large
+    bodies) puts none of its data blocks into the block cache; read again with it, the same
+    range fills the cache by about its bytes."""
+    cf = timer_cf(0)
+    with RocksStore(tmp_path / "db", timer_shards=1) as s:
+        keys = [encode_timer_key(t, "t", "m") for t in range(200)]
+        b = s.batch()
+        b.put_many(cf, [(k, bytes([k[7]]) * 16384) for k in keys])
+        s.write(b)
+        s.flush()  # (from an SST file, not the memtable)
+
+        def cache() -> int:
+            return s.property_int(cf, "rocksdb.block-cache-usage") or 0
+
+        before = cache()
+        items, after = s.read_range_next(cf, keys[0], encode_timer_key(150, "t", ""), 1000,
+                                         fill_cache=False)
+        assert [k for k, _ in items] == keys[:150] and after == keys[150]
+        assert all(v == bytes([k[7]]) * 16384 for k, v in items)
+        assert cache() - before < 16384 * 10  # (index and filter blocks at most)
+        again = s.read_range_next(cf, keys[0], encode_timer_key(150, "t", ""), 1000)
+        assert again == (items, after)
+        assert cache() - before > 16384 * 100
+
+
+def test_read_range_next_bounded_in_bytes_cuts_only_large_values(store: RocksStore) -> None:
+    """``max_bytes`` stops a read of large values once they add up to it (then no next key
+    is named and the values add up to ``max_bytes`` or more); the first 32 are read whatever
+    their size; small values are read up to ``limit``, uncounted."""
+    cf = timer_cf(0)
+    keys = [encode_timer_key(t, "t", "m") for t in range(100)]
+    b = store.batch()
+    b.put_many(cf, [(k, b"v" * (50 if t >= 80 else 4096)) for t, k in enumerate(keys)])
+    store.write(b)
+    end = encode_timer_key(1000, "t", "")
+    items, after = store.read_range_next(cf, keys[0], end, 1000, max_bytes=40 * 4096 + 1)
+    assert [k for k, _ in items] == keys[:41] and after is None
+    assert sum(len(v) for _, v in items) >= 40 * 4096 + 1
+    items, after = store.read_range_next(cf, keys[0], end, 1000, max_bytes=4096)
+    assert [k for k, _ in items] == keys[:32] and after is None  # (the first 32 always)
+    items, after = store.read_range_next(cf, keys[70], end, 1000, max_bytes=4096)
+    assert [k for k, _ in items] == keys[70:] and after is None  # judged by its first 32
+    items, after = store.read_range_next(cf, keys[80], encode_timer_key(95, "t", ""), 1000,
+                                         max_bytes=100)
+    assert [k for k, _ in items] == keys[80:95] and after == keys[95]
+    assert store.read_range_next(cf, keys[0], end, 50, max_bytes=1 << 30) == (
+        store.read_range_next(cf, keys[0], end, 50))
+
+
 def test_shard_count_is_persisted_and_enforced(tmp_path: Path) -> None:
     with RocksStore(tmp_path / "db", timer_shards=3) as s:
         assert unpack_u64(s.get(CF_META, META_SHARDS) or b"") == 3
