@@ -11,7 +11,10 @@ tests/api/test_native.py checks that both give the same bytes. What it does not 
 exactly it leaves to the Python path (``None``).
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE,
+                            _PyBytes_Resize)
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -203,6 +206,66 @@ def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint 
     return out, queue_offsets
 
 
+def received_msgpack(list payloads, list receipts, list counts, bint once=False,
+                     bytes head=b"", bytes tail=b""):
+    """A receive's answer in msgpack when every message is shown as stored, in one buffer:
+    ``head``, the array header, each message's ``Received`` document (as
+    ``delivered_msgpack`` writes it with its receipt and count), ``tail``; no bytes object
+    per message, no join. None when any payload is one ``delivered_msgpack`` leaves to
+    Python (the caller then goes that way)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size, receipt_size
+    cdef int64_t qo = 0
+    cdef uint8_t* o
+    cdef const char* receipt
+    cdef PyObject* raw
+    if PyList_GET_SIZE(receipts) != count or PyList_GET_SIZE(counts) != count:
+        raise ValueError("receipts and counts: one of each per payload")
+    size = PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail) + 5
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        r = <object>PyList_GET_ITEM(receipts, k)
+        c = <object>PyList_GET_ITEM(counts, k)
+        if type(payload) is not bytes or type(r) is not str or type(c) is not int \
+                or not 0 <= c < (1 << 63):
+            return None
+        PyUnicode_AsUTF8AndSize(r, &receipt_size)
+        size += 2 * PyBytes_GET_SIZE(payload) + _room + receipt_size + 64
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(buf)
+    w = PyBytes_GET_SIZE(head)
+    memcpy(o, PyBytes_AS_STRING(head), w)
+    if count < 16:  # the array header as msgspec writes it
+        o[w] = 0x90 | count
+        w += 1
+    elif count < 0x10000:
+        o[w] = 0xDC
+        o[w + 1] = (count >> 8) & 0xFF
+        o[w + 2] = count & 0xFF
+        w += 3
+    else:
+        o[w] = 0xDD
+        _put_u32be(o + w + 1, <uint32_t>count)
+        w += 5
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        receipt = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(receipts, k), &receipt_size)
+        n = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                       o + w, once, True, receipt, receipt_size,
+                       <int64_t>(<object>PyList_GET_ITEM(counts, k)), &qo)
+        if n < 0:
+            return None
+        w += n
+    memcpy(o + w, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail))
+    w += PyBytes_GET_SIZE(tail)
+    raw = <PyObject*>buf  # cut to w in place: no copy, as buf[:w] would make
+    Py_INCREF(buf)
+    buf = None
+    _PyBytes_Resize(&raw, w)  # on failure it drops raw itself and raises
+    out = <object>raw
+    Py_XDECREF(raw)
+    return out
+
+
 def pull_frame(list payloads, bint once=False):
     """The msgpack of a pull answer of ``payloads`` (``{"messages": [...], "nextOffset":
     n}``, the bytes api/routes/consume.py ``pull_msgpack_py`` gives) written into one
@@ -391,28 +454,45 @@ cdef inline Py_ssize_t _w_jkey(uint8_t* o, Py_ssize_t k) noexcept:
 cdef Py_ssize_t _w_jstr(uint8_t* o, const uint8_t* s, Py_ssize_t n) noexcept:
     """A JSON string of the (valid UTF-8) ``s[:n]`` as msgspec writes it: the quote and the
     backslash escaped, the controls below 0x20 by their short escape (b t n f r) or as u00xx,
-    the rest as is; at most 6n + 2 bytes."""
-    cdef Py_ssize_t i, w = 1
+    the rest as is; at most 6n + 2 bytes. Eight bytes at a time where none of them is to be
+    escaped (a word test: any byte below 0x20, a quote or a backslash; exact as a yes/no)."""
+    cdef Py_ssize_t i = 0, w = 1, end
     cdef uint8_t c
+    cdef uint64_t x, q, b
     o[0] = 34
-    for i in range(n):
-        c = s[i]
-        if c >= 0x20 and c != 0x22 and c != 0x5C:
-            o[w] = c
-            w += 1
-        elif c == 0x22 or c == 0x5C:
-            o[w] = 0x5C
-            o[w + 1] = c
-            w += 2
-        elif c == 8 or c == 9 or c == 10 or c == 12 or c == 13:
-            o[w] = 0x5C
-            o[w + 1] = _ESC[c - 8]
-            w += 2
+    while i < n:
+        if i + 8 <= n:
+            memcpy(&x, s + i, 8)
+            q = x ^ 0x2222222222222222ULL
+            b = x ^ 0x5C5C5C5C5C5C5C5CULL
+            if (((x - 0x2020202020202020ULL) & ~x) | ((q - 0x0101010101010101ULL) & ~q)
+                    | ((b - 0x0101010101010101ULL) & ~b)) & 0x8080808080808080ULL == 0:
+                memcpy(o + w, s + i, 8)
+                w += 8
+                i += 8
+                continue
+            end = i + 8
         else:
-            memcpy(o + w, b"\\u00", 4)
-            o[w + 4] = _HEX[c >> 4]
-            o[w + 5] = _HEX[c & 15]
-            w += 6
+            end = n
+        while i < end:
+            c = s[i]
+            i += 1
+            if c >= 0x20 and c != 0x22 and c != 0x5C:
+                o[w] = c
+                w += 1
+            elif c == 0x22 or c == 0x5C:
+                o[w] = 0x5C
+                o[w + 1] = c
+                w += 2
+            elif c == 8 or c == 9 or c == 10 or c == 12 or c == 13:
+                o[w] = 0x5C
+                o[w + 1] = _ESC[c - 8]
+                w += 2
+            else:
+                memcpy(o + w, b"\\u00", 4)
+                o[w + 4] = _HEX[c >> 4]
+                o[w + 5] = _HEX[c & 15]
+                w += 6
     o[w] = 34
     return w + 1
 
@@ -640,10 +720,12 @@ def pull_frame_json(list payloads, bint once=False):
     return buf[:w + 1]
 
 
-def received_json(list payloads, list receipts, list counts, bint once=False):
+def received_json(list payloads, list receipts, list counts, bint once=False,
+                  bytes head=b"", bytes tail=b""):
     """The ``Received`` documents of leased messages (``delivered_json`` with receipts and
-    counts) joined by commas in one buffer (a receive answer's messages); None when any is
-    one ``delivered_json`` leaves to Python (the caller then goes that way)."""
+    counts) joined by commas in one buffer (a receive answer's messages), after ``head`` and
+    before ``tail`` (the answer's other pieces: one buffer, no join); None when any is one
+    ``delivered_json`` leaves to Python (the caller then goes that way)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w = 0, size = 0, receipt_size
     cdef int64_t qo = 0
     cdef uint8_t* o
@@ -658,8 +740,11 @@ def received_json(list payloads, list receipts, list counts, bint once=False):
                 or not 0 <= c < (1 << 63):
             return None
         size += 8 * PyBytes_GET_SIZE(payload) + _jroom + 6 * len(<str>r) * 4 + 65
+    size += PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail)
     buf = PyBytes_FromStringAndSize(NULL, size)
     o = <uint8_t*>PyBytes_AS_STRING(buf)
+    w = PyBytes_GET_SIZE(head)
+    memcpy(o, PyBytes_AS_STRING(head), w)
     for k in range(count):
         payload = <object>PyList_GET_ITEM(payloads, k)
         receipt = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(receipts, k), &receipt_size)
@@ -672,7 +757,9 @@ def received_json(list payloads, list receipts, list counts, bint once=False):
         if n < 0:
             return None
         w += n
-    return buf[:w]
+    memcpy(o + w, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail))
+    w += PyBytes_GET_SIZE(tail)
+    return buf[:w]  # (a copy: cheaper here than shrinking the buffer of 8n in place)
 
 
 # --- the keys, from the schemas ----------------------------------------------------------------

@@ -117,9 +117,47 @@ class LeasedMessage(msgspec.Struct, frozen=True, gc=False):
         return decode_log_record(self.payload)
 
 
-class LeasedBatch(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    messages: list[LeasedMessage]
-    lease_until: int
+class LeasedBatch:
+    """What a receive leased, until ``lease_until``. The usual receive (no retry among
+    them: every message shown as stored) keeps three columns, ``payloads``, ``receipts``
+    and ``counts`` (delivery counts), and no object per message: an answer is transcoded
+    from them in C in one buffer (api/routes/groups.py). ``messages`` (a LeasedMessage
+    each) is made from them when asked for; a receive with retries gives only it."""
+
+    __slots__ = ("_messages", "counts", "lease_until", "payloads", "receipts")
+
+    def __init__(self, *, lease_until: int, messages: list[LeasedMessage] | None = None,
+                 payloads: list[bytes] | None = None, receipts: list[str] | None = None,
+                 counts: list[int] | None = None) -> None:
+        self.lease_until = lease_until
+        self._messages = messages
+        self.payloads, self.receipts, self.counts = payloads, receipts, counts
+        if messages is None and (payloads is None or receipts is None or counts is None
+                                 or not len(payloads) == len(receipts) == len(counts)):
+            raise ValueError("messages, or payloads, receipts and counts of one length each")
+
+    @property
+    def columns(self) -> tuple[list[bytes], list[str], list[int]] | None:
+        """(payloads, receipts, counts) when every message is shown as stored, else None."""
+        if self.payloads is None or self.receipts is None or self.counts is None:
+            return None
+        return self.payloads, self.receipts, self.counts
+
+    @property
+    def messages(self) -> list[LeasedMessage]:
+        found = self._messages
+        if found is None:
+            assert self.payloads is not None and self.receipts is not None \
+                and self.counts is not None
+            found = self._messages = list(map(LeasedMessage, self.receipts, self.counts,
+                                              repeat(0), self.payloads))
+        return found
+
+    def __len__(self) -> int:
+        return len(self._messages if self._messages is not None else self.payloads or ())
+
+    def __repr__(self) -> str:
+        return f"LeasedBatch(lease_until={self.lease_until}, messages={self.messages!r})"
 
 
 class AckCounts(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -311,6 +349,7 @@ class GroupManager:
         self._check_running()
         g = self._group(topic, group)
         out: list[LeasedMessage] = []
+        columns: tuple[list[bytes], list[str], list[int]] | None = None
         room = self._max_bytes  # bytes of records past the first, as a pull
         with g.lock:
             now = self._clock.now_ms()
@@ -353,7 +392,10 @@ class GroupManager:
                 receipts = g.issue(lease)
                 counts = list(map(lease.count, offsets)) if again else [1] * len(offsets)
                 if kind == MAIN:
-                    out.extend(map(LeasedMessage, receipts, counts, repeat(0), payloads))
+                    if out:  # after retries: a LeasedMessage each, as theirs
+                        out.extend(map(LeasedMessage, receipts, counts, repeat(0), payloads))
+                    else:  # the usual receive: kept as columns (LeasedBatch)
+                        columns = (payloads, receipts, counts)
                     continue
                 for record, receipt, count in zip(records, receipts, counts, strict=True):
                     shown, reconsumed = as_original(topic, record)
@@ -364,6 +406,9 @@ class GroupManager:
                 g.issued = {e[2].head: e[2] for e in g.expiry if e[2].head in g.issued}
                 g.kept = sum(len(lease.receipts) for lease in g.issued.values())
                 g.expiry_limit = max(64, 2 * len(g.expiry))  # amortised: O(1) per receive
+        if columns is not None:
+            return LeasedBatch(payloads=columns[0], receipts=columns[1], counts=columns[2],
+                               lease_until=until)
         return LeasedBatch(messages=out, lease_until=until)
 
     def next_expiry(self, topic: str, group: str) -> int | None:
@@ -392,7 +437,9 @@ class GroupManager:
                                                 for first in stream.runs if first < committed])
             else:
                 committed = stream.committed
-            above = sorted(o for o in plan.accepted[kind] if o >= committed)
+            taken = plan.accepted[kind]
+            above = sorted(o for o in taken if o >= committed) if taken and plan.highest[
+                kind] >= committed else None
             if above:  # gaps below them remain: kept until they fill, a key per run
                 runs = plan.runs[kind] = ack_runs(above)
                 batch.put_many(CF_META, [(prefix + pack_u64(first), pack_u64(end))

@@ -108,12 +108,18 @@ def _receive_msgpack_native(result: LeasedBatch, acked: AckCounts | None,
     others (retries shown as their original, and what C leaves) are encoded from their
     document."""
     assert native is not None
-    parts = _received_parts(result.messages, _shown_as_stored(result.messages), once)
     head = b"\x84\xa8messages" if acked is not None else b"\x82\xa8messages"
     tail = [b"\xaaleaseUntil", _msgpack.encode(result.lease_until)]
     if acked is not None:
         tail += [b"\xa5acked", _msgpack.encode(acked.acked), b"\xa5stale",
                  _msgpack.encode(acked.stale)]
+    columns = result.columns
+    if columns is not None:  # the usual receive: nothing retried, all in one buffer
+        answer = native.received_msgpack(*columns, once, head, b"".join(tail))
+        if answer is not None:
+            return answer
+    messages = result.messages
+    parts = _received_parts(messages, _shown_as_stored(messages), once)
     return b"".join((head, msgpack_array_header(len(parts)), *parts, *tail))
 
 
@@ -128,13 +134,18 @@ def _receive_json_native(result: LeasedBatch, acked: AckCounts | None,
     """The same bytes, each message shown as stored transcoded in C, as
     ``_receive_msgpack_native`` does in msgpack."""
     assert native is not None
-    messages = result.messages
-    at = _shown_as_stored(messages)
     head, lease, acked_key, stale_key = RECEIVE_JSON
     tail = [lease, _json.encode(result.lease_until)]
     if acked is not None:
         tail += [acked_key, _json.encode(acked.acked), stale_key, _json.encode(acked.stale)]
-    if len(at) == len(messages):  # the usual receive: nothing retried, all in one buffer
+    columns = result.columns
+    if columns is not None:  # the usual receive: nothing retried, all in one buffer
+        answer = native.received_json(*columns, once, head, b"".join((*tail, b"}")))
+        if answer is not None:
+            return answer
+    messages = result.messages
+    at = _shown_as_stored(messages)
+    if len(at) == len(messages):  # all shown as stored (given as messages)
         joined = native.received_json([m.payload for m in messages],
                                       [m.receipt for m in messages],
                                       [m.delivery_count for m in messages], once)
@@ -211,18 +222,19 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             result = await _long_poll(topic, group, body, body.wait_ms / 1000.0)
         else:
             result = groups.receive(topic, group, body.max, body.lease_ms)
-        if len(result.messages) == body.max:  # it may have left some: the next member's turn
+        if len(result) == body.max:  # it may have left some: the next member's turn
             for t in groups.topics(topic, group):
                 notifier.hand_on(t, group)
         once = prefers_body_once(request)
         if is_msgpack(request.headers.get("accept")):
             response = Response(receive_msgpack(result, acked, once), media_type=MSGPACK)
-        elif sum(map(_received_size, result.messages)) < PIECEWISE_FROM:
+        elif (sum(map(len, result.payloads)) if result.payloads is not None
+              else sum(map(_received_size, result.messages))) < PIECEWISE_FROM:
             response = Response(receive_json(result, acked, once), media_type=JSON)
         else:
-            response = respond_answer(lambda ms: receive_answer(msgspec.structs.replace(
-                result, messages=ms), acked, once), result.messages, request,
-                size=_received_size)
+            response = respond_answer(lambda ms: receive_answer(LeasedBatch(
+                messages=ms, lease_until=result.lease_until), acked, once), result.messages,
+                request, size=_received_size)
         return body_once_applied(response, once)
 
     async def _long_poll(topic: str, group: str, body: schemas.ReceiveIn,
@@ -242,7 +254,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
             try:
                 result = groups.receive(topic, group, body.max, body.lease_ms)
                 remaining = deadline - loop.time()
-                if result.messages or remaining <= 0 or notifier.closed:
+                if len(result) or remaining <= 0 or notifier.closed:
                     return result
                 expiry = groups.next_expiry(topic, group)
                 if expiry is not None:

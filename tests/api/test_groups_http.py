@@ -583,3 +583,46 @@ def test_by_default_a_group_makes_at_most_2000_quick_retries_at_once(live: Live)
         live.advance(1_000)
         assert consumer.post(f"{G}:nack", json={"receipts": [m["receipt"] for m in got],
                                                 "delayMs": 0}).status_code == 200
+
+
+# --- issue 35 target 2: the usual receive in one buffer ----------------------------------------
+def test_a_full_receive_in_both_encodings_is_every_message_once_and_acks_whole(
+        live: Live) -> None:
+    """Receives of 1000 (the usual receive: its answer written from three columns in one
+    buffer, api/_native.pyx ``received_msgpack`` / ``received_json``) in msgpack and in
+    JSON, each piggybacking the ack of the one before: every message once, in order, with
+    its own body, offset and a receipt that acknowledges it; the group ends with every
+    message acknowledged and none leased."""
+    import msgspec
+
+    body = "b" * 600
+    with live.client() as c, live.client(CONSUMER) as consumer:
+        for start in range(0, 3000, 1000):
+            r = c.post("/v1/topics/orders.g/messages:batch", json={"messages": [
+                {"body": f"{i}:{body}", "msgId": f"m{i}"} for i in range(start, start + 1000)]})
+            assert r.status_code == 201, r.text
+        live.broker.drain()
+        packed = {"Content-Type": "application/x-msgpack", "Accept": "application/x-msgpack"}
+        seen: list[int] = []
+        receipts: list[str] = []
+        for turn in range(4):
+            ask: dict[str, Any] = {"max": 1000, **({"ack": receipts} if receipts else {})}
+            if turn % 2:
+                r = consumer.post(f"{G}:receive", json=ask)
+                answer = r.json()
+            else:
+                r = consumer.post(f"{G}:receive", headers=packed,
+                                  content=msgspec.msgpack.encode(ask))
+                answer = msgspec.msgpack.decode(r.content)
+            assert r.status_code == 200, r.text
+            assert int(r.headers["content-length"]) == len(r.content)
+            if receipts:
+                assert (answer["acked"], answer["stale"]) == (len(receipts), [])
+            for m in answer["messages"]:
+                assert m["body"] == f"{m['offset']}:{body}" and m["msgId"] == f"m{m['offset']}"
+                assert (m["deliveryCount"], m["reconsumeTimes"]) == (1, 0)
+            seen += [m["offset"] for m in answer["messages"]]
+            receipts = [m["receipt"] for m in answer["messages"]]
+        assert seen == list(range(3000)) and receipts == []
+        assert state(consumer) == {"committedOffset": 3000, "endOffset": 3000, "leased": 0,
+                                   "retrying": 0, "deadLettered": 0}

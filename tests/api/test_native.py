@@ -212,6 +212,30 @@ def test_json_strings_and_bodies_of_every_byte() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("special", ['"', "\\", "\x00", "\x1f", "\n", "\x7f", "\u00e9",
+                                     "\U0001f600"])
+def test_a_byte_to_escape_or_decode_at_every_place_of_an_eight_byte_word(special: str) -> None:
+    """Strings and text bodies are passed eight bytes at a time where nothing in them is
+    escaped (``_w_jstr``) or not ASCII (``_utf8``): a byte that is, at each place of a
+    word and in the bytes left after the last whole word, is written as msgspec writes it,
+    and an invalid UTF-8 byte there makes the body binary."""
+    assert native is not None
+    for n in range(0, 26):
+        for at in range(n + 1):
+            text = "a" * at + special + "b" * (n - at)
+            bodies = [text.encode(), ("a" * at).encode() + b"\xff" + b"b" * (n - at)]
+            for body in bodies:
+                record = LogRecord(topic="t", msg_id="m", queue_offset=1, body=body, tags=text,
+                                   properties={text: text})
+                payload = encode_log_record(record)
+                for once in (False, True):
+                    holds(native.delivered_json([payload], once=once)[0][0],
+                          python_delivered_json(payload, once), takes=True)
+                    holds(native.delivered_msgpack([payload], once=once)[0][0],
+                          python_delivered(payload, once), takes=True)
+
+
+@needs_native
 @settings(max_examples=100)
 @given(records=st.lists(log_records, max_size=20), offset=st.integers(0, 1 << 40),
        once=st.booleans())
@@ -274,6 +298,45 @@ def test_receive_answer_json(rows: list[tuple[LogRecord, bool, str, int, int]],
     ack = None if acked is None else AckCounts(acked=acked[0], stale=acked[1])
     assert outcome(_receive_json_native, result, ack, once) == outcome(
         receive_json_py, result, ack, once)
+
+
+@needs_native
+@settings(max_examples=100)
+@given(rows=st.lists(st.tuples(log_records, st.text(max_size=20), st.integers(1, 50)),
+                     max_size=40),
+       lease_until=st.integers(0, 1 << 62),
+       acked=st.none() | st.tuples(st.integers(0, 1000), st.lists(st.text(max_size=10),
+                                                                  max_size=3)),
+       once=st.booleans())
+def test_receive_answer_of_columns(rows: list[tuple[LogRecord, str, int]], lease_until: int,
+                                   acked: tuple[int, list[str]] | None, once: bool) -> None:
+    """The usual receive, kept as columns (payloads, receipts, counts: no object per
+    message), is written in one buffer in C (``received_msgpack``, ``received_json``): the
+    bytes of the Python twins, also past 15 messages (array16) and for a record C leaves to
+    Python (then the whole answer goes the other way)."""
+    payloads = [encode_log_record(record) for record, _, _ in rows]
+    result = LeasedBatch(lease_until=lease_until, payloads=payloads,
+                         receipts=[r for _, r, _ in rows], counts=[c for _, _, c in rows])
+    assert result.columns is not None and len(result) == len(rows)
+    ack = None if acked is None else AckCounts(acked=acked[0], stale=acked[1])
+    for native_answer, python_answer in ((_receive_msgpack_native, receive_msgpack_py),
+                                         (_receive_json_native, receive_json_py)):
+        assert outcome(native_answer, result, ack, once) == outcome(
+            python_answer, result, ack, once)
+
+
+def test_a_leased_batch_is_messages_or_three_columns_of_one_length() -> None:
+    """Columns make their LeasedMessage when asked for; columns of unequal lengths, or
+    none at all, are refused."""
+    record = LogRecord(topic="t", msg_id="m", queue_offset=3, body=b"b")
+    batch = LeasedBatch(lease_until=9, payloads=[encode_log_record(record)], receipts=["r"],
+                        counts=[2])
+    (m,) = batch.messages
+    assert (m.receipt, m.delivery_count, m.reconsume_times, m.record) == ("r", 2, 0, record)
+    assert LeasedBatch(lease_until=9, messages=[m]).columns is None
+    for bad in ({"payloads": [b""], "receipts": [], "counts": [1]}, {}):
+        with pytest.raises(ValueError):
+            LeasedBatch(lease_until=9, **bad)
 
 
 # --- the keys: one definition, the schemas ----------------------------------------------------

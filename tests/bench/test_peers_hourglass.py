@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.peers import burst_cpu, client_cost, consume_only, request_cost
+from bench.peers import burst_cpu, client_cost, consume_only, members_burst, request_cost
 from bench.peers.systems.hourglass import HourglassSystem
 
 
@@ -30,6 +30,21 @@ def test_burst_cpu_times_a_burst_of_large_bodies(capsys: pytest.CaptureFixture[s
     out = json.loads(capsys.readouterr().out)
     assert out["n"] == 1500 and out["drain_s"] >= 0 and out["server_cpu_s"] > 0
     assert set(out["rss_growth_mib"]) == {"RssAnon", "RssFile"}
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+def test_members_burst_drains_a_burst_due_at_once(encoding: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Every message of a burst in hand (else it exits with how many), its drain and CPU
+    from the due time, and the receives answered since (the two members' long polls of the
+    due time and at least one more)."""
+    assert members_burst.main(["--n", "3000", "--encoding", encoding, "--lead-ms", "3000",
+                               "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"receive, {encoding}: drain "), out
+    assert "CPU of the drain: server " in out and "ms each in the server" in out, out
+    requests = int(out.split(" receive requests")[0].rsplit(" ", 1)[1])
+    assert requests >= 3, out
 
 
 def test_client_cost_pulls_everything_through_both_clients(

@@ -390,34 +390,72 @@ def test_acks_stored_a_key_per_offset_by_an_earlier_version_still_count(
 def test_a_receipt_tag_is_a_blake2s_of_the_offset_under_an_hmac_of_the_lease(
         broker: Broker) -> None:
     """Seal: per lease a key, HMAC-SHA256 under the key kept in RocksDB of topic, group and
-    the receipt's head; per receipt BLAKE2s-64 keyed with it of the offset in hex."""
+    the receipt's head; per receipt (version 4) the quarter ``offset & 3`` of a BLAKE2s-256
+    keyed with it of ``offset >> 2`` in hex."""
     import hashlib
     import hmac
 
     from scheduler.group_state import Seal
     from storage.constants import CF_META, META_GROUP_RECEIPT_KEY
 
-    send(broker, 3)
-    (m,) = groups(broker).receive("t", "g", 1, LEASE).messages
-    head, tag, offset = m.receipt.split(".")
+    send(broker, 6)
+    got = groups(broker).receive("t", "g", 6, LEASE).messages
     key = broker.parts.store.get(CF_META, META_GROUP_RECEIPT_KEY)
     assert key is not None and len(key) == 32
 
     def expected(key: bytes, topic: str, group: str, head: str, offset: str) -> str:
         lease_key = hmac.new(key, f"{topic}\0{group}\0{head}".encode(), "sha256").digest()
-        return hashlib.blake2s(offset.encode(), key=lease_key, digest_size=8).hexdigest()
+        quad, quarter = divmod(int(offset, 16), 4)
+        return hashlib.blake2s(f"{quad:x}".encode(), key=lease_key,
+                               digest_size=32).hexdigest()[16 * quarter:16 * quarter + 16]
 
-    assert head[0] == "3" and offset == "0"
-    assert tag == expected(key, "t", "g", head, offset)
+    for i, m in enumerate(got):
+        head, tag, offset = m.receipt.split(".")
+        assert head[0] == "4" and offset == f"{i:x}"
+        assert tag == expected(key, "t", "g", head, offset)
+    assert len({m.receipt.split(".")[1] for m in got}) == 6  # a quad's four tags differ
     seal = Seal(b"k" * 100, "a", "b")
-    assert seal.tags("30f", ["1a", "0", "1b"]) == [
-        expected(b"k" * 100, "a", "b", "30f", o) for o in ("1a", "0", "1b")]
+    assert seal.tags("40f", ["1a", "0", "1b", "3"]) == [
+        expected(b"k" * 100, "a", "b", "40f", o) for o in ("1a", "0", "1b", "3")]
     # each part binds: another topic, group, lease or offset gives another tag
     tags = {expected(b"k" * 32, *parts) for parts in (
-        ("a", "b", "30f", "1a"), ("a", "c", "30f", "1a"), ("x", "b", "30f", "1a"),
-        ("a", "b", "310", "1a"), ("a", "b", "30f", "1b"), ("a", "b", "20f", "1a"))}
-    assert len(tags) == 6
-    assert seal.tags("30f", []) == []
+        ("a", "b", "40f", "1a"), ("a", "c", "40f", "1a"), ("x", "b", "40f", "1a"),
+        ("a", "b", "410", "1a"), ("a", "b", "40f", "1b"), ("a", "b", "30f", "1a"),
+        ("a", "b", "40f", "1e"))}
+    assert len(tags) == 7
+    assert seal.tags("40f", []) == []
+
+
+def test_a_version_3_receipt_issued_before_an_upgrade_still_acknowledges(
+        broker: Broker) -> None:
+    """Receipts of version 3 (BLAKE2s-64 of the offset in hex under the lease's key), as a
+    server before version 4 issued them, are verified as such: one of this group
+    acknowledges its message; its tag under version 4's rule, or a version 3 tag altered,
+    is a receipt this server never issued."""
+    import hashlib
+    import hmac
+
+    from storage.constants import CF_META, META_GROUP_RECEIPT_KEY
+
+    send(broker, 3)
+    groups(broker).receive("t", "g", 1, LEASE)  # makes the group and its receipt key
+    key = broker.parts.store.get(CF_META, META_GROUP_RECEIPT_KEY)
+    assert key is not None
+
+    def v3(offset: int, head: str = "30abc") -> str:
+        lease_key = hmac.new(key, f"t\0g\0{head}".encode(), "sha256").digest()
+        tag = hashlib.blake2s(f"{offset:x}".encode(), key=lease_key, digest_size=8).hexdigest()
+        return f"{head}.{tag}.{offset:x}"
+
+    with pytest.raises(NotFound):
+        groups(broker).ack("t", "g", [v3(1)[:-1] + "2"])  # another offset, the same tag
+    with pytest.raises(NotFound):  # version 4's tag under a version 3 head
+        groups(broker).ack("t", "g", ["3" + groups(broker).receive(
+            "t", "g", 1, LEASE).messages[0].receipt[1:]])
+    result = groups(broker).ack("t", "g", [v3(2)])  # nobody holds offset 2 now
+    assert (result.acked, result.stale) == (1, [])
+    assert groups(broker).receive("t", "g", 10, LEASE).messages == []  # 0, 1 held; 2 acked
+    assert groups(broker).state("t", "g").leased == 2
 
 
 def test_a_receipt_from_before_an_offset_commit_back_stays_within_the_window(
@@ -452,3 +490,32 @@ def test_a_group_keeps_at_most_kept_receipts_and_acks_the_others_by_their_seal(
         assert g.ack("t", "g", [m.receipt for m in batch]).acked == 1000
     assert (group.kept, group.issued) == (0, {})  # acked whole: nothing kept any more
     assert broker.groups.offset("t", "g") == 3_000
+
+
+def test_a_whole_lease_acked_as_issued_ends_it_and_a_part_acked_before_is_stale(
+        broker: Broker, clock: FakeClock) -> None:
+    """The usual ack (a receive's receipts as issued) takes the lease whole; once part of
+    it was acknowledged, or its lease expired and another member holds a message again,
+    the same receipts are taken one by one: what was acked already, or is held by the other
+    lease, is stale, the rest acknowledged once."""
+    send(broker, 12)
+    g = groups(broker)
+    first = g.receive("t", "g", 4, LEASE).messages
+    whole = g.ack("t", "g", [m.receipt for m in first])
+    assert (whole.acked, whole.stale) == (4, [])
+    assert g.state("t", "g").committed_offset == 4 and g.state("t", "g").leased == 0
+    second = [m.receipt for m in g.receive("t", "g", 4, LEASE).messages]
+    assert g.ack("t", "g", [second[1]]).acked == 1
+    again = g.ack("t", "g", second)  # as issued, but one of them is acknowledged already
+    assert (again.acked, again.stale) == (3, [second[1]])
+    assert g.state("t", "g").committed_offset == 8 and g.state("t", "g").leased == 0
+    third = [m.receipt for m in g.receive("t", "g", 4, 1_000).messages]
+    clock.advance(1_000)  # the lease expires: all four handed out again, to another member
+    other = g.receive("t", "g", 2, LEASE).messages
+    assert [m.record.queue_offset for m in other] == [8, 9] and other[0].delivery_count == 2
+    late = g.ack("t", "g", third)
+    assert (late.acked, late.stale) == (2, third[:2])  # 10, 11: nobody held them
+    assert g.ack("t", "g", [m.receipt for m in other]).acked == 2
+    state = g.state("t", "g")
+    assert (state.committed_offset, state.leased) == (12, 0)
+    assert g.receive("t", "g", 10, LEASE).messages == []

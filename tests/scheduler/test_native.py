@@ -224,7 +224,9 @@ def test_seal_receipts(key: bytes, head: str, offsets: list[int]) -> None:
     assert native is not None
     seal = Seal(key, "t", "g")
     lease_key = seal.lease_key(head)
-    assert native.seal_receipts(lease_key, head, offsets) == seal.receipts_py(head, offsets)
+    assert native.seal_receipts(lease_key, head, offsets) == [  # version 3's (still verified)
+        f"{head}.{tag}.{o:x}" for o, tag in zip(offsets, seal.tags_py(
+            head, [f"{o:x}" for o in offsets]), strict=True)]
     assert native.seal_receipts(key, head, offsets) == [
         f"{head}.{tag}.{o:x}" for o, tag in zip(offsets, native.seal_tags(
             key, [f"{o:x}" for o in offsets]), strict=True)]
@@ -241,6 +243,37 @@ def test_seal_tags(key: bytes, offsets: list[str]) -> None:
     assert native.seal_tags(key, offsets) == want
     seal = Seal(key, "t", "g")
     assert native.seal_tags(seal.lease_key("30a"), offsets) == seal.tags_py("30a", offsets)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(key=st.binary(min_size=1, max_size=32), head=st.from_regex(r"\A4[01][0-9a-f]{1,16}\Z"),
+       offsets=st.lists(st.one_of(st.integers(0, (1 << 64) - 1), st.integers(0, 40)),
+                        max_size=40))
+def test_seal_receipts4(key: bytes, head: str, offsets: list[int]) -> None:
+    """Version 4: the quarter ``o & 3`` of a keyed BLAKE2s-256 of ``o >> 2`` in hex, as
+    hashlib seals it, for offsets of every width, in and out of order (one digest serves the
+    offsets of a quad in a row); ``seal_tags4`` verifies what ``seal_receipts4`` issued."""
+    assert native is not None
+    seal = Seal(key, "t", "g")
+    lease_key = seal.lease_key(head)
+    got = native.seal_receipts4(lease_key, head, offsets)
+    assert got == seal.receipts_py(head, offsets)
+    assert got == [f"{head}.{hashlib.blake2s(f'{o >> 2:x}'.encode(), key=lease_key, digest_size=32).hexdigest()[16 * (o & 3):16 * (o & 3) + 16]}.{o:x}"  # noqa: E501
+                   for o in offsets]
+    hexes = [f"{o:x}" for o in offsets]
+    tags = [r.split(".")[1] for r in got]
+    assert native.seal_tags4(lease_key, hexes) == tags == seal.tags_py(head, hexes)
+    assert seal.tags(head, hexes) == tags
+
+
+@needs_native
+def test_seal_tags4_refuses_what_is_not_an_offset_in_hex() -> None:
+    """A parsed receipt's offset is 1-16 lowercase hex digits; anything else is refused."""
+    assert native is not None
+    for bad in ("", "A", "1g", "0" * 17, " 1"):
+        with pytest.raises(ValueError):
+            native.seal_tags4(b"k", [bad])
 
 
 # --- the rules C keeps its own copy of, held equal to their one definition in Python --------
