@@ -27,7 +27,9 @@ class HourglassCluster:
             node = ServerProcess(root / f"h{i}", token=TOKEN, log_path=root / f"h{i}.log",
                                  settings={"cluster": nats.url_list, "node_id": f"h{i}",
                                            "cluster_lease_ms": str(lease_ms), "log_level": "info",
-                                           **settings})
+                                           # logs are read from offset 0: no segment deleted
+                                           # for a disk other work filled (1.0: never)
+                                           "disk_clean_ratio": "1.0", **settings})
             node.settings["advertise"] = node.base_url
             self.nodes.append(node)
 
