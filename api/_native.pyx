@@ -79,6 +79,50 @@ cdef inline Py_ssize_t _w_key(uint8_t* o, bytes key) noexcept:
 cdef int64_t _INT64_MAX = 0x7FFFFFFFFFFFFFFF
 
 
+cdef struct LogFields:
+    # the parts of a LogRecord payload the answers copy, as ``Item``s of the payload
+    Item topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
+    Py_ssize_t keys_end, props_end  # where the keys array and the properties map end
+    bint text  # the body is UTF-8 text (also sent as ``body``)
+
+
+cdef bint _log_fields(const uint8_t* p, Py_ssize_t n, LogFields* f) noexcept:
+    """Read the LogRecord payload ``p[:n]`` into ``f``; False for one the Python path must
+    do. [version, topic, msg_id, queue_offset, body, tags, keys, properties, born_at,
+    deliver_at, stored_at, flags], as written."""
+    cdef Item it
+    cdef Py_ssize_t i
+    if n < 1 or p[0] != 0x9C:
+        return False
+    i = _int(p, n, 1, &it)
+    if i >= 0:
+        i = _str(p, n, i, &f.topic)
+    if i >= 0:
+        i = _str(p, n, i, &f.msg_id)
+    if i >= 0:
+        i = _int(p, n, i, &f.qo)
+    if i >= 0:
+        i = _body_tags_keys(p, n, i, &f.body, &f.tags, &f.keys)
+    if i < 0:
+        return False
+    f.keys_end = i
+    i = _str_map(p, n, i, &f.props, 16)
+    if i < 0:
+        return False
+    f.props_end = i
+    i = _int(p, n, i, &f.born)
+    if i >= 0:
+        i = _int(p, n, i, &f.deliver)
+    if i >= 0:
+        i = _int(p, n, i, &f.stored)
+    if i >= 0:
+        i = _int(p, n, i, &it)  # flags
+    if i != n:
+        return False
+    f.text = _utf8(p + f.body.data, f.body.size)
+    return True
+
+
 cdef Py_ssize_t _delivered(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint once, bint leased,
                            const char* receipt, Py_ssize_t receipt_size,
                            int64_t delivery_count, int64_t* queue_offset) noexcept:
@@ -86,73 +130,37 @@ cdef Py_ssize_t _delivered(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint once
     the ``Received`` one) at ``o``, which has room for 2n + _room bytes (+ receipt_size + 64
     when leased); returns its length and sets ``queue_offset``, or -1 for a payload the
     Python path must do."""
-    cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
-    cdef Py_ssize_t i, w, keys_end, props_end
-    cdef bint text
-    # [version, topic, msg_id, queue_offset, body, tags, keys, properties, born_at,
-    #  deliver_at, stored_at, flags], as written
-    if n < 1 or p[0] != 0x9C:
+    cdef LogFields f
+    cdef Py_ssize_t w
+    if not _log_fields(p, n, &f):
         return -1
-    i = _int(p, n, 1, &it)
-    if i < 0:
-        return -1
-    i = _str(p, n, i, &topic)
-    if i < 0:
-        return -1
-    i = _str(p, n, i, &msg_id)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &qo)
-    if i < 0:
-        return -1
-    i = _body_tags_keys(p, n, i, &body, &tags, &keys)
-    if i < 0:
-        return -1
-    keys_end = i
-    i = _str_map(p, n, i, &props, 16)
-    if i < 0:
-        return -1
-    props_end = i
-    i = _int(p, n, i, &born)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &deliver)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &stored)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &it)  # flags
-    if i != n:
-        return -1
-    text = _utf8(p + body.data, body.size)
     # 10 fields and ``body`` if text (once: one of the two bodies); a leased message's 3 more
-    o[0] = 0x80 | ((11 if text and not once else 10) + (3 if leased else 0))
+    o[0] = 0x80 | ((11 if f.text and not once else 10) + (3 if leased else 0))
     w = 1
     w += _w_key(o + w, _K_OFFSET)
-    w += _w_int(o + w, qo.value)
+    w += _w_int(o + w, f.qo.value)
     w += _w_key(o + w, _K_MSGID)
-    w += _w_raw(o + w, p, msg_id.start, msg_id.data + msg_id.size)
+    w += _w_raw(o + w, p, f.msg_id.start, f.msg_id.data + f.msg_id.size)
     w += _w_key(o + w, _K_TOPIC)
-    w += _w_raw(o + w, p, topic.start, topic.data + topic.size)
+    w += _w_raw(o + w, p, f.topic.start, f.topic.data + f.topic.size)
     w += _w_key(o + w, _K_TAGS)
-    w += _w_raw(o + w, p, tags.start, keys.start)
+    w += _w_raw(o + w, p, f.tags.start, f.keys.start)
     w += _w_key(o + w, _K_KEYS)
-    w += _w_raw(o + w, p, keys.start, keys_end)
+    w += _w_raw(o + w, p, f.keys.start, f.keys_end)
     w += _w_key(o + w, _K_PROPS)
-    w += _w_raw(o + w, p, props.start, props_end)
-    if not (once and text):
+    w += _w_raw(o + w, p, f.props.start, f.props_end)
+    if not (once and f.text):
         w += _w_key(o + w, _K_B64)
-        w += _w_raw(o + w, p, body.start, body.data + body.size)
-    if text:
+        w += _w_raw(o + w, p, f.body.start, f.body.data + f.body.size)
+    if f.text:
         w += _w_key(o + w, _K_BODY)
-        w += _w_str(o + w, <const char*>p + body.data, body.size)
+        w += _w_str(o + w, <const char*>p + f.body.data, f.body.size)
     w += _w_key(o + w, _K_BORN)
-    w += _w_int(o + w, born.value)
+    w += _w_int(o + w, f.born.value)
     w += _w_key(o + w, _K_DELIVER)
-    w += _w_int(o + w, deliver.value)
+    w += _w_int(o + w, f.deliver.value)
     w += _w_key(o + w, _K_STORED)
-    w += _w_int(o + w, stored.value)
+    w += _w_int(o + w, f.stored.value)
     if leased:
         w += _w_key(o + w, _K_RECEIPT)
         w += _w_str(o + w, receipt, receipt_size)
@@ -161,25 +169,28 @@ cdef Py_ssize_t _delivered(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint once
         w += _w_key(o + w, _K_RECONSUMED)
         o[w] = 0
         w += 1
-    queue_offset[0] = qo.value
+    queue_offset[0] = f.qo.value
     return w
 
 
-def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint once=False):
-    """For each LogRecord payload: the msgpack of its ``Delivered`` document (what
-    ``msgspec.msgpack.encode(api.routes.consume.delivered(decode_log_record(p), once))``
-    gives), or None where the Python path must do it; and the queue offset of each. With
-    ``receipts`` and ``counts`` (one each per payload): a leased message's ``Received``
-    document instead, its receipt, delivery count and ``reconsumeTimes`` 0 after the
-    fields of ``Delivered`` (scheduler/groups.py, a message shown as stored). ``once``: the
-    body only once, as ``body`` when it is UTF-8 text, else as ``bodyBase64``
-    (``Prefer: body=once``, api/schemas.py ``body_fields``)."""
+cdef inline Py_ssize_t _room_of(bint json, Py_ssize_t n, bint leased,
+                                Py_ssize_t receipt_size) noexcept:
+    """The bytes a ``Delivered`` (``leased``: ``Received``) document of a payload of ``n``
+    bytes may take at most: msgpack 2n (a text body twice), JSON 8n (escapes, base64)."""
+    if json:
+        return 8 * n + _jroom + (6 * receipt_size + 64 if leased else 0)
+    return 2 * n + _room + (receipt_size + 64 if leased else 0)
+
+
+cdef tuple _delivered_docs(list payloads, list receipts, list counts, bint once, bint json):
+    """``delivered_msgpack`` / ``delivered_json``: one writer, the encoding switched."""
     cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, receipt_size = 0
     cdef list out = [None] * count
     cdef list queue_offsets = [None] * count
     cdef const char* receipt = NULL
     cdef int64_t delivery_count = 0, qo = 0
     cdef bint leased = receipts is not None
+    cdef uint8_t* o
     if leased and (counts is None or PyList_GET_SIZE(receipts) != count
                    or PyList_GET_SIZE(counts) != count):
         raise ValueError("receipts and counts: one of each per payload")
@@ -195,15 +206,27 @@ def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint 
             receipt = PyUnicode_AsUTF8AndSize(r, &receipt_size)
             delivery_count = c
         n = PyBytes_GET_SIZE(payload)
-        buf = PyBytes_FromStringAndSize(NULL, 2 * n + _room + (receipt_size + 64 if leased else 0))
-        w = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), n,
-                       <uint8_t*>PyBytes_AS_STRING(buf), once, leased, receipt, receipt_size,
-                       delivery_count, &qo)
+        buf = PyBytes_FromStringAndSize(NULL, _room_of(json, n, leased, receipt_size))
+        o = <uint8_t*>PyBytes_AS_STRING(buf)
+        w = _doc(json, <const uint8_t*>PyBytes_AS_STRING(payload), n, o, once, leased,
+                 receipt, receipt_size, delivery_count, &qo)
         if w < 0:
             continue
         out[k] = buf[:w]
         queue_offsets[k] = qo
     return out, queue_offsets
+
+
+def delivered_msgpack(list payloads, list receipts=None, list counts=None, bint once=False):
+    """For each LogRecord payload: the msgpack of its ``Delivered`` document (what
+    ``msgspec.msgpack.encode(api.routes.consume.delivered(decode_log_record(p), once))``
+    gives), or None where the Python path must do it; and the queue offset of each. With
+    ``receipts`` and ``counts`` (one each per payload): a leased message's ``Received``
+    document instead, its receipt, delivery count and ``reconsumeTimes`` 0 after the
+    fields of ``Delivered`` (scheduler/groups.py, a message shown as stored). ``once``: the
+    body only once, as ``body`` when it is UTF-8 text, else as ``bodyBase64``
+    (``Prefer: body=once``, api/schemas.py ``body_fields``)."""
+    return _delivered_docs(payloads, receipts, counts, once, False)
 
 
 def received_msgpack(list payloads, list receipts, list counts, bint once=False,
@@ -213,57 +236,7 @@ def received_msgpack(list payloads, list receipts, list counts, bint once=False,
     ``delivered_msgpack`` writes it with its receipt and count), ``tail``; no bytes object
     per message, no join. None when any payload is one ``delivered_msgpack`` leaves to
     Python (the caller then goes that way)."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size, receipt_size
-    cdef int64_t qo = 0
-    cdef uint8_t* o
-    cdef const char* receipt
-    cdef PyObject* raw
-    if PyList_GET_SIZE(receipts) != count or PyList_GET_SIZE(counts) != count:
-        raise ValueError("receipts and counts: one of each per payload")
-    size = PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail) + 5
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        r = <object>PyList_GET_ITEM(receipts, k)
-        c = <object>PyList_GET_ITEM(counts, k)
-        if type(payload) is not bytes or type(r) is not str or type(c) is not int \
-                or not 0 <= c < (1 << 63):
-            return None
-        PyUnicode_AsUTF8AndSize(r, &receipt_size)
-        size += 2 * PyBytes_GET_SIZE(payload) + _room + receipt_size + 64
-    buf = PyBytes_FromStringAndSize(NULL, size)
-    o = <uint8_t*>PyBytes_AS_STRING(buf)
-    w = PyBytes_GET_SIZE(head)
-    memcpy(o, PyBytes_AS_STRING(head), w)
-    if count < 16:  # the array header as msgspec writes it
-        o[w] = 0x90 | count
-        w += 1
-    elif count < 0x10000:
-        o[w] = 0xDC
-        o[w + 1] = (count >> 8) & 0xFF
-        o[w + 2] = count & 0xFF
-        w += 3
-    else:
-        o[w] = 0xDD
-        _put_u32be(o + w + 1, <uint32_t>count)
-        w += 5
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        receipt = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(receipts, k), &receipt_size)
-        n = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
-                       o + w, once, True, receipt, receipt_size,
-                       <int64_t>(<object>PyList_GET_ITEM(counts, k)), &qo)
-        if n < 0:
-            return None
-        w += n
-    memcpy(o + w, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail))
-    w += PyBytes_GET_SIZE(tail)
-    raw = <PyObject*>buf  # cut to w in place: no copy, as buf[:w] would make
-    Py_INCREF(buf)
-    buf = None
-    _PyBytes_Resize(&raw, w)  # on failure it drops raw itself and raises
-    out = <object>raw
-    Py_XDECREF(raw)
-    return out
+    return _received(payloads, receipts, counts, once, head, tail, False)
 
 
 def pull_frame(list payloads, bint once=False):
@@ -271,44 +244,7 @@ def pull_frame(list payloads, bint once=False):
     n}``, the bytes api/routes/consume.py ``pull_msgpack_py`` gives) written into one
     buffer: no bytes object per message, no join. None when there are none, or when any
     payload is one ``delivered_msgpack`` leaves to Python (the caller then goes that way)."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size
-    cdef int64_t qo = 0
-    cdef uint8_t* o
-    if count == 0:
-        return None
-    size = 16 + PyBytes_GET_SIZE(_PULL_HEAD) + PyBytes_GET_SIZE(_K_NEXT)
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        if type(payload) is not bytes:
-            return None
-        size += 2 * PyBytes_GET_SIZE(payload) + _room
-    buf = PyBytes_FromStringAndSize(NULL, size)
-    o = <uint8_t*>PyBytes_AS_STRING(buf)
-    w = _w_key(o, _PULL_HEAD)
-    if count < 16:  # the array header as msgspec writes it
-        o[w] = 0x90 | count
-        w += 1
-    elif count < 0x10000:
-        o[w] = 0xDC
-        o[w + 1] = (count >> 8) & 0xFF
-        o[w + 2] = count & 0xFF
-        w += 3
-    else:
-        o[w] = 0xDD
-        _put_u32be(o + w + 1, <uint32_t>count)
-        w += 5
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        n = _delivered(<const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
-                       o + w, once, False, NULL, 0, 0, &qo)
-        if n < 0:
-            return None
-        w += n
-    if qo == _INT64_MAX:  # the next offset would not be an int64 (msgspec: a uint64)
-        return None
-    w += _w_key(o + w, _K_NEXT)
-    w += _w_int(o + w, qo + 1)
-    return buf[:w]
+    return _pull(payloads, once, False)
 
 
 cdef bint _json_safe(const char* s, Py_ssize_t n) noexcept:
@@ -543,60 +479,29 @@ cdef Py_ssize_t _delivered_json(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint
                                 int64_t delivery_count, int64_t* queue_offset) noexcept:
     """``_delivered`` in JSON: at ``o``, which has room for 8n + _jroom bytes (+ 6 *
     receipt_size + 64 when leased); -1 for a payload the Python path must do."""
-    cdef Item it, topic, msg_id, qo, body, tags, keys, props, born, deliver, stored
+    cdef LogFields f
+    cdef Item it
     cdef Py_ssize_t i, w, k, count
-    cdef bint text
-    if n < 1 or p[0] != 0x9C:
+    if not _log_fields(p, n, &f):
         return -1
-    i = _int(p, n, 1, &it)
-    if i < 0:
-        return -1
-    i = _str(p, n, i, &topic)
-    if i < 0:
-        return -1
-    i = _str(p, n, i, &msg_id)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &qo)
-    if i < 0:
-        return -1
-    i = _body_tags_keys(p, n, i, &body, &tags, &keys)
-    if i < 0:
-        return -1
-    i = _str_map(p, n, i, &props, 16)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &born)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &deliver)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &stored)
-    if i < 0:
-        return -1
-    i = _int(p, n, i, &it)  # flags
-    if i != n:
-        return -1
-    text = _utf8(p + body.data, body.size)
     o[0] = 123
     w = 1
     w += _w_jkey(o + w, 0)
-    w += _w_dec(o + w, qo.value)
+    w += _w_dec(o + w, f.qo.value)
     w += _w_jkey(o + w, 1)
-    w += _w_jstr(o + w, p + msg_id.data, msg_id.size)
+    w += _w_jstr(o + w, p + f.msg_id.data, f.msg_id.size)
     w += _w_jkey(o + w, 2)
-    w += _w_jstr(o + w, p + topic.data, topic.size)
+    w += _w_jstr(o + w, p + f.topic.data, f.topic.size)
     w += _w_jkey(o + w, 3)
-    if tags.kind == K_NIL:
+    if f.tags.kind == K_NIL:
         memcpy(o + w, b"null", 4)
         w += 4
     else:
-        w += _w_jstr(o + w, p + tags.data, tags.size)
+        w += _w_jstr(o + w, p + f.tags.data, f.tags.size)
     w += _w_jkey(o + w, 4)
     o[w] = 91
     w += 1
-    i = _head(p, n, keys.start, &it)
+    i = _head(p, n, f.keys.start, &it)
     count = it.size
     for k in range(count):
         if k:
@@ -608,7 +513,7 @@ cdef Py_ssize_t _delivered_json(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint
     w += _w_jkey(o + w, 5)
     o[w] = 123
     w += 1
-    i = _head(p, n, props.start, &it)
+    i = _head(p, n, f.props.start, &it)
     count = it.size
     for k in range(count):
         if k:
@@ -620,18 +525,18 @@ cdef Py_ssize_t _delivered_json(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint
         i = _w_jitem(o, p, n, i, &w)
     o[w] = 125
     w += 1
-    if not (once and text):
+    if not (once and f.text):
         w += _w_jkey(o + w, 6)
-        w += _w_b64(o + w, p + body.data, body.size)
-    if text:
+        w += _w_b64(o + w, p + f.body.data, f.body.size)
+    if f.text:
         w += _w_jkey(o + w, 7)
-        w += _w_jstr(o + w, p + body.data, body.size)
+        w += _w_jstr(o + w, p + f.body.data, f.body.size)
     w += _w_jkey(o + w, 8)
-    w += _w_dec(o + w, born.value)
+    w += _w_dec(o + w, f.born.value)
     w += _w_jkey(o + w, 9)
-    w += _w_dec(o + w, deliver.value)
+    w += _w_dec(o + w, f.deliver.value)
     w += _w_jkey(o + w, 10)
-    w += _w_dec(o + w, stored.value)
+    w += _w_dec(o + w, f.stored.value)
     if leased:
         w += _w_jkey(o + w, 11)
         w += _w_jstr(o + w, <const uint8_t*>receipt, receipt_size)
@@ -641,7 +546,7 @@ cdef Py_ssize_t _delivered_json(const uint8_t* p, Py_ssize_t n, uint8_t* o, bint
         o[w] = 48
         w += 1
     o[w] = 125
-    queue_offset[0] = qo.value
+    queue_offset[0] = f.qo.value
     return w + 1
 
 
@@ -650,37 +555,7 @@ def delivered_json(list payloads, list receipts=None, list counts=None, bint onc
     ``msgspec.json.encode(api.routes.consume.delivered(decode_log_record(p), once))`` gives
     it (with ``receipts`` and ``counts``: the ``Received`` one), or None where the Python
     path must do it; and the queue offset of each."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, receipt_size = 0
-    cdef list out = [None] * count
-    cdef list queue_offsets = [None] * count
-    cdef const char* receipt = NULL
-    cdef int64_t delivery_count = 0, qo = 0
-    cdef bint leased = receipts is not None
-    if leased and (counts is None or PyList_GET_SIZE(receipts) != count
-                   or PyList_GET_SIZE(counts) != count):
-        raise ValueError("receipts and counts: one of each per payload")
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        if type(payload) is not bytes:
-            continue
-        if leased:
-            r = <object>PyList_GET_ITEM(receipts, k)
-            c = <object>PyList_GET_ITEM(counts, k)
-            if type(r) is not str or type(c) is not int or not 0 <= c < (1 << 63):
-                continue
-            receipt = PyUnicode_AsUTF8AndSize(r, &receipt_size)
-            delivery_count = c
-        n = PyBytes_GET_SIZE(payload)
-        buf = PyBytes_FromStringAndSize(
-            NULL, 8 * n + _jroom + (6 * receipt_size + 64 if leased else 0))
-        w = _delivered_json(<const uint8_t*>PyBytes_AS_STRING(payload), n,
-                            <uint8_t*>PyBytes_AS_STRING(buf), once, leased, receipt,
-                            receipt_size, delivery_count, &qo)
-        if w < 0:
-            continue
-        out[k] = buf[:w]
-        queue_offsets[k] = qo
-    return out, queue_offsets
+    return _delivered_docs(payloads, receipts, counts, once, True)
 
 
 def pull_frame_json(list payloads, bint once=False):
@@ -688,36 +563,7 @@ def pull_frame_json(list payloads, bint once=False):
     ``msgspec.json.encode(api.routes.consume.pull_result(...))`` gives it, in one buffer;
     None when there are none, or when any payload is one ``delivered_json`` leaves to
     Python."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size
-    cdef int64_t qo = 0
-    cdef uint8_t* o
-    if count == 0:
-        return None
-    size = 32 + PyBytes_GET_SIZE(_J_PULL_HEAD) + PyBytes_GET_SIZE(_J_NEXT)
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        if type(payload) is not bytes:
-            return None
-        size += 8 * PyBytes_GET_SIZE(payload) + _jroom + 1
-    buf = PyBytes_FromStringAndSize(NULL, size)
-    o = <uint8_t*>PyBytes_AS_STRING(buf)
-    w = _w_key(o, _J_PULL_HEAD)
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        if k:
-            o[w] = 44
-            w += 1
-        n = _delivered_json(<const uint8_t*>PyBytes_AS_STRING(payload),
-                            PyBytes_GET_SIZE(payload), o + w, once, False, NULL, 0, 0, &qo)
-        if n < 0:
-            return None
-        w += n
-    if qo == _INT64_MAX:  # the next offset would not be an int64
-        return None
-    w += _w_key(o + w, _J_NEXT)
-    w += _w_dec(o + w, qo + 1)
-    o[w] = 125
-    return buf[:w + 1]
+    return _pull(payloads, once, True)
 
 
 def received_json(list payloads, list receipts, list counts, bint once=False,
@@ -726,12 +572,90 @@ def received_json(list payloads, list receipts, list counts, bint once=False,
     counts) joined by commas in one buffer (a receive answer's messages), after ``head`` and
     before ``tail`` (the answer's other pieces: one buffer, no join); None when any is one
     ``delivered_json`` leaves to Python (the caller then goes that way)."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w = 0, size = 0, receipt_size
+    return _received(payloads, receipts, counts, once, head, tail, True)
+
+
+cdef inline Py_ssize_t _doc(bint json, const uint8_t* p, Py_ssize_t n, uint8_t* o,
+                            bint once, bint leased, const char* receipt,
+                            Py_ssize_t receipt_size, int64_t delivery_count,
+                            int64_t* queue_offset) noexcept:
+    if json:
+        return _delivered_json(p, n, o, once, leased, receipt, receipt_size, delivery_count,
+                               queue_offset)
+    return _delivered(p, n, o, once, leased, receipt, receipt_size, delivery_count,
+                      queue_offset)
+
+
+cdef inline Py_ssize_t _w_array(uint8_t* o, Py_ssize_t count) noexcept:
+    """A msgpack array header, as msgspec writes it."""
+    if count < 16:
+        o[0] = 0x90 | count
+        return 1
+    if count < 0x10000:
+        o[0] = 0xDC
+        o[1] = (count >> 8) & 0xFF
+        o[2] = count & 0xFF
+        return 3
+    o[0] = 0xDD
+    _put_u32be(o + 1, <uint32_t>count)
+    return 5
+
+
+cdef object _pull(list payloads, bint once, bint json):
+    """``pull_frame`` / ``pull_frame_json``: one writer, the encoding switched."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size
+    cdef int64_t qo = 0
+    cdef uint8_t* o
+    if count == 0:
+        return None
+    size = 32 + PyBytes_GET_SIZE(_J_PULL_HEAD if json else _PULL_HEAD) \
+        + PyBytes_GET_SIZE(_J_NEXT if json else _K_NEXT)
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            return None
+        size += _room_of(json, PyBytes_GET_SIZE(payload), False, 0) + 1
+    buf = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(buf)
+    if json:
+        w = _w_key(o, _J_PULL_HEAD)
+    else:
+        w = _w_key(o, _PULL_HEAD)
+        w += _w_array(o + w, count)
+    for k in range(count):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if json and k:
+            o[w] = 44
+            w += 1
+        n = _doc(json, <const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                 o + w, once, False, NULL, 0, 0, &qo)
+        if n < 0:
+            return None
+        w += n
+    if qo == _INT64_MAX:  # the next offset would not be an int64 (msgspec: a uint64)
+        return None
+    if json:
+        w += _w_key(o + w, _J_NEXT)
+        w += _w_dec(o + w, qo + 1)
+        o[w] = 125
+        w += 1
+    else:
+        w += _w_key(o + w, _K_NEXT)
+        w += _w_int(o + w, qo + 1)
+    return buf[:w]
+
+
+cdef object _received(list payloads, list receipts, list counts, bint once, bytes head,
+                      bytes tail, bint json):
+    """``received_msgpack`` / ``received_json``: one writer, the encoding switched."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size, receipt_size
     cdef int64_t qo = 0
     cdef uint8_t* o
     cdef const char* receipt
+    cdef PyObject* raw
     if PyList_GET_SIZE(receipts) != count or PyList_GET_SIZE(counts) != count:
         raise ValueError("receipts and counts: one of each per payload")
+    size = PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail) + 5
     for k in range(count):
         payload = <object>PyList_GET_ITEM(payloads, k)
         r = <object>PyList_GET_ITEM(receipts, k)
@@ -739,27 +663,37 @@ def received_json(list payloads, list receipts, list counts, bint once=False,
         if type(payload) is not bytes or type(r) is not str or type(c) is not int \
                 or not 0 <= c < (1 << 63):
             return None
-        size += 8 * PyBytes_GET_SIZE(payload) + _jroom + 6 * len(<str>r) * 4 + 65
-    size += PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail)
+        PyUnicode_AsUTF8AndSize(r, &receipt_size)
+        size += _room_of(json, PyBytes_GET_SIZE(payload), True, receipt_size) + 1
     buf = PyBytes_FromStringAndSize(NULL, size)
     o = <uint8_t*>PyBytes_AS_STRING(buf)
     w = PyBytes_GET_SIZE(head)
     memcpy(o, PyBytes_AS_STRING(head), w)
+    if not json:
+        w += _w_array(o + w, count)
     for k in range(count):
         payload = <object>PyList_GET_ITEM(payloads, k)
         receipt = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(receipts, k), &receipt_size)
-        if k:
+        if json and k:
             o[w] = 44
             w += 1
-        n = _delivered_json(<const uint8_t*>PyBytes_AS_STRING(payload),
-                            PyBytes_GET_SIZE(payload), o + w, once, True, receipt,
-                            receipt_size, <int64_t>(<object>PyList_GET_ITEM(counts, k)), &qo)
+        n = _doc(json, <const uint8_t*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                 o + w, once, True, receipt, receipt_size,
+                 <int64_t>(<object>PyList_GET_ITEM(counts, k)), &qo)
         if n < 0:
             return None
         w += n
     memcpy(o + w, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail))
     w += PyBytes_GET_SIZE(tail)
-    return buf[:w]  # (a copy: cheaper here than shrinking the buffer of 8n in place)
+    if json:
+        return buf[:w]  # (a copy: cheaper here than shrinking the buffer of 8n in place)
+    raw = <PyObject*>buf  # cut to w in place: no copy, as buf[:w] would make
+    Py_INCREF(buf)
+    buf = None
+    _PyBytes_Resize(&raw, w)  # on failure it drops raw itself and raises
+    out = <object>raw
+    Py_XDECREF(raw)
+    return out
 
 
 # --- the keys, from the schemas ----------------------------------------------------------------
