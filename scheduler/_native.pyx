@@ -970,13 +970,7 @@ def seal_receipts(bytes key, str head, list offsets):
     o[hn + 17] = 46
     for k in range(count):
         v = <object>PyList_GET_ITEM(offsets, k)  # (OverflowError below 0 or past 64 bits)
-        d = 16
-        while True:
-            d -= 1
-            hexed[d] = _hex[v & 15]
-            v >>= 4
-            if v == 0:
-                break
+        d = _w_hex(v, hexed)
         n = 16 - d
         _b2s_tag(keyed, <const uint8_t*>hexed + d, n, o + hn + 1)
         memcpy(o + hn + 18, hexed + d, n)

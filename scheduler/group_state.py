@@ -14,7 +14,7 @@ import hmac
 import re
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import filterfalse, repeat
 
@@ -117,11 +117,14 @@ class Seal:
         return self.receipts_py(head, offsets)
 
     def receipts_py(self, head: str, offsets: Sequence[int]) -> list[str]:
-        """``receipts`` in Python (hashlib's keyed state copied per digest, one per four
-        offsets of one quad in a row)."""
+        """``receipts`` in Python."""
+        return [f"{head}.{tag}.{offset:x}"
+                for offset, tag in zip(offsets, self._tags4_py(head, offsets), strict=True)]
+
+    def _tags4_py(self, head: str, offsets: Iterable[int]) -> Iterator[str]:
+        """Version 4 tags in Python: hashlib's keyed state copied per digest, one digest per
+        four offsets of one quad in a row."""
         copy = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG * _QUAD).copy
-        out: list[str] = []
-        append = out.append
         quad, digest = -1, ""
         for offset in offsets:
             if offset >> 2 != quad:
@@ -130,8 +133,7 @@ class Seal:
                 m.update(f"{quad:x}".encode())
                 digest = m.hexdigest()
             at = 2 * _TAG * (offset & 3)
-            append(f"{head}.{digest[at:at + 2 * _TAG]}.{offset:x}")
-        return out
+            yield digest[at:at + 2 * _TAG]
 
     def tags(self, head: str, offsets: Sequence[str]) -> list[str]:
         """The tag of each receipt of lease ``head`` at ``offsets`` (hex, as a parsed receipt
@@ -146,19 +148,7 @@ class Seal:
     def tags_py(self, head: str, offsets: Sequence[str]) -> list[str]:
         """``tags`` in Python."""
         if head[:1] == _RECEIPT_VERSION:
-            out4: list[str] = []
-            copy4 = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG * _QUAD).copy
-            quad, digest = -1, ""
-            for hexed in offsets:
-                number = int(hexed, 16)
-                if number >> 2 != quad:
-                    quad = number >> 2
-                    m = copy4()
-                    m.update(f"{quad:x}".encode())
-                    digest = m.hexdigest()
-                at = 2 * _TAG * (number & 3)
-                out4.append(digest[at:at + 2 * _TAG])
-            return out4
+            return list(self._tags4_py(head, (int(hexed, 16) for hexed in offsets)))
         copy = hashlib.blake2s(key=self.lease_key(head), digest_size=_TAG).copy
         out: list[str] = []
         append = out.append
