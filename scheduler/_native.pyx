@@ -949,6 +949,25 @@ cdef inline int _w_hex(uint64_t v, char* hexed) noexcept nogil:
 from hashlib import blake2s as _blake2s
 
 
+cdef int _key_state(bytes key, uint32_t* keyed, uint32_t digest_size) except -1:
+    """``keyed``: the BLAKE2s state after ``key``'s block (1-32 bytes; ValueError else)."""
+    if not 1 <= PyBytes_GET_SIZE(key) <= 32:
+        raise ValueError("a key of 1 to 32 bytes")
+    _b2s_keyed(keyed, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+               digest_size)
+    return 0
+
+
+cdef bytes _receipt_buffer(const char* head, Py_ssize_t hn):
+    """A receipt's room: ``head``, ".", 16 bytes for the tag, ".", 16 for the offset."""
+    buf = PyBytes_FromStringAndSize(NULL, hn + 34)
+    cdef char* o = PyBytes_AS_STRING(buf)
+    memcpy(o, head, hn)
+    o[hn] = 46
+    o[hn + 17] = 46
+    return buf
+
+
 def seal_receipts(bytes key, str head, list offsets):
     """``Seal.receipts`` (scheduler/group_state.py): ``head.tag.offset`` for each offset
     (an int >= 0, written in hex), the tag keyed by ``key`` (1-32 bytes)."""
@@ -960,14 +979,9 @@ def seal_receipts(bytes key, str head, list offsets):
     cdef char* o
     cdef int d
     cdef list out = [None] * count
-    if not 1 <= PyBytes_GET_SIZE(key) <= 32:
-        raise ValueError("a key of 1 to 32 bytes")
-    _b2s_keyed(keyed, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
-    buf = PyBytes_FromStringAndSize(NULL, hn + 34)
+    _key_state(key, keyed, 8)
+    buf = _receipt_buffer(hp, hn)
     o = PyBytes_AS_STRING(buf)
-    memcpy(o, hp, hn)
-    o[hn] = 46
-    o[hn + 17] = 46
     for k in range(count):
         v = <object>PyList_GET_ITEM(offsets, k)  # (OverflowError below 0 or past 64 bits)
         d = _w_hex(v, hexed)
@@ -985,9 +999,7 @@ def seal_tags(bytes key, list hexes):
     cdef const char* s
     cdef char tag[16]
     cdef list out = [None] * count
-    if not 1 <= PyBytes_GET_SIZE(key) <= 32:
-        raise ValueError("a key of 1 to 32 bytes")
-    _b2s_keyed(keyed, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    _key_state(key, keyed, 8)
     for k in range(count):
         s = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(hexes, k), &n)
         if n == 0:  # (the key's block is the last: never a receipt's, which parse first)
@@ -1016,14 +1028,9 @@ def seal_receipts4(bytes key, str head, list offsets):
     cdef char* o
     cdef int d, qd
     cdef list out = [None] * count
-    if not 1 <= PyBytes_GET_SIZE(key) <= 32:
-        raise ValueError("a key of 1 to 32 bytes")
-    _b2s_keyed(keyed, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), 32)
-    buf = PyBytes_FromStringAndSize(NULL, hn + 34)
+    _key_state(key, keyed, 32)
+    buf = _receipt_buffer(hp, hn)
     o = PyBytes_AS_STRING(buf)
-    memcpy(o, hp, hn)
-    o[hn] = 46
-    o[hn + 17] = 46
     for k in range(count):
         v = <object>PyList_GET_ITEM(offsets, k)  # (OverflowError below 0 or past 64 bits)
         if not have or v >> 2 != q:
@@ -1053,9 +1060,7 @@ def seal_tags4(bytes key, list hexes):
     cdef int qd
     cdef char c
     cdef list out = [None] * count
-    if not 1 <= PyBytes_GET_SIZE(key) <= 32:
-        raise ValueError("a key of 1 to 32 bytes")
-    _b2s_keyed(keyed, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), 32)
+    _key_state(key, keyed, 32)
     for k in range(count):
         s = PyUnicode_AsUTF8AndSize(<str>PyList_GET_ITEM(hexes, k), &n)
         if not 1 <= n <= 16:
