@@ -164,7 +164,8 @@ def test_snapshots_read_while_the_leader_keeps_replacing_them(
 
 def test_a_restarted_nats_server_is_healthy_once_back_and_current(tmp_path: Path) -> None:
     with NatsCluster(tmp_path / "nats") as cluster:
-        assert cluster.wait_healthy(0) >= 0 and cluster.healthy(1)
+        # each server becomes healthy on its own time: one's health says nothing of another's
+        assert cluster.wait_healthy(0) >= 0 and cluster.wait_healthy(1) >= 0
         link = _link(cluster)
         try:
             for i in range(20):
