@@ -23,7 +23,8 @@ import contextlib
 import hashlib
 import logging
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,12 +64,16 @@ class ClusterNames:
 class NatsLink:
     def __init__(self, urls: list[str], *, names: ClusterNames | None = None,
                  replicas: int = 3, lease_ms: int = 2000, timeout_s: float = 2.0,
-                 name: str = "hourglass") -> None:
+                 name: str = "hourglass",
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.urls = urls
         self.names = names or ClusterNames()
         self.replicas = replicas
         self.lease_ms = lease_ms
         self.timeout_s = timeout_s
+        self._node_ttl_s = max(10.0, 5 * lease_ms / 1000)  # of a status in the node bucket
+        self._monotonic = monotonic
+        self._nodes_seen: tuple[float, dict[str, bytes]] | None = None  # (monotonic s, listing)
         self.snapshot_stall_s = 5.0  # no snapshot chunk for so long: read it again
         self._name = name
         self._loop = asyncio.new_event_loop()
@@ -147,7 +152,7 @@ class NatsLink:
             self._node_kv = await self._js.key_value(n.node_bucket)
         except (NotFoundError, APIError):
             self._node_kv = await self._js.create_key_value(api.KeyValueConfig(
-                bucket=n.node_bucket, history=1, ttl=max(10.0, 5 * lease_s),
+                bucket=n.node_bucket, history=1, ttl=self._node_ttl_s,
                 replicas=self.replicas))
 
     def close(self) -> None:
@@ -385,12 +390,25 @@ class NatsLink:
         self._run(self._node_kv.put(node_id, value))
 
     def nodes(self) -> dict[str, bytes]:
-        return self._run(self._nodes())
+        """Every node's last status in the node bucket. When the listing fails (a NATS
+        election, a busy server: it takes a watcher and a read per key), the last listing
+        that succeeded, as long as the bucket would still hold it."""
+        try:
+            found = self._run(self._nodes())
+        except Exception:  # any failure: the last good listing
+            found = {}
+        now = self._monotonic()
+        if found:
+            self._nodes_seen = (now, found)
+            return dict(found)
+        if self._nodes_seen is None or now - self._nodes_seen[0] >= self._node_ttl_s:
+            return {}
+        return dict(self._nodes_seen[1])
 
     async def _nodes(self) -> dict[str, bytes]:
         try:
             keys = await self._node_kv.keys()
-        except Exception:  # no keys yet (nats-py raises NoKeysError)
+        except nats.js.errors.NoKeysError:
             return {}
         out: dict[str, bytes] = {}
         for key in keys:

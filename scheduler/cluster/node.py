@@ -188,10 +188,7 @@ class ClusterNode:
         elif self._leader is not None:
             leader = {"nodeId": self._leader["nodeId"], "url": self._leader["url"]}
         nodes = []
-        try:
-            found = self.link.nodes()
-        except Exception:  # NATS unreachable: this node's own view only
-            found = {}
+        found = self.link.nodes()  # (NATS unreachable long enough: none, this node's own only)
         found[self.node_id] = json.dumps(self._status()).encode()
         for node_id in sorted(found):
             try:

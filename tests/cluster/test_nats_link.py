@@ -177,3 +177,26 @@ def test_a_restarted_nats_server_is_healthy_once_back_and_current(tmp_path: Path
         cluster.start(2)
         assert cluster.wait_healthy(2, timeout_s=60) >= 0
         assert cluster.healthy(2)
+
+
+def test_the_node_listing_outlives_a_failed_read_until_the_bucket_would_expire_it(
+        tmp_path: Path) -> None:
+    from scheduler.cluster.link import NatsLink
+
+    now = [1000.0]
+    with NatsCluster(tmp_path / "nats") as cluster:
+        assert all(cluster.wait_healthy(i) >= 0 for i in range(3))
+        link = NatsLink(cluster.urls, lease_ms=2000, timeout_s=0.5, monotonic=lambda: now[0])
+        link.connect()
+        try:
+            link.put_node("a", b'{"role": "leader"}')
+            link.put_node("b", b'{"role": "follower"}')
+            assert link.nodes() == {"a": b'{"role": "leader"}', "b": b'{"role": "follower"}'}
+            for i in range(3):  # NATS gone: every listing fails
+                cluster.kill(i)
+            now[0] += 9.9  # the bucket keeps a status 10 s
+            assert link.nodes() == {"a": b'{"role": "leader"}', "b": b'{"role": "follower"}'}
+            now[0] += 0.1
+            assert link.nodes() == {}
+        finally:
+            link.close()
