@@ -146,7 +146,7 @@ class ConsumeQueue:
         in C, no tuple per entry kept: a stream reading 1000 behind a burst's commits)."""
         out: list[int] = []
         for _, raw in self._slices(topic, offset, n):
-            out += _positions_struct(len(raw) // VALUE.size).unpack(raw)
+            out += _positions(raw)
         return out
 
     def _slices(self, topic: str, offset: int, n: int) -> list[tuple[int, bytes]]:
@@ -350,12 +350,31 @@ def _run_start(key: bytes, value: bytes, cut: int) -> int:
     return int(_OFFSET.unpack_from(key, cut)[0])
 
 
-@functools.lru_cache(maxsize=64)
+#: entries whose positions one ``struct`` call reads into one tuple, their sizes skipped
+_BLOCK = 64
+_BLOCK_POSITIONS = struct.Struct(">" + "Q4x" * _BLOCK)
+
+
+@functools.lru_cache(maxsize=_BLOCK)
 def _positions_struct(n: int) -> struct.Struct:
-    """Reads the positions of ``n`` stored entries (``VALUE`` each), their sizes skipped, into
-    one tuple: 1000 in ~24 µs against ~150 for a tuple per entry (``iter_unpack``) and an
-    ``itemgetter`` over them (a receive's, a pull's and a stream's read of 1000)."""
+    """Reads the positions of ``n`` entries (fewer than ``_BLOCK``) into one tuple."""
     return struct.Struct(">" + "Q4x" * n)
+
+
+def _positions(raw: bytes) -> list[int]:
+    """The positions of the stored entries ``raw`` (``VALUE`` each): a tuple per 64 entries,
+    not per entry (``iter_unpack``) with an ``itemgetter`` over them: 1000 in ~30 µs against
+    ~140 (a receive's, a pull's and a stream's read of 1000)."""
+    n = len(raw) // VALUE.size
+    whole = n - n % _BLOCK
+    cut = whole * VALUE.size
+    view = memoryview(raw)
+    out: list[int] = []
+    for block in _BLOCK_POSITIONS.iter_unpack(view[:cut]):
+        out += block
+    if n > whole:
+        out += _positions_struct(n - whole).unpack(view[cut:])
+    return out
 
 
 def _after(prefix: bytes) -> bytes:
