@@ -11,6 +11,8 @@ Reasons and measurements: docs/storage.md ("RocksDB options"). In short:
   except in the time-ordered CFs: their keys arrive in deliverAt order, not in key order, so
   every L0 file overlaps the whole bottommost level and each compaction rewrites it; their
   data is transient (gone once delivered); LZ4 there halves RocksDB's compaction CPU;
+- LZ4 accelerated (``lz4_acceleration``, 8) wherever it compresses: flushes and compactions
+  spent most of their CPU in LZ4 on bodies it barely shrinks;
 - a deletion-triggered compaction collector on the time-ordered CFs, so SST files full of
   delivered-key tombstones are compacted away without waiting for size triggers.
 """
@@ -35,6 +37,7 @@ from storage.constants import (
 MIB = 1 << 20
 TIMER_WRITE_BUFFER_CAP = 8 * MIB  # (StoreTuning.for_budget)
 INDEX_WRITE_BUFFER_CAP = 8 * MIB  # (StoreTuning.for_budget)
+_DEFAULT_LEVEL = 32767  # RocksDB's CompressionOptions::kDefaultCompressionLevel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +61,9 @@ class StoreTuning:
     max_total_wal_bytes: int = 64 * MIB  #              WAL budget before forcing CF flushes
     #                                                    (what a start after a kill replays)
     timer_bottommost_zstd: bool = False  #              ZSTD, not LZ4, at time-ordered CFs' bottom
+    lz4_acceleration: int = 8  #                        LZ4's speed-up (1: its default) wherever
+    #                                                    LZ4 compresses: flushes, upper levels,
+    #                                                    time-ordered CFs' bottom (cf_options)
 
 
     @classmethod
@@ -149,6 +155,16 @@ def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksd
     zstd = not is_time_ordered(name) or tuning.timer_bottommost_zstd
     opts.set_bottommost_compression_type(rocksdict.DBCompressionType.zstd() if zstd
                                          else rocksdict.DBCompressionType.lz4())
+    # LZ4 accelerated (RocksDB passes a negative level to LZ4 as its acceleration): W1's
+    # random 100-byte bodies barely compress, and LZ4 was ~60 % of a flush's CPU and ~30 % of
+    # a compaction's. 1 M sends due at random over an hour: RocksDB's background CPU 1.64-1.95
+    # instead of 2.38-2.41 µs a message; disk per million pending once compacted 132 instead
+    # of 127 MiB (16: 152); docs/performance.md, W1. ZSTD keeps its default level.
+    if tuning.lz4_acceleration > 1:
+        lz4 = -tuning.lz4_acceleration
+        opts.set_compression_options(-14, lz4, 0, 0)  # (window bits, level, strategy, dict)
+        opts.set_bottommost_compression_options(-14, _DEFAULT_LEVEL if zstd else lz4, 0, 0,
+                                                True)
     return opts
 
 

@@ -80,3 +80,42 @@ def test_time_ordered_cfs_are_lz4_at_the_bottom_unless_asked(tmp_path: Path,
     time_ordered = (timer_cf(0), timer_cf(1), CF_EXPIRY, CF_HALF)
     assert {cf: bottom[cf] for cf in time_ordered} == dict.fromkeys(time_ordered, timers)
     assert {bottom[cf] for cf in (CF_INDEX, CF_CQ, CF_TX, CF_META)} == {"kZSTD"}
+
+
+def _cf_option_levels(db: Path) -> dict[str, tuple[int, int]]:
+    """Per column family, (compression_opts level, bottommost level in force) as RocksDB's
+    OPTIONS file records them (the bottommost options count only when enabled)."""
+    latest = max(db.glob("OPTIONS-*"), key=lambda p: int(p.name[8:]))
+    levels: dict[str, list[int]] = {}
+    section = None
+    for line in latest.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("[CFOptions "):
+            section = line.split('"')[1]
+            levels[section] = [0, 0]
+        elif section and line.startswith(("compression_opts={", "bottommost_compression_opts={")):
+            fields = dict(f.split("=", 1) for f in line.split("{", 1)[1].rstrip("}").split(";")
+                          if "=" in f)
+            if line.startswith("compression_opts"):
+                levels[section][0] = int(fields["level"])
+            else:
+                levels[section][1] = int(fields["level"]) if fields["enabled"] == "true" else 0
+    return {cf: (upper, bottom or upper) for cf, (upper, bottom) in levels.items()}
+
+
+@pytest.mark.parametrize("acceleration", [8, 1])
+def test_lz4_runs_accelerated_and_zstd_at_its_default_level(tmp_path: Path,
+                                                           acceleration: int) -> None:
+    """Every LZ4 level (each CF's upper levels, the time-ordered CFs' bottom) compresses with
+    ``lz4_acceleration`` (RocksDB hands LZ4 a negative level as its acceleration); the ZSTD
+    bottom of the other CFs keeps ZSTD's default level; 1 leaves every level at the default."""
+    store = RocksStore(tmp_path / "db", timer_shards=2,
+                       tuning=StoreTuning(lz4_acceleration=acceleration))
+    store.close()
+    levels = _cf_option_levels(tmp_path / "db")
+    default = 32767
+    lz4 = -acceleration if acceleration > 1 else default
+    for cf in (timer_cf(0), timer_cf(1), CF_EXPIRY, CF_HALF):
+        assert levels[cf] == (lz4, lz4), cf
+    for cf in (CF_INDEX, CF_CQ, CF_TX, CF_META):
+        assert levels[cf] == (lz4, default), cf
