@@ -180,6 +180,8 @@ class CommitLog:
         #: the last append's (positions, payloads) until the next one or the flusher's tick:
         #: a read of exactly those records returns them (``read_many``)
         self._last: tuple[list[int], Sequence[bytes]] | None = None
+        #: the last append went into the file with ``pwrite`` (a burst's: ``_prepare_spare``)
+        self._bulk = False
         try:
             if not read_only:
                 private_dir(self._dir)
@@ -343,6 +345,7 @@ class CommitLog:
                 self._rollback(old_end, old_count)
                 raise
             self._last = (positions, payloads)
+            self._bulk = sum(lengths) >= PWRITE_MIN_BYTES
             return positions
 
     def attach_replicator(self, replicator: Replicator | None) -> None:
@@ -444,7 +447,9 @@ class CommitLog:
 
     def _prepare_spare(self) -> None:
         """Create the next segment ahead of time once the current one is half full, so a
-        roll-over does not pay for allocating and populating it on the append path."""
+        roll-over does not pay for allocating and populating it on the append path; not
+        populated while appends go in with ``pwrite`` (a burst's commits: populating serves
+        writes through the mapping, and holds all its pages in the RSS; storage/segment.py)."""
         segments = self._segments
         if self._spare is not None or not segments:
             return
@@ -453,7 +458,8 @@ class CommitLog:
             return
         with self._create_lock:
             if self._spare is None and self._segments and self._segments[-1] is current:
-                self._spare = Segment.create(self._dir, current.end, self._segment_size)
+                self._spare = Segment.create(self._dir, current.end, self._segment_size,
+                                             populated=not self._bulk)
 
     @staticmethod
     def _discard(seg: Segment) -> None:

@@ -56,8 +56,8 @@ from api.auth import Permission
 from api.bodies import MSGPACK, is_msgpack, prefers_body_once
 from api.context import ApiContext, query_int
 from api.longpoll import DeliveryNotifier
-from api.openapi import REF, operation, query_parameter
 from api.native import native
+from api.openapi import REF, operation, query_parameter
 from api.push import ParkedStream, Pieces, StreamPusher
 from api.routes.consume import (
     MAX_OFFSET,

@@ -189,6 +189,21 @@ def test_the_flusher_gives_back_the_pages_of_segments_behind_the_last_two(
         reopened.close()
 
 
+def test_spares_are_populated_for_writes_through_the_mapping_only(tmp_path: Path) -> None:
+    """The flusher's spare segment has its pages mapped in ahead after a small append (the
+    next ones go through the mapping), not after a burst's (``pwrite``: nothing to map, and
+    32 MiB more RSS a segment)."""
+    size = 1 << 20
+    for payload, resident in ((b"s" * 100, True), (b"b" * 20_000, False)):
+        with CommitLog(tmp_path / payload[:1].decode(), segment_size=size,
+                       flush_interval_ms=3_600_000) as log:
+            log.append_batch([b"x" * 20_000] * (size // 2 // 20_000 + 1))  # half full
+            log.append_batch([payload])  # the last append: through the mapping or not
+            log._prepare_spare()
+            assert log._spare is not None
+            assert (_resident_kib(log._spare.path) >= size // 1024 // 2) is resident
+
+
 def test_a_read_of_the_last_append_answers_its_payloads(tmp_path: Path) -> None:
     """Records of the last append read back as the very payloads appended (no copy out of
     the mapping, no second CRC32C: a caught-up stream's frame); any other read, and any
@@ -199,7 +214,7 @@ def test_a_read_of_the_last_append_answers_its_payloads(tmp_path: Path) -> None:
         payloads = [b"new-%d" % i * 1000 for i in range(10)]
         positions = log.append_batch(payloads)
         hit = log.read_many(positions[2:7])
-        assert hit == payloads[2:7] and all(a is b for a, b in zip(hit, payloads[2:7]))
+        assert hit == payloads[2:7] and all(a is b for a, b in zip(hit, payloads[2:7], strict=True))
         assert log.read(positions[9]) is payloads[9]
         # what the cache does not hold exactly is read from the segments, equal, not the same
         for read in (old_positions, old_positions[-1:] + positions[:1], positions[::2]):
