@@ -47,6 +47,15 @@ socket error at INFO, anything else at WARNING with its trace), counted
 (``hourglass_stream_push_failures``) and hands the stream back to the loop, which meets the
 same condition and ends the stream, or goes on.
 
+Large bodies. A msgpack stream with ``Prefer: body=once`` gives the pusher its frames as
+pieces too (``api._native.pull_pieces``): each body of ``PIECE_MIN_BYTES`` (4 KiB, api/routes/
+stream.py) or more is a memoryview of its payload between the pieces of one buffer holding
+the rest, so ``writev`` copies it straight into the socket, without a copy into the frame
+(``_writev``: IOV_MAX pieces a call). And the payloads a caught-up stream reads after a
+commit are the ones the commit appended (``CommitLog.read_many``: the last append's records),
+not copies read back from the log: a 16 KiB body is copied once into the log file and once
+into the socket on its way out of the committing thread.
+
 The socket. The pusher writes on a duplicate of the connection's descriptor, taken once per
 stream and closed when the stream ends: if the loop closed the connection meanwhile, the
 descriptor's number could belong to a new connection by then, and a frame must never reach
