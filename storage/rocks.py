@@ -120,6 +120,7 @@ class RocksStore:
         self._async_write = rocksdict.WriteOptions()
         self._async_write.sync = False
         self._default_write = self._sync_write if sync_writes else self._async_write
+        self._no_wal: rocksdict.WriteOptions | None = None  # (``disable_wal``)
 
     # --- opening ----------------------------------------------------------------------------
     def _existing_cfs(self) -> list[str] | None:
@@ -300,8 +301,8 @@ class RocksStore:
         guard = self._guard
         if guard.refusal is not None or guard.next_check_ms <= self._clock.now_ms():
             self._admit()
-        opts = self._default_write if sync is None else (
-            self._sync_write if sync else self._async_write)
+        opts = self._no_wal or (self._default_write if sync is None else (
+            self._sync_write if sync else self._async_write))
         with self._gate:
             db = self._live_db()
             try:
@@ -316,6 +317,26 @@ class RocksStore:
             raise self._unavailable()
         if self._guard.admit():
             self.reopen()
+
+    @property
+    def wal(self) -> bool:
+        """False once ``disable_wal`` ran: a process kill loses the memtables."""
+        return self._no_wal is None
+
+    def disable_wal(self) -> None:
+        """Write without RocksDB's write-ahead log from now on (a cluster follower: the
+        write-ahead stream is its WAL). The DB is opened again with ``atomic_flush``, so the
+        memtables of all column families reach disk together: after a kill -9 the store is
+        what it was at one write, the last one flushed, never some families newer than
+        others. ``sync`` is then ignored (RocksDB syncs nothing without a WAL); ``close``
+        flushes the memtables. Until this store is closed there is no way back."""
+        if self._read_only or self._no_wal is not None:
+            return
+        self._opts.set_atomic_flush(True)
+        self.reopen()
+        no_wal = rocksdict.WriteOptions()
+        no_wal.disable_wal = True
+        self._no_wal = no_wal
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         with self._gate:
@@ -494,7 +515,7 @@ class RocksStore:
         with self._gate:
             handle = self._cf(cf)
             try:
-                handle.delete_range(pack_u64(0), end, self._default_write)
+                handle.delete_range(pack_u64(0), end, self._no_wal or self._default_write)
                 handle.compact_range(None, end, compact)
             except Exception as exc:
                 del handle
@@ -624,6 +645,12 @@ class RocksStore:
     def close(self) -> None:
         with self._gate.exclusive():
             self._closed = True
+            if self._no_wal is not None and self._db is not None and not self._guard.sticky:
+                try:  # without a WAL, what is only in the memtables reaches disk now
+                    for handle in self._cfs.values():
+                        handle.flush(True)
+                except Exception:
+                    log.exception("flushing %s's memtables at close", self._path)
             exc = self._release()
         if exc is not None and not self._guard.sticky:
             raise _storage_error("close", exc) from exc
