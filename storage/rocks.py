@@ -104,6 +104,8 @@ class RocksStore:
         self._no_fill.fill_cache(False)  # type: ignore[call-arg]  # (the stub lacks the bool)
         self._clock = clock or MonotonicClock()
         self._replicator: Replicator | None = None  # cluster mode (storage/replication.py)
+        self._no_wal: rocksdict.WriteOptions | None = None  # (``disable_wal``)
+        self._no_wal_reopens = 0  # ``reopens`` when it was disabled
         self._guard = WriteGuard(self._path, clock=self._clock,
                                  reserve_bytes=0 if read_only else disk_reserve_bytes,
                                  retry_interval_ms=disk_retry_interval_ms)
@@ -120,7 +122,6 @@ class RocksStore:
         self._async_write = rocksdict.WriteOptions()
         self._async_write.sync = False
         self._default_write = self._sync_write if sync_writes else self._async_write
-        self._no_wal: rocksdict.WriteOptions | None = None  # (``disable_wal``)
 
     # --- opening ----------------------------------------------------------------------------
     def _existing_cfs(self) -> list[str] | None:
@@ -301,6 +302,9 @@ class RocksStore:
         guard = self._guard
         if guard.refusal is not None or guard.next_check_ms <= self._clock.now_ms():
             self._admit()
+        if self._no_wal is not None and self.reopens != self._no_wal_reopens:
+            raise StorageError(f"{self._path} was reopened without a WAL: its memtables were "
+                               "lost, the store is back at its last flush; open it again")
         opts = self._no_wal or (self._default_write if sync is None else (
             self._sync_write if sync else self._async_write))
         with self._gate:
@@ -329,11 +333,15 @@ class RocksStore:
         memtables of all column families reach disk together: after a kill -9 the store is
         what it was at one write, the last one flushed, never some families newer than
         others. ``sync`` is then ignored (RocksDB syncs nothing without a WAL); ``close``
-        flushes the memtables. Until this store is closed there is no way back."""
+        flushes the memtables. Until this store is closed there is no way back, and a later
+        ``reopen`` (after a full disk) makes every write raise StorageError: the memtables
+        are gone, and only opening the store again (the engine's start: ``settle_log``) puts
+        its user back in step with it."""
         if self._read_only or self._no_wal is not None:
             return
         self._opts.set_atomic_flush(True)
         self.reopen()
+        self._no_wal_reopens = self.reopens
         no_wal = rocksdict.WriteOptions()
         no_wal.disable_wal = True
         self._no_wal = no_wal
