@@ -20,6 +20,7 @@ reopen (and ``close``) pass alone, so no handle of the old DB survives it.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -327,9 +328,11 @@ class RocksStore:
         """False once ``disable_wal`` ran: a process kill loses the memtables."""
         return self._no_wal is None
 
-    def disable_wal(self) -> None:
+    def disable_wal(self, *, vector_timers: bool = False) -> None:
         """Write without RocksDB's write-ahead log from now on (a cluster follower: the
-        write-ahead stream is its WAL). The DB is opened again with ``atomic_flush``, so the
+        write-ahead stream is its WAL); ``vector_timers``: and with vector memtables in the
+        timer CFs (``StoreTuning.timer_vector_memtable``: a follower only writes them, apart
+        from its recount and listings). The DB is opened again with ``atomic_flush``, so the
         memtables of all column families reach disk together: after a kill -9 the store is
         what it was at one write, the last one flushed, never some families newer than
         others. ``sync`` is then ignored (RocksDB syncs nothing without a WAL); ``close``
@@ -340,6 +343,9 @@ class RocksStore:
         if self._read_only or self._no_wal is not None:
             return
         self._opts.set_atomic_flush(True)
+        if vector_timers:
+            self._tuning = dataclasses.replace(self._tuning, timer_vector_memtable=True)
+            self._opts.set_allow_concurrent_memtable_write(False)
         self.reopen()
         self._no_wal_reopens = self.reopens
         no_wal = rocksdict.WriteOptions()

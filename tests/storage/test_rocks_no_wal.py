@@ -31,7 +31,7 @@ from storage.rocks import RocksStore, StoreTuning
 tuning = StoreTuning(timer_write_buffer_bytes=256 << 10, index_write_buffer_bytes=1 << 20,
                      other_write_buffer_bytes=4 << 20, db_write_buffer_bytes=64 << 20)
 store = RocksStore(sys.argv[1], timer_shards=1, tuning=tuning)
-store.disable_wal()
+store.disable_wal(vector_timers=True)  # (as a cluster follower's)
 for i in range(1, int(sys.argv[2]) + 1):
     b = store.batch()
     b.put(CF_INDEX, pack_u64(i), b"i")
@@ -85,6 +85,28 @@ def test_no_wal_close_keeps_everything_and_writes_no_wal(tmp_path: Path) -> None
     try:
         assert store.wal
         assert len(list(store.scan(CF_INDEX, b""))) == 200
+    finally:
+        store.close()
+
+
+def test_vector_timer_memtables_read_in_key_order(tmp_path: Path) -> None:
+    """A follower's timer CFs (vector memtables) still read in key order (its recount and
+    listings scan them), from the memtable and from flushed files alike."""
+    store = RocksStore(tmp_path / "db", timer_shards=1)
+    try:
+        store.disable_wal(vector_timers=True)
+        keys = [pack_u64(k) for k in (7, 3, 9, 1, 5)]
+        for k in keys:  # one write each, in no order
+            b = store.batch()
+            b.put(timer_cf(0), k, b"v" + k)
+            store.write(b)
+        assert [k for k, _ in store.scan(timer_cf(0), b"")] == sorted(keys)
+        assert store.get(timer_cf(0), pack_u64(9)) == b"v" + pack_u64(9)
+        store.flush()
+        b = store.batch()
+        b.put(timer_cf(0), pack_u64(4), b"x")
+        store.write(b)
+        assert [unpack_u64(k) for k, _ in store.scan(timer_cf(0), pack_u64(3))] == [3, 4, 5, 7, 9]
     finally:
         store.close()
 
