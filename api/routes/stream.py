@@ -114,7 +114,7 @@ class StallWatch:
         self._loop, self._transport, self._fd = loop, transport, fd
         self._stall_s, self._on_stall = stall_s, on_stall
         self._interval = max(stall_s / 4, 0.005)
-        self._since = loop.time()  # when the client last took bytes (or had them all)
+        self._since: float | None = None  # the first look since the client last took bytes
         self._last = 0  # the bytes waiting at the last look
         self._handle = loop.call_later(self._interval, self._look)
 
@@ -124,10 +124,12 @@ class StallWatch:
             return
         waiting = transport.get_write_buffer_size() + unsent_bytes(self._fd)
         now = self._loop.time()
-        if waiting == 0 or waiting < self._last:
+        if waiting == 0 or waiting < self._last:  # all taken, or some: not stalled
+            self._since = None
+        elif self._since is None:  # bytes wait and none taken: counted from now, not earlier
             self._since = now
         self._last = waiting
-        if now - self._since >= self._stall_s:
+        if self._since is not None and now - self._since >= self._stall_s:
             self._on_stall(waiting)
             return
         self._handle = self._loop.call_later(self._interval, self._look)

@@ -161,6 +161,10 @@ class NatsLink:
                 self._run(self._close(), 5)
             except Exception:  # closing: nothing to tell
                 log.debug("closing the NATS connection", exc_info=True)
+        try:
+            self._run(self._cancel_the_rest(), 5)
+        except Exception:
+            log.debug("cancelling the link's tasks", exc_info=True)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         if not self._thread.is_alive():
@@ -173,6 +177,14 @@ class NatsLink:
             except Exception:
                 pass
         await self._nc.close()
+
+    async def _cancel_the_rest(self) -> None:
+        """Cancel what a cancelled call left behind (a KV watcher's message task, say), so the
+        loop closes with no task pending."""
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     # --- the write-ahead stream ---------------------------------------------------------------
     def publish(self, record: bytes, expected_last_seq: int) -> int:
