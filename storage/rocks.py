@@ -349,7 +349,7 @@ class RocksStore:
         self.reopen()
         self._no_wal_reopens = self.reopens
         no_wal = rocksdict.WriteOptions()
-        no_wal.disable_wal = True
+        no_wal.disable_wal = True  # type: ignore[method-assign,assignment]  # (a property: the stub is wrong)
         self._no_wal = no_wal
 
     def get(self, cf: str, key: bytes) -> bytes | None:
