@@ -660,9 +660,13 @@ class RocksStore:
         with self._gate.exclusive():
             self._closed = True
             if self._no_wal is not None and self._db is not None and not self._guard.sticky:
-                try:  # without a WAL, what is only in the memtables reaches disk now
-                    for handle in self._cfs.values():
-                        handle.flush(True)
+                # without a WAL, what is only in the memtables reaches disk now; one column
+                # family at a time, ``meta`` (the applied sequence) last: killed half-way, the
+                # store restarts at an older sequence, and applying the stream again from
+                # there over families that already hold those writes ends in the same state
+                try:
+                    for name in sorted(self._cfs, key=lambda cf: cf == CF_META):
+                        self._cfs[name].flush(True)
                 except Exception:
                     log.exception("flushing %s's memtables at close", self._path)
             exc = self._release()
