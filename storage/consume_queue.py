@@ -33,6 +33,7 @@ A consumer group's committed offset in a topic's log lives beside the queue it i
 
 from __future__ import annotations
 
+import functools
 import struct
 import threading
 from collections import OrderedDict
@@ -53,7 +54,6 @@ _POSITION, _SIZE = itemgetter(1), itemgetter(2)  # of an (offset, position, size
 REBUILD_BATCH = 4096
 TAIL_ENTRIES = 1024  # per topic: the newest entries kept in memory (12 KiB; module doc)
 TAIL_TOPICS = 256  # topics with a tail in memory, the ones written last
-_first = itemgetter(0)
 Run = tuple[str, int, bytes]  # (topic, first queue offset, value) of a stored run
 
 
@@ -146,7 +146,7 @@ class ConsumeQueue:
         in C, no tuple per entry kept: a stream reading 1000 behind a burst's commits)."""
         out: list[int] = []
         for _, raw in self._slices(topic, offset, n):
-            out += map(_first, VALUE.iter_unpack(raw))
+            out += _positions(raw)
         return out
 
     def _slices(self, topic: str, offset: int, n: int) -> list[tuple[int, bytes]]:
@@ -348,6 +348,33 @@ def _run_start(key: bytes, value: bytes, cut: int) -> int:
     if len(key) != cut + 8 or not value or len(value) % VALUE.size:
         raise CorruptionError(f"malformed consume-queue entry {key!r}")
     return int(_OFFSET.unpack_from(key, cut)[0])
+
+
+#: entries whose positions one ``struct`` call reads into one tuple, their sizes skipped
+_BLOCK = 64
+_BLOCK_POSITIONS = struct.Struct(">" + "Q4x" * _BLOCK)
+
+
+@functools.lru_cache(maxsize=_BLOCK)
+def _positions_struct(n: int) -> struct.Struct:
+    """Reads the positions of ``n`` entries (fewer than ``_BLOCK``) into one tuple."""
+    return struct.Struct(">" + "Q4x" * n)
+
+
+def _positions(raw: bytes) -> list[int]:
+    """The positions of the stored entries ``raw`` (``VALUE`` each): a tuple per 64 entries,
+    not per entry (``iter_unpack``) with an ``itemgetter`` over them: 1000 in ~30 µs against
+    ~140 (a receive's, a pull's and a stream's read of 1000)."""
+    n = len(raw) // VALUE.size
+    whole = n - n % _BLOCK
+    cut = whole * VALUE.size
+    view = memoryview(raw)
+    out: list[int] = []
+    for block in _BLOCK_POSITIONS.iter_unpack(view[:cut]):
+        out += block
+    if n > whole:
+        out += _positions_struct(n - whole).unpack(view[cut:])
+    return out
 
 
 def _after(prefix: bytes) -> bytes:

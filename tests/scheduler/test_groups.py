@@ -519,3 +519,24 @@ def test_a_whole_lease_acked_as_issued_ends_it_and_a_part_acked_before_is_stale(
     state = g.state("t", "g")
     assert (state.committed_offset, state.leased) == (12, 0)
     assert g.receive("t", "g", 10, LEASE).messages == []
+
+
+def test_the_offsets_of_a_receive_are_those_of_the_records_it_read(broker: Broker) -> None:
+    """``_offsets_read``: a run of new offsets, all read, is taken as read; anything else (a
+    gap, an offset handed out again, a read cut short) from the records' heads: the same
+    offsets either way."""
+    from scheduler.groups import _offsets_read
+    from storage.records import log_record_offsets
+
+    send(broker, 20)
+    read = groups(broker)._read
+    cases = [(list(range(3, 13)), {}),  # one run of new offsets
+             ([3, 4, 6, 7], {}),  # a gap (acknowledged above the committed offset)
+             ([5, 6, 7], {5: 2}),  # the first handed out again
+             ([9, 8, 7], {9: 2, 8: 2, 7: 2})]  # expired ones, in the heap's order
+    for taken, again in cases:
+        payloads = read("t", taken)
+        assert _offsets_read(taken, payloads, again) == log_record_offsets(payloads) \
+            == sorted(taken)
+    payloads = read("t", list(range(20)))[:15]  # a read cut short by its byte bound
+    assert _offsets_read(list(range(20)), payloads, {}) == list(range(15))
