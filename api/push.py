@@ -47,6 +47,15 @@ socket error at INFO, anything else at WARNING with its trace), counted
 (``hourglass_stream_push_failures``) and hands the stream back to the loop, which meets the
 same condition and ends the stream, or goes on.
 
+Large bodies. A msgpack stream with ``Prefer: body=once`` gives the pusher its frames as
+pieces too (``api._native.pull_pieces``): each body of ``PIECE_MIN_BYTES`` (4 KiB, api/routes/
+stream.py) or more is a memoryview of its payload between the pieces of one buffer holding
+the rest, so ``writev`` copies it straight into the socket, without a copy into the frame
+(``_writev``: IOV_MAX pieces a call). And the payloads a caught-up stream reads after a
+commit are the ones the commit appended (``CommitLog.read_many``: the last append's records),
+not copies read back from the log: a 16 KiB body is copied once into the log file and once
+into the socket on its way out of the committing thread.
+
 The socket. The pusher writes on a duplicate of the connection's descriptor, taken once per
 stream and closed when the stream ends: if the loop closed the connection meanwhile, the
 descriptor's number could belong to a new connection by then, and a frame must never reach
@@ -64,18 +73,40 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from api.transport import chunk
+from api.transport import chunk, chunk_pieces
 from storage.records import log_record_offsets
 
 log = logging.getLogger("hourglass.api")
 
 Encode = Callable[[list[bytes], int], bytes]
+#: a frame as pieces for ``writev`` (large bodies as views of their payloads), or None
+Pieces = Callable[[list[bytes], int], "list[bytes | memoryview] | None"]
 Read = Callable[[str, int, int], list[bytes]]
 #: a frame made once per commit: (HTTP/1.1 chunks, their size, next offset, read was full)
-Frame = tuple[tuple[bytes, ...], int, int, bool]
+Frame = tuple[tuple["bytes | memoryview", ...], int, int, bool]
 _NOTHING: Frame = ((), 0, 0, False)
 #: streams one commit writes on its own thread, at most (module doc)
 INLINE_STREAMS = 16
+#: pieces one ``writev`` takes at most (Linux's IOV_MAX)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def _writev(fd: int, chunks: tuple[bytes | memoryview, ...]) -> int:
+    """``os.writev(fd, chunks)`` for any number of pieces (IOV_MAX a call): the bytes the
+    socket took, stopping at the first call it took only part of."""
+    if len(chunks) <= _IOV_MAX:
+        return os.writev(fd, chunks)
+    sent = 0
+    for at in range(0, len(chunks), _IOV_MAX):
+        group = chunks[at:at + _IOV_MAX]
+        try:
+            took = os.writev(fd, group)  # (releases the GIL)
+        except BlockingIOError:
+            return sent
+        sent += took
+        if took < sum(map(len, group)):
+            return sent
+    return sent
 
 
 def _resolve(future: asyncio.Future[Any]) -> None:
@@ -86,18 +117,23 @@ def _resolve(future: asyncio.Future[Any]) -> None:
 class ParkedStream:
     """One stream's state shared between the event loop and the committing threads."""
 
-    __slots__ = ("_encode", "_fd", "_lock", "_loop", "_max", "_pusher", "_read", "_transport",
-                 "_wake", "encoding", "offset", "parked", "pending", "topic", "wrote_at")
+    __slots__ = ("_encode", "_fd", "_lock", "_loop", "_max", "_pieces", "_pusher", "_read",
+                 "_transport", "_wake", "encoding", "offset", "parked", "pending", "topic",
+                 "wrote_at")
 
     def __init__(self, pusher: StreamPusher, *, topic: str, offset: int, max_messages: int,
                  encode: Encode, read: Read, transport: asyncio.Transport, fd: int,
-                 loop: asyncio.AbstractEventLoop, encoding: Any = None) -> None:
+                 loop: asyncio.AbstractEventLoop, encoding: Any = None,
+                 pieces: Pieces | None = None) -> None:
         """``transport``: the connection's transport (to see whether it has bytes queued);
         ``fd``: its socket's descriptor, duplicated here (module doc); ``encoding``: a key
-        equal for streams whose ``encode`` makes the same bytes (None: shared with none)."""
+        equal for streams whose ``encode`` makes the same bytes (None: shared with none);
+        ``pieces``: the same frame as pieces, its large bodies not copied (None: ``encode``
+        only; it may answer None too)."""
         self._pusher, self.topic, self._max = pusher, topic, max_messages
         self.encoding = encoding if encoding is not None else object()
         self._encode, self._read, self._transport, self._loop = encode, read, transport, loop
+        self._pieces = pieces
         self._fd: int | None = os.dup(fd)
         self._lock = threading.Lock()
         self._wake: asyncio.Future[Any] | None = None
@@ -171,7 +207,7 @@ class ParkedStream:
                         sent = 0  # uvloop is still writing: these bytes go after its own
                     else:
                         try:
-                            sent = os.writev(self._fd, chunks)  # (releases the GIL)
+                            sent = _writev(self._fd, chunks)  # (releases the GIL)
                         except BlockingIOError:
                             sent = 0
                     self.offset = next_offset
@@ -194,8 +230,12 @@ class ParkedStream:
         payloads = self._read(self.topic, self.offset, self._max)
         if not payloads:
             return _NOTHING
-        frame = self._encode(payloads, self.offset)
-        chunks = chunk(frame)
+        pieces = None if self._pieces is None else self._pieces(payloads, self.offset)
+        chunks: tuple[bytes | memoryview, ...]
+        if pieces is not None:
+            chunks = chunk_pieces(pieces)
+        else:
+            chunks = chunk(self._encode(payloads, self.offset))
         return (chunks, sum(map(len, chunks)), log_record_offsets(payloads[-1:])[0] + 1,
                 len(payloads) >= self._max)
 

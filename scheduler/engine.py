@@ -253,6 +253,13 @@ def _wire(
     if clustered:  # what the log holds past the last applied record was never shipped
         settle_log(store, log_)
     if follower:
+        # the write-ahead stream is a follower's WAL: after a kill its RocksDB is what it was
+        # at its last flush, settle_log (above, at the next start) cuts the log back to the
+        # end recorded there, and the stream is applied again from its applied sequence on.
+        # Closing it (``become``, a stop) flushes its memtables: a leader's data is durable.
+        # its timer CFs' memtables are vectors (appended to, sorted when flushed): it
+        # only writes them, apart from its recount (docs/cluster.md, "Followers")
+        store.disable_wal(vector_timers=True)
         guard = FollowerGuard(store, log_)
         store.attach_replicator(guard)
         log_.attach_replicator(guard)  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ reopen (and ``close``) pass alone, so no handle of the old DB survives it.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -104,6 +105,8 @@ class RocksStore:
         self._no_fill.fill_cache(False)  # type: ignore[call-arg]  # (the stub lacks the bool)
         self._clock = clock or MonotonicClock()
         self._replicator: Replicator | None = None  # cluster mode (storage/replication.py)
+        self._no_wal: rocksdict.WriteOptions | None = None  # (``disable_wal``)
+        self._no_wal_reopens = 0  # ``reopens`` when it was disabled
         self._guard = WriteGuard(self._path, clock=self._clock,
                                  reserve_bytes=0 if read_only else disk_reserve_bytes,
                                  retry_interval_ms=disk_retry_interval_ms)
@@ -300,8 +303,11 @@ class RocksStore:
         guard = self._guard
         if guard.refusal is not None or guard.next_check_ms <= self._clock.now_ms():
             self._admit()
-        opts = self._default_write if sync is None else (
-            self._sync_write if sync else self._async_write)
+        if self._no_wal is not None and self.reopens != self._no_wal_reopens:
+            raise StorageError(f"{self._path} was reopened without a WAL: its memtables were "
+                               "lost, the store is back at its last flush; open it again")
+        opts = self._no_wal or (self._default_write if sync is None else (
+            self._sync_write if sync else self._async_write))
         with self._gate:
             db = self._live_db()
             try:
@@ -316,6 +322,35 @@ class RocksStore:
             raise self._unavailable()
         if self._guard.admit():
             self.reopen()
+
+    @property
+    def wal(self) -> bool:
+        """False once ``disable_wal`` ran: a process kill loses the memtables."""
+        return self._no_wal is None
+
+    def disable_wal(self, *, vector_timers: bool = False) -> None:
+        """Write without RocksDB's write-ahead log from now on (a cluster follower: the
+        write-ahead stream is its WAL); ``vector_timers``: and with vector memtables in the
+        timer CFs (``StoreTuning.timer_vector_memtable``: a follower only writes them, apart
+        from its recount and listings). The DB is opened again with ``atomic_flush``, so the
+        memtables of all column families reach disk together: after a kill -9 the store is
+        what it was at one write, the last one flushed, never some families newer than
+        others. ``sync`` is then ignored (RocksDB syncs nothing without a WAL); ``close``
+        flushes the memtables. Until this store is closed there is no way back, and a later
+        ``reopen`` (after a full disk) makes every write raise StorageError: the memtables
+        are gone, and only opening the store again (the engine's start: ``settle_log``) puts
+        its user back in step with it."""
+        if self._read_only or self._no_wal is not None:
+            return
+        self._opts.set_atomic_flush(True)
+        if vector_timers:
+            self._tuning = dataclasses.replace(self._tuning, timer_vector_memtable=True)
+            self._opts.set_allow_concurrent_memtable_write(False)
+        self.reopen()
+        self._no_wal_reopens = self.reopens
+        no_wal = rocksdict.WriteOptions()
+        no_wal.disable_wal = True  # type: ignore[method-assign,assignment]  # (a property: the stub is wrong)
+        self._no_wal = no_wal
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         with self._gate:
@@ -494,7 +529,7 @@ class RocksStore:
         with self._gate:
             handle = self._cf(cf)
             try:
-                handle.delete_range(pack_u64(0), end, self._default_write)
+                handle.delete_range(pack_u64(0), end, self._no_wal or self._default_write)
                 handle.compact_range(None, end, compact)
             except Exception as exc:
                 del handle
@@ -624,6 +659,16 @@ class RocksStore:
     def close(self) -> None:
         with self._gate.exclusive():
             self._closed = True
+            if self._no_wal is not None and self._db is not None and not self._guard.sticky:
+                # without a WAL, what is only in the memtables reaches disk now; one column
+                # family at a time, ``meta`` (the applied sequence) last: killed half-way, the
+                # store restarts at an older sequence, and applying the stream again from
+                # there over families that already hold those writes ends in the same state
+                try:
+                    for name in sorted(self._cfs, key=lambda cf: cf == CF_META):
+                        self._cfs[name].flush(True)
+                except Exception:
+                    log.exception("flushing %s's memtables at close", self._path)
             exc = self._release()
         if exc is not None and not self._guard.sticky:
             raise _storage_error("close", exc) from exc

@@ -64,6 +64,9 @@ class StoreTuning:
     lz4_acceleration: int = 8  #                        LZ4's speed-up (1: its default) wherever
     #                                                    LZ4 compresses: flushes, upper levels,
     #                                                    time-ordered CFs' bottom (cf_options)
+    timer_vector_memtable: bool = False  #              timer CFs' memtables: a vector, sorted
+    #                                                    when flushed or read (a cluster
+    #                                                    follower's, RocksStore.disable_wal)
 
 
     @classmethod
@@ -153,6 +156,12 @@ def cf_options(name: str, tuning: StoreTuning, cache: rocksdict.Cache) -> rocksd
     # time-ordered CFs: LZ4 at the bottom as well, unless asked (module doc; 1 M sends due
     # at random over an hour: compaction 1.8 instead of 3.1 CPU-s, docs/performance.md)
     zstd = not is_time_ordered(name) or tuning.timer_bottommost_zstd
+    if tuning.timer_vector_memtable and name.startswith(CF_TIMER_PREFIX):
+        # an insert appends (no skip-list search through a memtable of keys in no order);
+        # every read of the memtable sorts a copy of it: only where reads are rare (a
+        # follower's timer CFs: its recount and listings); the DB needs
+        # allow_concurrent_memtable_write off
+        opts.set_memtable_factory(rocksdict.MemtableFactory.vector())
     opts.set_bottommost_compression_type(rocksdict.DBCompressionType.zstd() if zstd
                                          else rocksdict.DBCompressionType.lz4())
     # LZ4 accelerated (RocksDB passes a negative level to LZ4 as its acceleration): W1's

@@ -56,8 +56,9 @@ from api.auth import Permission
 from api.bodies import MSGPACK, is_msgpack, prefers_body_once
 from api.context import ApiContext, query_int
 from api.longpoll import DeliveryNotifier
+from api.native import native
 from api.openapi import REF, operation, query_parameter
-from api.push import ParkedStream, StreamPusher
+from api.push import ParkedStream, Pieces, StreamPusher
 from api.routes.consume import (
     MAX_OFFSET,
     PREFER_BODY,
@@ -79,6 +80,9 @@ NDJSON = "application/x-ndjson"
 HEARTBEAT_S = 15.0  # a frame without messages after this long without one
 DEFAULT_DURATION_MS = 300_000
 MAX_DURATION_MS = 3_600_000
+#: bodies of at least this many bytes go to the socket as views of their payloads, not
+#: copied into the frame (msgpack with ``body=once``, frames the pusher writes: api/push.py)
+PIECE_MIN_BYTES = 4096
 
 STREAM_PARAMETERS = [
     TOPIC_PARAMETER, PREFER_BODY,
@@ -148,14 +152,14 @@ class StreamResponse(Response):
                  topic: str, offset: int, max_messages: int, duration_s: float,
                  encode: Callable[[list[bytes], int], bytes], media_type: str,
                  release: Callable[[], None], *, stall_s: float = 30.0,
-                 encoding: Any = None) -> None:
+                 encoding: Any = None, pieces: Pieces | None = None) -> None:
         super().__init__(status_code=200, media_type=media_type,
                          headers={"cache-control": "no-store"})
         del self.headers["content-length"]  # (chunked: the length is not known)
         self._broker, self._notifier, self._pusher = broker, notifier, pusher
         self._topic, self._offset, self._max = topic, offset, max_messages
         self._duration_s, self._encode, self._release = duration_s, encode, release
-        self._stall_s, self._encoding = stall_s, encoding
+        self._stall_s, self._encoding, self._pieces = stall_s, encoding, pieces
         self._connection: Any = None  # the connection's transport, when the server tells it
         self._gone = False  # the client left
         self._waiting: asyncio.Future[str | None] | None = None  # the wait in progress
@@ -206,7 +210,7 @@ class StreamResponse(Response):
             return ParkedStream(
                 self._pusher, topic=self._topic, offset=self._offset, max_messages=self._max,
                 encode=self._encode, read=self._broker.read_prevalidated, transport=held.transport,
-                fd=held.fd, loop=loop, encoding=self._encoding)
+                fd=held.fd, loop=loop, encoding=self._encoding, pieces=self._pieces)
         except OSError as exc:
             log.warning("stream of %s written by the event loop only: %s", self._topic, exc)
             return None
@@ -306,11 +310,17 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         once = prefers_body_once(request)
         encoding = (is_msgpack(request.headers.get("accept")), once)
         encode: Callable[[list[bytes], int], bytes]
+        pieces: Pieces | None = None
         if is_msgpack(request.headers.get("accept")):
             media = MSGPACK
 
             def encode(payloads: list[bytes], at: int) -> bytes:
                 return pull_msgpack(payloads, at, once)
+            if once and native is not None:
+                def pieces(payloads: list[bytes], at: int) -> list[bytes | memoryview] | None:
+                    frame: list[bytes | memoryview] | None = native.pull_pieces(
+                        payloads, True, PIECE_MIN_BYTES)
+                    return frame
         else:
             media = NDJSON
 
@@ -321,4 +331,4 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         return body_once_applied(StreamResponse(
             broker, notifier, ctx.pusher, topic, offset, max_messages, duration_ms / 1000.0,
             encode, media, slot.close, stall_s=ctx.limits.stream_stall_ms / 1000.0,
-            encoding=encoding), once)
+            encoding=encoding, pieces=pieces), once)

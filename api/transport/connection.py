@@ -15,7 +15,7 @@ import asyncio
 import fcntl
 import sys
 import termios
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 #: the ASGI scope's ``extensions`` key of a request's :class:`Connection` (set by the
@@ -56,6 +56,12 @@ def chunk(data: bytes) -> tuple[bytes, bytes, bytes]:
     7.1), in three pieces for one ``writev``: size line, data, CRLF. ``data`` not empty (an
     empty chunk ends the body)."""
     return b"%x\r\n" % len(data), data, b"\r\n"
+
+
+def chunk_pieces(pieces: Sequence[bytes | memoryview]) -> tuple[bytes | memoryview, ...]:
+    """``chunk(b"".join(pieces))`` without the join: the size line, ``pieces``, CRLF (for one
+    ``writev``; api/push.py). ``pieces`` not all empty."""
+    return (b"%x\r\n" % sum(map(len, pieces)), *pieces, b"\r\n")
 
 
 def unsent_bytes(fd: int | None) -> int:

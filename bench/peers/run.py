@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     workroot = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hg-peers-"))
     workroot.mkdir(parents=True, exist_ok=True)
     args.hourglass_src = None
-    if args.hourglass_rev and "hourglass" in args.systems:
+    if args.hourglass_rev and any(s.startswith("hourglass") for s in args.systems):
         args.hourglass_src, args.hourglass_rev = freeze_source(args.hourglass_rev, workroot)
         if unbuilt := frozen_unbuilt(args.hourglass_src):
             log(f"{', '.join(unbuilt)} not built in the frozen copy: its server runs the "

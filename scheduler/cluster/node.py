@@ -35,7 +35,7 @@ from scheduler.clock import Clock
 from scheduler.cluster.link import NatsLink
 from scheduler.metrics import Histogram
 from storage.constants import COMMITLOG_DIR, ROCKSDB_DIR
-from storage.errors import HourglassError, NotLeader, Unavailable
+from storage.errors import HourglassError, NotLeader, StorageError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,16 @@ class ClusterNode:
         records = self.link.fetch(broker.consumed_seq + 1, 256,
                                   wait_s=min(0.1, self.lease_ms / 3000))
         for seq, data, stored_ms in records:
-            broker.apply(seq, data)
+            try:
+                broker.apply(seq, data)
+            except StorageError:
+                # its log may hold the record, its RocksDB not (or, reopened without a WAL,
+                # less than it applied): open it again, cut back to what RocksDB holds
+                log.exception("%s: applying record %d failed: opening the engine again",
+                              self.node_id, seq)
+                self._stop.wait(0.2)
+                self._become(broker, FOLLOWER)
+                return
             self.apply_lag_ms.observe(max(0, int(time.time() * 1000) - stored_ms))
         now = self._clock.now_ms()
         if len(records) < 256:

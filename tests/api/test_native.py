@@ -106,6 +106,38 @@ def test_pull_frame_in_one_buffer(records: list[LogRecord], data: st.DataObject,
 
 
 @needs_native
+@settings(max_examples=100)
+@given(records=st.lists(log_records, min_size=1, max_size=20), data=st.data(),
+       min_size=st.integers(0, 64))
+def test_pull_pieces_join_to_the_frame(records: list[LogRecord], data: st.DataObject,
+                                       min_size: int) -> None:
+    """A stream's frame as pieces (api/push.py): joined, the bytes of ``pull_frame``; each
+    body of ``min_size`` bytes or more a view of its payload (not copied); None where
+    ``pull_frame`` gives None (here also: a damaged payload anywhere)."""
+    assert native is not None
+    payloads = [encode_log_record(r) for r in records]
+    pieces = native.pull_pieces(payloads, True, min_size)
+    frame = native.pull_frame(payloads, True)
+    if frame is None:
+        assert pieces is None
+    else:
+        assert pieces is not None and b"".join(pieces) == frame
+        views = [p for p in pieces if isinstance(p, memoryview) and p.obj is not None
+                 and any(p.obj is payload for payload in payloads)]
+        assert len(views) == sum(len(r.body) >= max(min_size, 1) for r in records)
+        assert all(len(v) >= max(min_size, 1) for v in views)
+    k = data.draw(st.integers(0, len(payloads) - 1))
+    damaged = [*payloads[:k], data.draw(mutations(payloads[k])), *payloads[k + 1:]]
+    pieces = native.pull_pieces(damaged, True, min_size)
+    frame = native.pull_frame(damaged, True)
+    assert (pieces is None) == (frame is None)
+    if pieces is not None:
+        assert b"".join(pieces) == frame
+    assert native.pull_pieces([], True, min_size) is None
+    assert native.pull_pieces(payloads, False, min_size) is None  # (two bodies: not split)
+
+
+@needs_native
 def test_pull_answer_of_many_messages() -> None:
     """array16 header past 15 messages, and a payload C leaves to Python."""
     payloads = [encode_log_record(LogRecord(topic="t", msg_id=f"m{i}", queue_offset=i,

@@ -18,7 +18,8 @@ import httpx
 import msgpack
 import pytest
 
-from api.push import ParkedStream, StreamPusher
+from api.push import ParkedStream, StreamPusher, _writev
+from api.routes.stream import PIECE_MIN_BYTES
 from bench.support.hourglass_cluster import until
 from bench.support.push_streams import Drained, park_streams
 from scheduler.codec import log_payload
@@ -97,6 +98,48 @@ def test_a_reader_slower_than_the_socket_gets_everything_once_in_order(live: Liv
         live.advance(1000)
         assert [m["msgId"] for m in frames.next()["messages"]] == ["m100", "m101"]
         assert pusher.totals()[0] == pushed_before + 1
+
+
+def test_large_bodies_go_out_as_views_of_their_payloads_in_the_frames_a_pull_answers(
+        live: Live) -> None:
+    """Bodies of ``PIECE_MIN_BYTES`` or more are written as pieces of their payloads (api/
+    push.py), more pieces than one ``writev`` takes: the frames are still what a pull
+    answers, byte for byte."""
+    pusher = live.app.state.ctx.pusher
+    n, size = 700, PIECE_MIN_BYTES + 10  # 1 400 bodies and headers: past IOV_MAX (1 024)
+    with live.client(CONSUMER) as consumer, live.client(ADMIN) as c, consumer.stream(
+            "GET", STREAM, params={"durationMs": 60_000}, headers=MSGPACK) as r:
+        frames = Frames(r)
+        assert frames.next()["nextOffset"] == 0
+        wait_parked(live, 1)
+        send_big(c, range(n), size, 1000)
+        live.advance(1000)
+        received: list[dict[str, Any]] = []
+        while len(received) < n:
+            frame = frames.next()
+            assert frame == pulled(c, len(received), MSGPACK, len(frame["messages"]))
+            received.extend(frame["messages"])
+        assert [m["msgId"] for m in received] == [f"m{i:03d}" for i in range(n)]
+        assert pusher.totals()[0] >= 1  # (the pusher wrote, not only the loop)
+
+
+def test_writev_of_more_pieces_than_iov_max() -> None:
+    ours, theirs = socket.socketpair()
+    pieces = tuple(b"%05d" % i for i in range(3000))
+    got = bytearray()
+
+    def drain() -> None:
+        while len(got) < 15_000:
+            got.extend(theirs.recv(65536))
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        assert _writev(ours.fileno(), pieces) == 15_000
+        reader.join(10)
+        assert bytes(got) == b"".join(pieces)
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_a_stream_whose_client_left_is_no_longer_lent(live: Live) -> None:

@@ -161,8 +161,14 @@ def test_the_flusher_gives_back_the_pages_of_segments_behind_the_last_two(
     try:
         payloads = [bytes([i % 251]) * 5000 for i in range(1000)]  # ~5 MB: 5+ segments
         positions = log.append_batch(payloads)
+        log.append_batch([b"z"])  # (reads of ``positions`` then come from the segments)
         segments = list(log._segments)
         assert len(segments) >= 5
+        # the segments the append made itself are not populated (storage/segment.py): their
+        # pages come into the mapping as they are read (here: at most the page of an
+        # end-of-segment header, written through the mapping)
+        assert all(_resident_kib(seg.path) <= 4 for seg in segments[1:])
+        assert [p for _, p in log.iter_from(0)] == [*payloads, b"z"]
         assert all(_resident_kib(seg.path) > 0 for seg in segments)
         assert log._release_behind() == len(segments) - 2
         assert [_resident_kib(seg.path) for seg in segments[:-2]] == [0] * (len(segments) - 2)
@@ -181,6 +187,50 @@ def test_the_flusher_gives_back_the_pages_of_segments_behind_the_last_two(
         assert reopened.read_many(positions) == payloads
     finally:
         reopened.close()
+
+
+def test_spares_are_populated_for_writes_through_the_mapping_only(tmp_path: Path) -> None:
+    """The flusher's spare segment has its pages mapped in ahead after a small append (the
+    next ones go through the mapping), not after a burst's (``pwrite``: nothing to map, and
+    32 MiB more RSS a segment)."""
+    size = 1 << 20
+    for payload, resident in ((b"s" * 100, True), (b"b" * 20_000, False)):
+        with CommitLog(tmp_path / payload[:1].decode(), segment_size=size,
+                       flush_interval_ms=3_600_000) as log:
+            log.append_batch([b"x" * 20_000] * (size // 2 // 20_000 + 1))  # half full
+            log.append_batch([payload])  # the last append: through the mapping or not
+            log._prepare_spare()
+            assert log._spare is not None
+            assert (_resident_kib(log._spare.path) >= size // 1024 // 2) is resident
+
+
+def test_a_read_of_the_last_append_answers_its_payloads(tmp_path: Path) -> None:
+    """Records of the last append read back as the very payloads appended (no copy out of
+    the mapping, no second CRC32C: a caught-up stream's frame); any other read, and any
+    read after a revoke, comes from the segments."""
+    with CommitLog(tmp_path / "log", segment_size=1 << 20, flush_interval_ms=3_600_000) as log:
+        older = [b"old-%d" % i * 100 for i in range(10)]
+        old_positions = log.append_batch(older)
+        payloads = [b"new-%d" % i * 1000 for i in range(10)]
+        positions = log.append_batch(payloads)
+        hit = log.read_many(positions[2:7])
+        assert hit == payloads[2:7] and all(a is b for a, b in zip(hit, payloads[2:7], strict=True))
+        assert log.read(positions[9]) is payloads[9]
+        # what the cache does not hold exactly is read from the segments, equal, not the same
+        for read in (old_positions, old_positions[-1:] + positions[:1], positions[::2]):
+            got = log.read_many(read)
+            assert got == [older[old_positions.index(p)] if p in old_positions
+                           else payloads[positions.index(p)] for p in read]
+            assert not any(g is p for g in got for p in payloads)
+        bounded = log.read_many(positions, max_bytes=len(payloads[0]) * 3)
+        assert bounded == payloads[:3]
+        log.revoke(positions[0])
+        others = [b"oth-%d" % i * 1000 for i in range(10)]
+        assert log.append_batch(others) == positions and log.read_many(positions) == others
+        log.revoke(positions[0])
+        assert log.end_position == positions[0]
+        with pytest.raises(InvalidArgument):
+            log.read_many(positions[:1])
 
 
 def test_the_flush_loop_releases_segments_behind(tmp_path: Path) -> None:

@@ -163,6 +163,7 @@ def test_flipped_bit_in_the_unflushed_tail_is_caught_by_the_crc(copy: tuple[Path
 def test_bit_rot_in_a_live_log_is_reported_not_returned(tmp_path: Path) -> None:
     with CommitLog(tmp_path / "log", segment_size=SEGMENT, flush_policy="sync") as log:
         positions = log.append_batch([b"%03d" % i * 20 for i in range(40)])
+        log.append_batch([b"later"])  # (the last append's records read as appended: commitlog)
         victim = positions[17]
         _patch(tmp_path / "log", victim + HEADER_SIZE + 5, b"#")  # shared mapping sees it
         with pytest.raises(CorruptionError, match="CRC32C"):
@@ -170,7 +171,7 @@ def test_bit_rot_in_a_live_log_is_reported_not_returned(tmp_path: Path) -> None:
         assert log.read(positions[18]) == b"018" * 20
         report = log.verify()
         assert report.errors == [f"position {victim}: CRC32C mismatch"]
-        assert report.records == 39
+        assert report.records == 40
         with pytest.raises(CorruptionError):
             list(log.iter_from(positions[10]))
         _patch(tmp_path / "log", victim + 4, b"\xff\xff\xff\x00")  # impossible length

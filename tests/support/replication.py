@@ -82,6 +82,7 @@ class FollowerNode:
         self.config = cfg
         data_dir.mkdir(parents=True, exist_ok=True)
         self.store = open_store(data_dir / "rocksdb", cfg)
+        self.store.disable_wal(vector_timers=True)  # as a follower's engine opens it
         self.log: CommitLog = open_commitlog(data_dir / "commitlog", cfg)  # type: ignore[assignment]
         self.guard = FollowerGuard(self.store, self.log)
         self.store.attach_replicator(self.guard)

@@ -115,6 +115,8 @@ class HourglassClusterSystem(HourglassSystem):
                                             log_level="warning")
             for node in self.cluster.nodes:
                 node.extra_env.update(self.extra_env)
+                if self.src is not None:  # --hourglass-rev: the servers run that commit's code
+                    node.extra_env["PYTHONPATH"] = str(self.src)
             self.cluster.start()
             leader = self.cluster.leader()
             self.cluster.wait_converged()
