@@ -352,6 +352,10 @@ class GroupManager:
         columns: tuple[list[bytes], list[str], list[int]] | None = None
         room = self._max_bytes  # bytes of records past the first, as a pull
         with g.lock:
+            # leases live in this node's memory, written nowhere: in cluster mode only a
+            # leader whose lease holds may hand out (a leader paused past it and resumed
+            # must not: the next one leads, without its leases, and sees acks it cannot)
+            self._store.check_leading()
             now = self._clock.now_ms()
             until = now + lease_ms
             self._expire(g, now)

@@ -71,6 +71,10 @@ class Replicator(Protocol):
     def write(self, batch: Batch, sync: bool | None) -> None:
         """Replicate ``batch`` and write it (``RocksStore.write_local``)."""
 
+    def check_leading(self) -> None:
+        """Raise NotLeader unless this node may act as the leader now: what only the leader
+        decides without a write (a group's receive leases in memory) asks it first."""
+
 
 class Sink(Protocol):
     """The write-ahead stream as the leader sees it."""
@@ -78,6 +82,9 @@ class Sink(Protocol):
     def publish(self, record: bytes, expected_last_seq: int) -> int:
         """Append ``record`` if the stream's last sequence is ``expected_last_seq``; returns
         its sequence. Raises NotLeader when refused (fenced), anything else when unsure."""
+
+    def check_leading(self) -> None:
+        """Raise NotLeader unless this node's lease still holds (by its own clock)."""
 
 
 class _Store(Protocol):
@@ -189,6 +196,9 @@ class FollowerGuard:
         self.consumed = self.seq  # the last stream message taken (pieces of a record too)
         self._pieces: list[bytes] = []
 
+    def check_leading(self) -> None:
+        raise NotLeader("this node is a follower")
+
     def appended(self, start: int, end: int, payloads: Sequence[bytes]) -> None:
         if not self._applying:
             raise NotLeader("this node is a follower: it appends only what the leader wrote")
@@ -278,6 +288,11 @@ class LeaderReplicator:
     def lock(self) -> threading.Lock:
         """The replication lock: held, no record is being shipped or written (a snapshot)."""
         return self._lock
+
+    def check_leading(self) -> None:
+        if self.deposed is not None:
+            raise NotLeader(f"this node is no longer the leader ({self.deposed})")
+        self._sink.check_leading()
 
     def appended(self, start: int, end: int, payloads: Sequence[bytes]) -> None:
         if self.deposed is not None:

@@ -284,6 +284,12 @@ class RocksStore:
             raise self._unavailable()
         return Batch(self._handles, self._gate, capture=self._replicator is not None)
 
+    def check_leading(self) -> None:
+        """NotLeader when a replicator says this node may not act as the leader now
+        (storage/replication.py); single-node mode: always may."""
+        if self._replicator is not None:
+            self._replicator.check_leading()
+
     def attach_replicator(self, replicator: Replicator | None) -> None:
         """Cluster mode: every ``write`` goes through ``replicator`` (which ships the batch's
         captured operations, then calls ``write_local``); None detaches it."""

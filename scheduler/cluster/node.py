@@ -77,6 +77,10 @@ class LeaseSink:
         self._clock = clock
         self.valid_until_ms = 0
 
+    def check_leading(self) -> None:
+        if self._clock.now_ms() >= self.valid_until_ms:
+            raise NotLeader("this node's lease may have lapsed: it no longer leads")
+
     def publish(self, record: bytes, expected_last_seq: int) -> int:
         """Publish; while the lease holds, a publish without an answer (a NATS server lost,
         a stream leader being elected) is tried again: the expected last sequence makes
@@ -84,8 +88,7 @@ class LeaseSink:
         the next sequence is ours: it landed the first time)."""
         unanswered = 0
         while True:
-            if self._clock.now_ms() >= self.valid_until_ms:
-                raise NotLeader("this node's lease may have lapsed: it no longer writes")
+            self.check_leading()
             try:
                 return self._link.publish(record, expected_last_seq)
             except NotLeader:

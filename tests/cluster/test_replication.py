@@ -212,3 +212,22 @@ def test_a_log_is_cut_back_to_where_an_append_that_rolled_over_began(tmp_path: P
         assert log.read(positions[0]) == b"b" * 150
     finally:
         log.close()
+
+
+def test_a_leader_whose_lease_lapsed_hands_out_nothing_and_a_follower_neither(
+        clock: FakeClock, pair: Pair) -> None:
+    """Leases live in the leader's memory only: a leader paused past its lease and resumed
+    must not hand out what the next leader may have had acknowledged meanwhile."""
+    stream, leader, follower = pair.stream, pair.leader, pair.follower
+    leader.send_batch([SendRequest(topic="t", body=b"m%d" % i, msg_id=f"m{i}")
+                       for i in range(4)])
+    advance_until(clock, lambda: leader.end_offset("t") >= 4)
+    assert len(leader.groups.receive("t", "g", 2, 30_000).messages) == 2
+    stream.lease_lapsed = True
+    with pytest.raises(NotLeader):
+        leader.groups.receive("t", "g", 2, 30_000)
+    stream.lease_lapsed = False  # (renewed)
+    assert len(leader.groups.receive("t", "g", 2, 30_000).messages) == 2
+    follower.catch_up(stream)
+    with pytest.raises(NotLeader):
+        follower.store.check_leading()

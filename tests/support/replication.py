@@ -29,6 +29,11 @@ class MemoryStream:
         self.lock = threading.Lock()
         self.refuse_next = 0  # the next n publishes fail as a lost lease would
         self.max_bytes = 1 << 30  # NATS's max_payload
+        self.lease_lapsed = False  # as a leader's own clock would tell it
+
+    def check_leading(self) -> None:
+        if self.lease_lapsed:
+            raise NotLeader("injected: the lease lapsed")
 
     def publish(self, record: bytes, expected_last_seq: int) -> int:
         with self.lock:
