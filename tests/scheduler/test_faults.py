@@ -161,3 +161,28 @@ def test_a_failure_while_building_the_commit_still_marks_the_records_for_replay(
     assert [(m.msg_id, m.offset) for m in got] == [("a", 0), ("b", 1)]
     assert log.records == 2
     assert broker.status("t", "a").status is MessageStatus.DELIVERED
+
+
+def test_a_burst_is_scanned_only_one_commit_ahead(harness: Harness, clock: FakeClock) -> None:
+    """With the default queue, a burst's scanners read ahead only about one commit's worth
+    (``delivery_batch_max``) of the batch being committed, not the whole burst: scanning
+    ahead competes for the GIL with the commit, and the stream starts later
+    (docs/performance.md, W2). Here the commit is held (failing appends) and the scanners
+    run as far as they can."""
+    broker = harness.open(flaky=True)
+    assert harness.log is not None
+    for chunk in range(20):
+        broker.send_batch([SendRequest(topic=f"t{i % 4}", body=b"x", msg_id=f"{chunk}-{i}",
+                                       delay_ms=10) for i in range(1000)])
+    harness.log.fail_appends = 1_000_000
+    clock.advance(10)
+    advance_until(clock, lambda: broker.metrics.retries.value >= 3, step=1)
+    for _ in range(50):
+        clock.advance(1)
+    # the queue (5 batches of 1000) + the batch in the commit + one blocked in put per shard
+    assert broker.metrics.delivery_queue_messages.value <= 5000
+    assert broker.metrics.scan_batch_size.snapshot().count <= 5 + 1 + 2
+    harness.log.fail_appends = 0
+    advance_until(clock, lambda: broker.ready)
+    broker.drain(timeout_s=120)
+    assert sum(len(read_topic(broker, f"t{k}")) for k in range(4)) == 20_000
