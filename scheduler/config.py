@@ -30,9 +30,7 @@ class EngineConfig:
     #                                                   256 of 16 KiB, not 16 MiB a scan)
     scan_interval_ms: int = 2  #                        ms of real time at least between two scans
     #                                                   of a shard that found it all (0: none)
-    delivery_queue_batches: int = 5  #                  bounded hand-off queue, in scan batches:
-    #                                                   one commit's worth (a burst's scanners
-    #                                                   do not scan far ahead of the commits)
+    delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
     delivery_queue_bytes: int = 64 << 20  #             and in bytes of the queued messages'
     #                                                   stored values (estimated; large bodies)
     delivery_batch_max: int = 4096  #                   messages per log append + RocksDB commit

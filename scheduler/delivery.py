@@ -3,9 +3,15 @@
 Flow control: scanners block in ``put`` while the queue holds ``delivery_queue_batches``
 batches, or ``delivery_queue_bytes`` of stored values (an estimate: a batch's count times
 the mean size of its first, middle and last value; a batch is always taken into an empty
-queue), so however many messages are due at once, at most that many scan batches (plus the
-one being committed) are in memory. The byte bound matters for large bodies: 32 batches of
-1000 16 KiB messages were half a GiB (a 20 k burst over HTTP: the server's RSS +549 MiB).
+queue), or one commit's worth of messages (``delivery_batch_max``), so however many messages
+are due at once, at most that many scan batches (plus the one being committed) are in
+memory. The byte bound matters for large bodies: 32 batches of 1000 16 KiB messages were
+half a GiB (a 20 k burst over HTTP: the server's RSS +549 MiB). The message bound keeps a
+burst's scanners one commit ahead of the commits: with 32 batches of 1000 queued, the two
+scanners read 32 000 keys ahead while the 2nd commit ran, the GIL shared three ways (a
+commit of 4000 took 22 ms of wall time), and the stream, and its consumer on the other
+core, started late (50 k due at once over HTTP: p99 ~141 -> ~116 ms, medians of 21-22
+runs; docs/performance.md, W2). Large bodies are bound by bytes first, as before.
 The consumer takes a batch and, while a backlog is queued, as many more as fit in
 ``delivery_batch_max`` messages, and commits them with ONE log append and ONE RocksDB write
 (scheduler/committer.py); the first batch after a pause goes alone, so that what falls due
@@ -75,11 +81,15 @@ def batch_bytes(batch: ScanBatch) -> int:
 class BoundedQueue:
     """A FIFO of scan batches with a capacity in batches; ``close`` wakes every waiter."""
 
-    def __init__(self, capacity: int, max_bytes: int = 1 << 62) -> None:
-        if capacity < 1 or max_bytes < 1:
-            raise ValueError("capacity and max_bytes must be >= 1")
+    def __init__(self, capacity: int, max_bytes: int = 1 << 62,
+                 max_messages: int = 1 << 62) -> None:
+        """Puts wait while ``capacity`` batches, ``max_bytes`` (batch_bytes) or
+        ``max_messages`` are queued (a batch always enters an empty queue)."""
+        if capacity < 1 or max_bytes < 1 or max_messages < 1:
+            raise ValueError("capacity, max_bytes and max_messages must be >= 1")
         self._capacity = capacity
         self._max_bytes = max_bytes
+        self._max_messages = max_messages
         self.bytes = 0  # the queued batches' estimated value bytes (batch_bytes)
         self._items: collections.deque[ScanBatch] = collections.deque()
         self._cond = threading.Condition()
@@ -94,7 +104,8 @@ class BoundedQueue:
         with self._cond:
             while (self._items and not self._closed
                    and (len(self._items) >= self._capacity
-                        or self.bytes + size > self._max_bytes)):
+                        or self.bytes + size > self._max_bytes
+                        or self.messages >= self._max_messages)):
                 self._cond.wait()
             if self._closed:
                 return False
@@ -174,7 +185,8 @@ class DeliveryStage:
         self._batch_max = batch_max
         self._max_backoff_ms = max_backoff_ms
         self._on_commit = on_commit
-        self.queue = BoundedQueue(queue_batches, queue_bytes)
+        # (at most one commit's worth of messages queued: module doc, flow control)
+        self.queue = BoundedQueue(queue_batches, queue_bytes, max_messages=batch_max)
         self._stop = threading.Event()
         self._wake = threading.Event()  # clock.wait's event: a FakeClock sets it on advance
         self._thread = threading.Thread(target=self._run, name="delivery", daemon=True)

@@ -164,8 +164,8 @@ def test_a_failure_while_building_the_commit_still_marks_the_records_for_replay(
 
 
 def test_a_burst_is_scanned_only_one_commit_ahead(harness: Harness, clock: FakeClock) -> None:
-    """With the default queue, a burst's scanners read ahead only about one commit's worth
-    (``delivery_batch_max``) of the batch being committed, not the whole burst: scanning
+    """A burst's scanners read ahead only about one commit's worth (``delivery_batch_max``
+    messages queued) of the batch being committed, not the whole burst: scanning
     ahead competes for the GIL with the commit, and the stream starts later
     (docs/performance.md, W2). Here the commit is held (failing appends) and the scanners
     run as far as they can."""
@@ -179,7 +179,8 @@ def test_a_burst_is_scanned_only_one_commit_ahead(harness: Harness, clock: FakeC
     advance_until(clock, lambda: broker.metrics.retries.value >= 3, step=1)
     for _ in range(50):
         clock.advance(1)
-    # the queue (5 batches of 1000) + the batch in the commit + one blocked in put per shard
+    # the queue (4096 messages: 5 batches of 1000) + the batch in the commit + one blocked
+    # in put per shard
     assert broker.metrics.delivery_queue_messages.value <= 5000
     assert broker.metrics.scan_batch_size.snapshot().count <= 5 + 1 + 2
     harness.log.fail_appends = 0
