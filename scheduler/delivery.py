@@ -10,8 +10,8 @@ half a GiB (a 20 k burst over HTTP: the server's RSS +549 MiB). The message boun
 burst's scanners one commit ahead of the commits: with 32 batches of 1000 queued, the two
 scanners read 32 000 keys ahead while the 2nd commit ran, the GIL shared three ways (a
 commit of 4000 took 22 ms of wall time), and the stream, and its consumer on the other
-core, started late (50 k due at once over HTTP: p99 ~141 -> ~116 ms, medians of 21-22
-runs; docs/performance.md, W2). Large bodies are bound by bytes first, as before.
+core, started late (50 k due at once over HTTP: p99 137 -> 124 ms, p50 101 -> 78, medians
+of 24-25 runs; docs/performance.md, W2). Large bodies are bound by bytes first, as before.
 The consumer takes a batch and, while a backlog is queued, as many more as fit in
 ``delivery_batch_max`` messages, and commits them with ONE log append and ONE RocksDB write
 (scheduler/committer.py); the first batch after a pause goes alone, so that what falls due
