@@ -110,7 +110,8 @@ def known_problem(exc: Exception) -> Response | None:
     if isinstance(exc, OSError):  # disk full, I/O error: nothing acknowledged, try again later
         log.error("storage fault: %s", exc)
         return problem_response("UNAVAILABLE",
-                                without_paths(f"storage fault: {exc.strerror or exc}"))
+                                without_paths(f"storage fault: {exc.strerror or exc}"),
+                                retry_after_s=1)
     return None
 
 

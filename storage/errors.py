@@ -69,16 +69,16 @@ class OffsetExpired(HourglassError):
 
 
 class Unavailable(HourglassError):
-    """Storage cannot take the write now (disk full, I/O error, engine blocked)."""
+    """Storage cannot take the write now (disk full, I/O error, engine blocked, a store
+    closed while a cluster node changes role): a 503 that tells when to try again."""
 
     code = "UNAVAILABLE"
+    retry_after_s = 1
 
 
 class NotLeader(Unavailable):
     """Cluster mode: this node may not write now (no leader during a failover, or it lost
     the lease and was refused by the write-ahead stream); retry after ``retry_after_s``."""
-
-    retry_after_s = 1
 
 
 class ReplicationError(HourglassError):

@@ -121,6 +121,7 @@ def test_a_failed_mixed_batch_leaves_none_of_it_visible(faulty_server: FaultySer
         server.store.fail_writes = 1  # the append works, the one RocksDB write fails
         r = client.post(f"/v1/topics/{TOPICS[0]}/messages:batch", json=batch)
         assert r.status_code == 503 and r.json()["code"] == "UNAVAILABLE"
+        assert r.headers["Retry-After"] == "1"  # (a storage fault passes: try again later)
         client.post(f"/v1/topics/{TOPICS[1]}/messages", json={"body": "x"})  # any write
         states = [client.get(f"/v1/topics/{TOPICS[0]}/messages/{m}").status_code
                   for m in ("now-1", "later-1")]

@@ -69,10 +69,13 @@ def ready(client: httpx.Client) -> int:
 
 
 def unavailable(r: httpx.Response) -> bool:
-    """A 503 problem, whose detail names no file (the network learns no paths)."""
+    """A 503 problem that says when to try again, whose detail names no file (the network
+    learns no paths)."""
     ok = (r.status_code == 503
           and r.headers["content-type"].startswith("application/problem+json")
           and r.json()["code"] == "UNAVAILABLE")
+    if ok:
+        assert r.headers.get("Retry-After") == "1", r.headers
     if ok:
         assert ABSOLUTE_PATH.search(r.json()["detail"]) is None, r.json()["detail"]
     return ok
