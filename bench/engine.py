@@ -9,6 +9,10 @@
 3. lateness: a steady ``--rate`` msgs/s for ``--seconds`` with delays uniform in 0.1-5 s on
    the system clock; lateness = storedAt - deliverAt of every message, read back from the
    log. Targets p50 <= 1 ms, p99 <= 5 ms, none early.
+4. burst (not in ``all``): ``--messages`` messages of one topic due at one instant
+   ``--burst-lead-ms`` ahead on the system clock (W2 of bench/peers without HTTP); lateness =
+   storedAt - deliverAt read back from the log, and the process CPU from the due time to the
+   last commit. ``--rounds`` bursts, one engine each.
 
 ``--shards 1,2,4`` repeats workloads 1 and 2 per timer-shard count (messages spread over 8
 topics: one topic lives in one shard). Every figure comes with the process CPU seconds it
@@ -346,10 +350,52 @@ def bench_lateness(root: Path, rate: int, seconds: float, shards: int,
         shutil.rmtree(data, ignore_errors=True)
 
 
+def bench_burst(root: Path, n: int, lead_ms: int, shards: int) -> dict[str, Any]:
+    """``n`` messages of one topic due at one instant ``lead_ms`` from now (system clock)."""
+    data = Path(tempfile.mkdtemp(dir=root))
+    broker = Broker(engine_config(data, shards), SystemClock())
+    broker.start()
+    topic = TOPICS[0]
+    try:
+        due = SystemClock().now_ms() + lead_ms
+        batches = [[SendRequest(topic=topic, body=BODY, deliver_at=due)
+                    for _ in range(min(1000, n - i))] for i in range(0, n, 1000)]
+        for batch in batches:
+            broker.send_batch(batch)
+        if time.time() * 1000 >= due:
+            raise AssertionError("the ingest overran the due time: give a longer lead")
+        time.sleep(max(0.0, due / 1000 - time.time() - 0.001))
+        cpu = time.process_time()
+        while broker.metrics.delivered.value < n:
+            time.sleep(0.001)
+        cpu = time.process_time() - cpu
+        late: list[int] = []
+        offset = 0
+        while True:
+            page = broker.pull(topic, offset, 1000)
+            if not page.messages:
+                break
+            late.extend(m.stored_at - m.deliver_at for m in page.messages)
+            offset = page.next_offset
+        late.sort()
+        if len(late) != n:
+            raise AssertionError(f"delivered {len(late)} of {n}")
+
+        def pct(q: float) -> int:
+            return late[min(len(late) - 1, int(q * len(late)))]
+
+        return {"messages": n, "first_ms": late[0], "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+                "max_ms": late[-1], "early": sum(1 for x in late if x < 0),
+                "cpu_s": round(cpu, 4), "load_avg_1m": os.getloadavg()[0]}
+    finally:
+        broker.close()
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hourglass bench engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("schedule", "drain", "lateness", "all"),
+    parser.add_argument("--workload", choices=("schedule", "drain", "lateness", "burst", "all"),
                         default="all")
     parser.add_argument("--messages", type=int, default=1_000_000,
                         help="messages for the schedule and drain workloads")
@@ -363,6 +409,9 @@ def main(argv: list[str]) -> int:
                         help="lateness: sys.setswitchinterval for the run (default: Python's 5 ms)")
     parser.add_argument("--breakdown", action="store_true",
                         help="lateness: also time the scanner wake-up and the commit (sub-ms)")
+    parser.add_argument("--burst-lead-ms", type=int, default=2000,
+                        help="burst: the due time, this long after the ingest starts")
+    parser.add_argument("--rounds", type=int, default=1, help="burst: how many bursts")
     parser.add_argument("--dir", type=Path, default=None, help="where to put the data")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
@@ -394,6 +443,15 @@ def main(argv: list[str]) -> int:
                       f"{r['rocksdb_memtables_mb']:.0f} MB, block cache "
                       f"{r['rocksdb_block_cache_mb']:.0f} MB)  targets >= 400,000 msgs/s, "
                       f"<= 200 MB")
+        if args.workload == "burst":
+            results["burst"] = []
+            for _ in range(args.rounds):
+                r = bench_burst(root, args.messages, args.burst_lead_ms, shard_counts[0])
+                results["burst"].append(r)
+                print(f"burst     {r['messages']:,} due at once: first {r['first_ms']} ms, p50 "
+                      f"{r['p50_ms']} ms, p99 {r['p99_ms']} ms, last {r['max_ms']} ms, early "
+                      f"{r['early']}, CPU {r['cpu_s']:.3f} s (load {r['load_avg_1m']:.1f})",
+                      flush=True)
         if args.workload in ("lateness", "all"):
             previous = sys.getswitchinterval()
             if args.switch_interval_ms is not None:

@@ -30,6 +30,10 @@ class EngineConfig:
     #                                                   256 of 16 KiB, not 16 MiB a scan)
     scan_interval_ms: int = 2  #                        ms of real time at least between two scans
     #                                                   of a shard that found it all (0: none)
+    scan_prefetch_ms: int = 200  #                      ms before a due instant a scanner idle
+    #                                                   till then reads its keys ahead (0: never)
+    scan_prefetch_messages: int = 65_536  #             keys read ahead at most
+    scan_prefetch_bytes: int = 16 << 20  #              and bytes of their values
     delivery_queue_batches: int = 32  #                 bounded hand-off queue, in scan batches
     delivery_queue_bytes: int = 64 << 20  #             and in bytes of the queued messages'
     #                                                   stored values (estimated; large bodies)
@@ -105,7 +109,7 @@ class EngineConfig:
                                       f"{value!r}")
         if not isinstance(self.max_reconsume_times, int) or self.max_reconsume_times < 0:
             raise InvalidArgument("engine setting max_reconsume_times must be an integer >= 0")
-        for name in ("retention_ms", "scan_interval_ms"):
+        for name in ("retention_ms", "scan_interval_ms", "scan_prefetch_ms"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"engine setting {name} must be >= 0")
         ratio = self.disk_clean_ratio
@@ -124,7 +128,8 @@ class EngineConfig:
 
 
 #: the tunables that must be integers >= 1
-_POSITIVE = ("timer_shards", "scan_batch_size", "scan_batch_bytes", "delivery_queue_batches",
+_POSITIVE = ("timer_shards", "scan_batch_size", "scan_batch_bytes", "scan_prefetch_messages",
+             "scan_prefetch_bytes", "delivery_queue_batches",
              "delivery_queue_bytes", "delivery_batch_max",
              "max_delay_ms", "max_body_bytes", "retry_max_backoff_ms", "compact_after_deletes",
              "cleanup_interval_ms", "flush_interval_ms", "group_lease_window",

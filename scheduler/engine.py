@@ -308,7 +308,9 @@ def _wire(
         max_backoff_ms=cfg.retry_max_backoff_ms, on_commit=on_commit)
     scanners = [
         Scanner(state=st, store=store, clock=clock, batch_size=cfg.scan_batch_size,
-                batch_bytes=cfg.scan_batch_bytes,
+                batch_bytes=cfg.scan_batch_bytes, prefetch_ms=cfg.scan_prefetch_ms,
+                prefetch_messages=cfg.scan_prefetch_messages,
+                prefetch_bytes=cfg.scan_prefetch_bytes,
                 interval_ms=cfg.scan_interval_ms, hand_off=delivery.put, progress=progress,
                 metrics=metrics, stopping=stopping, max_backoff_ms=cfg.retry_max_backoff_ms)
         for st in shards]

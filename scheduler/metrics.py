@@ -31,6 +31,8 @@ blocked                        gauge      1 while delivery is blocked by failure
 watermark_lag_ms               gauge      per shard (label shard): now - time its scanner covered
 lateness_ms                    histogram  storedAt - deliverAt of delivered messages, ms
 scan_batch_size                histogram  keys per non-empty due-range scan
+scan_prefetched                counter    timer keys read ahead of their due time (a burst's first
+                                          ``scan_prefetch_messages``: scheduler/prefetch.py)
 commit_batch_size              histogram  messages per CommitLog append + RocksDB commit
 listener_overruns              counter    per listener (label listener): delivery listener calls
                                           over their budget (scheduler/listeners.py)
@@ -308,6 +310,8 @@ class EngineMetrics:
             LATENESS_BUCKETS_MS)
         self.scan_batch_size = Histogram(
             "scan_batch_size", "Keys per non-empty due-range scan", BATCH_BUCKETS)
+        self.scan_prefetched = Counter(
+            "scan_prefetched_total", "Timer keys read ahead of their due time")
         self.commit_batch_size = Histogram(
             "commit_batch_size", "Messages per log append + RocksDB commit", BATCH_BUCKETS)
         self.listener_overruns = Counter(

@@ -175,7 +175,7 @@ class Quarantine:
         with self._shard_locks(range(len(self._shards))), self._committer.lock:
             now = self._clock.now_ms()
             batch = self._store.batch()
-            woken: dict[int, int] = {}
+            woken: dict[int, bytes] = {}  # shard -> its first key written
             redriven = []
             back: dict[str, list[int]] = {}  # topic -> deliverAt of what comes back
             levels: list[int] = []
@@ -192,7 +192,8 @@ class Quarantine:
                 # it is scanned again: due now, or as soon after as the frontier allows
                 frontier = shard.frontier_key
                 at = max(now, unpack_u64(frontier[:8]) + (len(frontier) > 8))
-                batch.put(timer_cf(shard.shard), pack_u64(at) + key[8:], value)
+                timer_key = pack_u64(at) + key[8:]
+                batch.put(timer_cf(shard.shard), timer_key, value)
                 back.setdefault(topic, []).append(at)
                 levels.append(_level(value))
                 batch.delete(CF_META, pkey)
@@ -202,14 +203,15 @@ class Quarantine:
                     if entry.status is MessageStatus.SCHEDULED:
                         batch.put(CF_INDEX, key[8:], encode_index(
                             msgspec.structs.replace(entry, deliver_at=at, updated_at=now)))
-                woken[shard.shard] = at
+                if shard.shard not in woken or timer_key < woken[shard.shard]:
+                    woken[shard.shard] = timer_key
             if self._counts is not None:
                 self._counts.put(batch, 1, back, levels)
             self._committer.commit_no_append(batch)
             if self._backlog is not None:
                 self._backlog.scheduled_at(back, [level for level in levels if level])
-            for shard_no, at in woken.items():
-                self._shards[shard_no].note_scheduled(at)
+            for shard_no, first in woken.items():
+                self._shards[shard_no].note_scheduled(first)
         self._parked.difference_update(redriven)
         self._metrics.pending.inc(len(redriven))
         return len(redriven)

@@ -39,6 +39,12 @@ Each shard's state is shared with the send and cancel paths and guarded by the s
   second (W3 of bench/peers, docs/performance.md at f86b3f2, section 14).
 - The default interval (scheduler/config.py, 2 ms) is W3's trade of lateness against CPU,
   measured with ``python -m bench.peers.tradeoff`` (docs/performance.md, W3).
+- Read-ahead (scheduler/prefetch.py): a scanner about to sleep until a key due at least
+  ``PREFETCH_MIN_GAP_MS`` away wakes ``prefetch_ms`` before it instead, reads the keys due
+  by then + ``prefetch_ms`` into ``ShardState.prefetch`` (a chunk at a time, the lock let go
+  between chunks) and sleeps on until the due instant, when the scan takes them from there.
+  Every write or delete of a timer key calls ``ShardState.touched`` under the lock, which
+  cuts the read-ahead at that key.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from collections.abc import Callable
 from scheduler.clock import Clock, precise_timers
 from scheduler.committer import ScanBatch
 from scheduler.metrics import EngineMetrics
+from scheduler.prefetch import PREFETCH_MIN_GAP_MS, Prefetch
 from scheduler.timer_index import TimerIndex
 from storage.constants import timer_cf
 from storage.keys import MAX_U64, time_bound, unpack_u64
@@ -74,14 +81,24 @@ class ShardState:
         self.frontier_key = frontier_key
         self.wake_at: int | None = None
         self.covered_ms = unpack_u64(frontier_key) - 1
+        self.prefetch: Prefetch | None = None  # what the scanner read ahead (prefetch.py)
 
     def below_frontier(self, timer_key: bytes) -> bool:
         """True when the scanner has passed this key (lock held)."""
         return timer_key < self.frontier_key
 
-    def note_scheduled(self, deliver_at: int) -> None:
-        """A key due at ``deliver_at`` was just written (lock held): wake the scanner if it
-        sleeps past that time."""
+    def touched(self, timer_key: bytes) -> None:
+        """A timer key of this shard is being written or deleted (lock held): a read-ahead
+        that covers it keeps only what lies below it (scheduler/prefetch.py)."""
+        prefetch = self.prefetch
+        if prefetch is not None and prefetch.truncate(timer_key) and not prefetch:
+            self.prefetch = None
+
+    def note_scheduled(self, timer_key: bytes) -> None:
+        """``timer_key`` (the first of a write) was just written (lock held): wake the
+        scanner if it sleeps past its time."""
+        self.touched(timer_key)
+        deliver_at = unpack_u64(timer_key)
         if self.wake_at is None or deliver_at < self.wake_at:
             self.wake_at = deliver_at
             self.covered_ms = min(self.covered_ms, deliver_at - 1)
@@ -115,11 +132,14 @@ class Scanner(threading.Thread):
         self, *, state: ShardState, store: RocksStore, clock: Clock, batch_size: int,
         hand_off: Callable[[ScanBatch], bool], progress: Progress, metrics: EngineMetrics,
         stopping: threading.Event, max_backoff_ms: int = 60_000, interval_ms: int = 0,
-        batch_bytes: int | None = None,
+        batch_bytes: int | None = None, prefetch_ms: int = 0, prefetch_messages: int = 0,
+        prefetch_bytes: int = 0,
     ) -> None:
         """``batch_size`` keys a scan at most, and with ``batch_bytes``, of large values only
         as many as add up to about that many bytes (the first commit of a burst of 16 KiB
-        bodies: 256 of them, not 1000: docs/performance.md, Large bodies)."""
+        bodies: 256 of them, not 1000: docs/performance.md, Large bodies). ``prefetch_ms``:
+        the read-ahead's lead (0: none), of at most ``prefetch_messages`` keys and
+        ``prefetch_bytes`` of values (module doc)."""
         super().__init__(name=f"scanner-{state.shard}", daemon=True)
         self.state = state
         self._timers = TimerIndex(store)
@@ -132,6 +152,10 @@ class Scanner(threading.Thread):
         self._stopping = stopping
         self._max_backoff_ms = max_backoff_ms
         self._interval_ms = interval_ms
+        self._prefetch_ms = prefetch_ms if prefetch_messages > 0 and prefetch_bytes > 0 else 0
+        self._prefetch_messages = prefetch_messages
+        self._prefetch_bytes = prefetch_bytes
+        self._prefetched_for: int | None = None  # the due instant of the last read-ahead
         #: the last scan's values were large: the next one reads around the block cache
         #: (each due key is read once; 16 KiB bodies filled the cache and paid an insert and
         #: an eviction each, while small values' scans are cheaper with it: RocksStore.
@@ -162,11 +186,70 @@ class Scanner(threading.Thread):
                 return  # the hand-off refused: shutting down
             if not found and not self._stopping.is_set():  # (stop sets it, then wake)
                 paced_until = self._pause_end(started, started_ns)
+                if self._prefetch_ms and self._read_ahead(paced_until):
+                    continue  # woken before the read-ahead's time: scan again
                 # one sleep until the next key or the end of the pause, whichever is later
                 # (a steady flow has its next key due within the pause: sleeping until the
                 # key and then the rest of the pause woke this thread twice a scan, and on
                 # these VMs a thread pays for each wake-up with cold caches)
                 self._clock.wait(self.state.wake, self.state.wake_at, not_before=paced_until)
+
+    def _read_ahead(self, paced_until: float) -> bool:
+        """Before sleeping until the next key: when it is due ``PREFETCH_MIN_GAP_MS`` or more
+        from now, wake ``prefetch_ms`` before it (True: woken sooner, by a send or a stop)
+        and read what is due by then ahead (module doc). Once per due instant."""
+        st = self.state
+        target = st.wake_at  # (a hint read without the lock: a send that lowers it wakes us)
+        if target is None or target == self._prefetched_for or st.prefetch is not None:
+            return False
+        now = self._clock.now_ms()
+        if target - now < PREFETCH_MIN_GAP_MS:
+            return False
+        if target - now > self._prefetch_ms and self._clock.wait(
+                st.wake, target - self._prefetch_ms, not_before=paced_until):
+            return True
+        self._prefetched_for = target
+        try:
+            self.prefetch(target)
+        except Exception:  # the scan at the due time reads, and retries, as it would have
+            with st.lock:
+                st.prefetch = None
+            self._metrics.storage_errors.inc()
+            log.exception("read-ahead of timer shard %d failed", st.shard)
+        return False
+
+    def prefetch(self, target: int) -> None:
+        """Read the keys due by ``target`` + ``prefetch_ms`` ahead into ``state.prefetch``,
+        ``batch_size`` at a time, each chunk under the shard's lock (sends and cancels wait
+        for one chunk at most); stops at the bounds, at ``target`` or on stop."""
+        st = self.state
+        bound = time_bound(target + self._prefetch_ms)
+        while not self._stopping.is_set():
+            with st.lock:
+                pre = st.prefetch
+                if pre is None:
+                    pre = st.prefetch = Prefetch(st.frontier_key)
+                room = self._prefetch_messages - len(pre)
+                budget = self._prefetch_bytes - pre.bytes
+                if (room <= 0 or budget <= 0 or pre.end >= bound
+                        or self._clock.now_ms() >= target):
+                    break
+                limit = min(room, self._batch_size)
+                max_bytes = budget if self._batch_bytes is None else min(budget,
+                                                                          self._batch_bytes)
+                items, after = self._timers.read_due(st.cf, pre.end, bound, limit,
+                                                     fill_cache=not self.large_values,
+                                                     max_bytes=max_bytes)
+                # (all of [pre.end, bound) read, as Scanner.step judges a scan complete)
+                done = after is not None or (len(items) < limit and sum(
+                    len(value) for _, value in items) < max_bytes)
+                pre.extend(items, bound if done else items[-1][0] + b"\x00")
+                self._metrics.scan_prefetched.inc(len(items))
+                if not pre:
+                    st.prefetch = None
+                if done:
+                    break
+            time.sleep(0)  # (the lock let go: a send waiting for it takes the GIL now)
 
     def _pause_end(self, started: float, started_ns: int) -> float:
         """When the pause after a scan that began at ``started`` (``time.monotonic()``;
@@ -192,9 +275,7 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items, after = self._timers.read_due(st.cf, start, end, limit,
-                                                 fill_cache=not self.large_values,
-                                                 max_bytes=self._batch_bytes)
+            items, after = self._read(start, end, limit)
             complete = after is not None or (len(items) < limit and not self._cut(items))
             if complete:
                 st.frontier_key = max(start, end)
@@ -202,6 +283,12 @@ class Scanner(threading.Thread):
                 st.wake_at = None if after is None else unpack_u64(after)
             else:
                 st.frontier_key = items[-1][0] + b"\x00"
+            pre = st.prefetch
+            if pre is not None:
+                if pre:
+                    pre.advance(st.frontier_key)
+                else:
+                    st.prefetch = None
             if items:
                 batch = ScanBatch(shard=st.shard, start=start, end=st.frontier_key, items=items)
             else:
@@ -222,6 +309,31 @@ class Scanner(threading.Thread):
             self._set_covered()
         self._progress.notify()
         return False
+
+    def _read(self, start: bytes, end: bytes, limit: int,
+              ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+        """A scan's read of [start, end) (lock held): from the read-ahead as far as it goes,
+        then from RocksDB (TimerIndex.read_due's answer either way)."""
+        st = self.state
+        pre = st.prefetch
+        if pre is not None and pre.start != start:  # (never: only scans move the frontier)
+            pre = st.prefetch = None
+        try:
+            if pre is not None:
+                items, after, more = pre.take(end, limit, self._batch_bytes)
+                if not more:
+                    return items, after
+                rest, after = self._timers.read_due(
+                    st.cf, pre.end, end, limit - len(items), fill_cache=not self.large_values,
+                    max_bytes=self._batch_bytes)
+                st.prefetch = None  # (all taken)
+                return items + rest, after
+            return self._timers.read_due(st.cf, start, end, limit,
+                                         fill_cache=not self.large_values,
+                                         max_bytes=self._batch_bytes)
+        except BaseException:
+            st.prefetch = None  # (taken from, the frontier not moved: read it all again)
+            raise
 
     def _cut(self, items: list[tuple[bytes, bytes]]) -> bool:
         """Whether a read that stopped short of ``limit`` with no key after it may have been

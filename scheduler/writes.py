@@ -34,7 +34,7 @@ from scheduler.model import Cancelled, CancelMarkerEffect, SendOutcome
 from scheduler.scanner import ShardState
 from storage.constants import CF_EXPIRY, CF_INDEX
 from storage.errors import AlreadyDelivered, Conflict, NotFound
-from storage.keys import encode_handle, encode_timer_key, index_key, unpack_u64
+from storage.keys import encode_handle, encode_timer_key, index_key
 from storage.records import IndexEntry, MessageStatus, decode_index, encode_index
 from storage.rocks import Batch, RocksStore
 
@@ -139,13 +139,13 @@ class WritePaths:
                 else:
                     store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
-                first_due: dict[int, int] = {}
+                first_key: dict[int, bytes] = {}
                 for m in later:
-                    at_ = first_due.get(m.shard)
-                    if at_ is None or m.deliver_at < at_:
-                        first_due[m.shard] = m.deliver_at
-                for shard, deliver_at in first_due.items():
-                    self._shards[shard].note_scheduled(deliver_at)
+                    key = first_key.get(m.shard)
+                    if key is None or m.timer_key < key:
+                        first_key[m.shard] = m.timer_key
+                for shard, key in first_key.items():
+                    self._shards[shard].note_scheduled(key)
             if later:  # before any scan or cancel can see them (they take these locks)
                 self._backlog.scheduled(later)
         self.count_sent(later, due, duplicates, outcome)
@@ -199,8 +199,8 @@ class WritePaths:
             try:
                 store.write(batch)
             finally:  # also when the write raised: it may have landed (else: one idle scan)
-                for shard, first in shards:  # (a timer key begins with its deliverAt)
-                    shard.note_scheduled(unpack_u64(first))
+                for shard, first in shards:
+                    shard.note_scheduled(first)
             self._backlog.scheduled_at(by_topic)
         self._metrics.scheduled.inc(len(cols.timer_keys))
         self._metrics.pending.inc(len(cols.timer_keys))
@@ -300,6 +300,7 @@ class WritePaths:
             value = self._store.get(shard.cf, timer_key)
             level = 0 if value is None else message_level(value)
         batch.delete(shard.cf, timer_key)
+        shard.touched(timer_key)  # (its lock held: a read-ahead holding the key lets it go)
         if self._counts is not None:
             self._counts.put(batch, -1, {topic: [entry.deliver_at]}, (level,))
         batch.put(CF_INDEX, ikey, encode_index(replace(

@@ -107,6 +107,7 @@ def make_config(data_dir: Path, **overrides: Any) -> EngineConfig:
         "data_dir": data_dir, "timer_shards": 2, "segment_size": 1 << 20,
         "max_body_bytes": 512 << 10,
         "flush_interval_ms": 50, "scan_interval_ms": 0,  # pacing: test_frontier.py
+        "scan_prefetch_ms": 0,  # the read-ahead: test_prefetch.py
     }
     settings.update(overrides)
     return EngineConfig(**settings)
