@@ -233,6 +233,8 @@ class Scanner(threading.Thread):
                 budget = self._prefetch_bytes - pre.bytes
                 if (room <= 0 or budget <= 0 or pre.end >= bound
                         or self._clock.now_ms() >= target):
+                    if not pre:
+                        st.prefetch = None
                     break
                 limit = min(room, self._batch_size)
                 max_bytes = budget if self._batch_bytes is None else min(budget,
