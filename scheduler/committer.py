@@ -116,6 +116,11 @@ class Queues(Protocol):
     def forget(self) -> None: ...
 
 
+#: the columns of scanned (key, value) pairs (codec.split_due): index keys, values,
+#: deliverAts, topics, msgIds
+Split = tuple[list[bytes], list[bytes], list[int], list[str], list[str]]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScanBatch:
     """Due keys a scanner found: every key of ``shard`` in [start, end), in order."""
@@ -124,6 +129,9 @@ class ScanBatch:
     start: bytes
     end: bytes
     items: list[tuple[bytes, bytes]]  # (timer key, encoded MessageRecord)
+    #: ``items`` already split into columns (a scanner's read-ahead made them before the due
+    #: time: scheduler/prefetch.py), or None; whoever changes ``items`` drops it
+    split: Split | None = None
 
 
 @dataclass(slots=True)
@@ -304,10 +312,11 @@ class Committer:
             else:
                 counts = [len(scan.items) for scan in scans]
             # (key, value) -> the columns of the appends, each in one pass (no Python call
-            # or append per message: a fifth of this commit's CPU was such appends)
+            # or append per message: a fifth of this commit's CPU was such appends); split
+            # before the due time by the scanner's read-ahead, if it read them
             pending = _Appends()
             (pending.ikeys, pending.extra, pending.deliver_ats, pending.topics,
-             pending.msg_ids) = split_due(items)
+             pending.msg_ids) = _columns(scans) if not skipped else split_due(items)
             pending.scans = [(scan.shard, scan.end, n)
                              for scan, n in zip(scans, counts, strict=True)]
             offsets = self._take_offsets(pending)
@@ -466,6 +475,20 @@ class Committer:
         self._store.write(batch)
         self.applied_position = end
         self.needs_replay = False
+
+
+def _columns(scans: Sequence[ScanBatch]) -> Split:
+    """The columns of every scan's items: those a read-ahead split already, the rest split
+    now (``split_due``)."""
+    if len(scans) == 1:
+        scan = scans[0]
+        return scan.split if scan.split is not None else split_due(scan.items)
+    out: Split = ([], [], [], [], [])
+    for scan in scans:
+        split = scan.split if scan.split is not None else split_due(scan.items)
+        for column, more in zip(out, split, strict=True):
+            column += more  # type: ignore[operator]
+    return out
 
 
 def _level(value: bytes) -> int:

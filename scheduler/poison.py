@@ -128,8 +128,8 @@ class Quarantine:
                 raise StorageError(f"delivery failed, and no single message explains it: "
                                    f"{exc}") from exc
         self._park(poison)
-        clean = [dataclasses.replace(scan, items=[i for i in scan.items if i[0] not in poison])
-                 for scan in scans]
+        clean = [dataclasses.replace(scan, items=[i for i in scan.items if i[0] not in poison],
+                                     split=None) for scan in scans]
         taken = [(key, value) for key, (value, _) in poison.items()]
         outcome = self._committer.commit_due(clean, taken)
         if self._backlog is not None:

@@ -7,7 +7,9 @@ until a due instant at least ``PREFETCH_MIN_GAP_MS`` away wakes ``scan_prefetch_
 before it and reads the keys due by then + ``scan_prefetch_ms`` (at most
 ``scan_prefetch_messages`` keys and ``scan_prefetch_bytes`` of values) into a ``Prefetch``;
 the scan at the due instant takes them from it instead of RocksDB. It delivers nothing
-early: a scan still hands on only the keys below ``time_bound(now + 1)``.
+early: a scan still hands on only the keys below ``time_bound(now + 1)``. The keys are split
+into the committer's columns as they are read (``codec.split_due``: index keys, deliverAts,
+topics, msgIds; ``ScanBatch.split``), which the commits at the due time then take as they are.
 
 The invariant, guarded by the shard's lock: ``items[pos:]`` are exactly the shard's keys
 (and values) in [``start``, ``end``), ``start`` being the shard's scan frontier. Every path
@@ -28,6 +30,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from operator import itemgetter
 
+from scheduler.codec import split_due
+from scheduler.committer import Split
+
 #: a scanner idle for less than this until its next key reads it when it is due, as before:
 #: a steady flow (W3: keys due every ms or so) gains nothing from reading a scan early and
 #: would pay a second wake-up a scan for it (docs/performance.md, W3)
@@ -39,7 +44,7 @@ _KEY = itemgetter(0)
 class Prefetch:
     """The keys of [``start``, ``end``) of one shard, read ahead; consumed from ``pos``."""
 
-    __slots__ = ("bytes", "end", "items", "pos", "start")
+    __slots__ = ("_taken", "bytes", "columns", "end", "items", "pos", "start")
 
     def __init__(self, start: bytes) -> None:
         self.start = start  # the shard's frontier when the read-ahead began (moved by take)
@@ -47,6 +52,10 @@ class Prefetch:
         self.items: list[tuple[bytes, bytes]] = []
         self.pos = 0
         self.bytes = 0  # of the values read ahead (the bound of scan_prefetch_bytes)
+        #: items split into the committer's columns (None: a key split_due refuses, a
+        #: poison one: the commit splits, and parks it, as it would have)
+        self.columns: Split | None = ([], [], [], [], [])
+        self._taken = (0, 0)  # the last take's range of items
 
     def __len__(self) -> int:
         return len(self.items) - self.pos
@@ -56,6 +65,14 @@ class Prefetch:
         self.items += items
         self.bytes += sum(len(value) for _, value in items)
         self.end = end
+        if self.columns is not None and items:
+            try:
+                split = split_due(items)
+            except Exception:
+                self.columns = None
+            else:
+                for column, more in zip(self.columns, split, strict=True):
+                    column += more  # type: ignore[operator]
 
     def truncate(self, key: bytes) -> bool:
         """A timer key at ``key`` was written or deleted: keep only what lies below it.
@@ -64,6 +81,9 @@ class Prefetch:
             return False
         cut = bisect_left(self.items, key, lo=self.pos, key=_KEY)
         del self.items[cut:]
+        if self.columns is not None:
+            for column in self.columns:
+                del column[cut:]
         self.end = key
         return True
 
@@ -73,8 +93,8 @@ class Prefetch:
         values only about ``max_bytes``, as RocksStore.read_range_next cuts them), the
         first key at or after ``end`` when known, and whether the read-ahead ran out below
         ``end`` with room left in the batch (then the caller reads on from ``self.end``,
-        and ``after`` means nothing). Moves ``pos``; the caller moves ``start`` to the
-        scan's new frontier (``advance``)."""
+        and ``after`` means nothing). Moves ``pos`` (``split`` gives the columns of what it
+        took); the caller moves ``start`` to the scan's new frontier (``advance``)."""
         items, pos = self.items, self.pos
         stop = min(bisect_left(items, end, lo=pos, key=_KEY), pos + limit)
         if max_bytes is not None and stop > pos and self.bytes * limit >= max_bytes * len(items):
@@ -87,12 +107,22 @@ class Prefetch:
                 stop = i
         out = items[pos:stop]
         self.pos = stop
+        self._taken = (pos, stop)
         if len(out) == limit or (max_bytes is not None and stop < len(items)
                                  and items[stop][0] < end):
             return out, None, False  # cut: the scan goes on at once, as after a full read
         if stop < len(items):
             return out, items[stop][0], False  # the next key read ahead: when to look next
         return out, None, True
+
+    def split(self) -> Split | None:
+        """The columns of what the last ``take`` handed out (None: none were made)."""
+        columns = self.columns
+        if columns is None:
+            return None
+        first, stop = self._taken
+        return (columns[0][first:stop], columns[1][first:stop],
+                columns[2][first:stop], columns[3][first:stop], columns[4][first:stop])
 
     def advance(self, frontier: bytes) -> None:
         """The scan that took from it moved the shard's frontier to ``frontier``."""

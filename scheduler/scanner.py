@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 
 from scheduler.clock import Clock, precise_timers
-from scheduler.committer import ScanBatch
+from scheduler.committer import ScanBatch, Split
 from scheduler.metrics import EngineMetrics
 from scheduler.prefetch import PREFETCH_MIN_GAP_MS, Prefetch
 from scheduler.timer_index import TimerIndex
@@ -277,7 +277,7 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items, after = self._read(start, end, limit)
+            items, after, split = self._read(start, end, limit)
             complete = after is not None or (len(items) < limit and not self._cut(items))
             if complete:
                 st.frontier_key = max(start, end)
@@ -292,7 +292,8 @@ class Scanner(threading.Thread):
                 else:
                     st.prefetch = None
             if items:
-                batch = ScanBatch(shard=st.shard, start=start, end=st.frontier_key, items=items)
+                batch = ScanBatch(shard=st.shard, start=start, end=st.frontier_key, items=items,
+                                  split=split)
             else:
                 self._set_covered()
         if batch is None:
@@ -313,9 +314,10 @@ class Scanner(threading.Thread):
         return False
 
     def _read(self, start: bytes, end: bytes, limit: int,
-              ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+              ) -> tuple[list[tuple[bytes, bytes]], bytes | None, Split | None]:
         """A scan's read of [start, end) (lock held): from the read-ahead as far as it goes,
-        then from RocksDB (TimerIndex.read_due's answer either way)."""
+        then from RocksDB (TimerIndex.read_due's answer either way, and the columns of what
+        came from the read-ahead alone, if it made them: ScanBatch.split)."""
         st = self.state
         pre = st.prefetch
         if pre is not None and pre.start != start:  # (never: only scans move the frontier)
@@ -323,16 +325,18 @@ class Scanner(threading.Thread):
         try:
             if pre is not None:
                 items, after, more = pre.take(end, limit, self._batch_bytes)
+                split = pre.split()
                 if not more:
-                    return items, after
+                    return items, after, split
                 rest, after = self._timers.read_due(
                     st.cf, pre.end, end, limit - len(items), fill_cache=not self.large_values,
                     max_bytes=self._batch_bytes)
                 st.prefetch = None  # (all taken)
-                return items + rest, after
-            return self._timers.read_due(st.cf, start, end, limit,
-                                         fill_cache=not self.large_values,
-                                         max_bytes=self._batch_bytes)
+                return (items + rest, after, None) if rest else (items, after, split)
+            items, after = self._timers.read_due(st.cf, start, end, limit,
+                                                 fill_cache=not self.large_values,
+                                                 max_bytes=self._batch_bytes)
+            return items, after, None
         except BaseException:
             st.prefetch = None  # (taken from, the frontier not moved: read it all again)
             raise

@@ -295,6 +295,22 @@ def test_a_redrive_into_the_read_ahead_is_scanned_again(
     assert DUE - LEAD < parked.deliver_at < DUE
 
 
+def test_a_poison_value_read_ahead_is_parked_and_the_rest_delivered(
+        engine: tuple[Harness, FakeClock]) -> None:
+    harness, clock = engine
+    broker = _open(harness, flaky=True)
+    ids = _burst(broker)
+    store = harness.store
+    assert store is not None
+    batch = store.batch()
+    batch.put(timer_cf(0), encode_timer_key(DUE, "t", ids[5]), b"\xc1 garbage")
+    store.write(batch)
+    _read_ahead(broker, clock)
+    clock.set(DUE)
+    assert _delivered(broker) == [m for m in ids if m != ids[5]]
+    assert [p.msg_id for p in broker.quarantine.messages()] == [ids[5]]
+
+
 # --- the engine against its model, read-ahead anywhere -----------------------------------------
 
 class PrefetchMachine(EngineMachine):
