@@ -316,7 +316,8 @@ class Committer:
             # before the due time by the scanner's read-ahead, if it read them
             pending = _Appends()
             (pending.ikeys, pending.extra, pending.deliver_ats, pending.topics,
-             pending.msg_ids) = _columns(scans) if not skipped else split_due(items)
+             pending.msg_ids) = (_columns(scans) if not skipped and any(
+                 scan.split is not None for scan in scans) else split_due(items))
             pending.scans = [(scan.shard, scan.end, n)
                              for scan, n in zip(scans, counts, strict=True)]
             offsets = self._take_offsets(pending)
@@ -480,9 +481,8 @@ class Committer:
 def _columns(scans: Sequence[ScanBatch]) -> Split:
     """The columns of every scan's items: those a read-ahead split already, the rest split
     now (``split_due``)."""
-    if len(scans) == 1:
-        scan = scans[0]
-        return scan.split if scan.split is not None else split_due(scan.items)
+    if len(scans) == 1 and scans[0].split is not None:
+        return scans[0].split
     out: Split = ([], [], [], [], [])
     for scan in scans:
         split = scan.split if scan.split is not None else split_due(scan.items)
