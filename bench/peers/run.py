@@ -85,6 +85,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="hourglass send answers: minimal (`Prefer: return=minimal`, the API's "
                          "opt-in: a count and the duplicates' positions) or full (a SendResult "
                          "per message, its default)")
+    ap.add_argument("--postgres-bodies", action="store_true",
+                    help="PostgreSQL's consumers get each body too (RETURNING msg_id, run_at, "
+                         "body), as hourglass's do; by default they get msgId and run_at only")
     ap.add_argument("--hourglass-body", choices=("once", "both"), default="once",
                     help="hourglass pulls and receives: once (`Prefer: body=once`, the API's "
                          "opt-in: each body once, as text or as bytes) or both (its default: "
@@ -160,7 +163,7 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
                "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env,
                "hourglass_encoding": args.hourglass_encoding,
                "hourglass_answer": args.hourglass_answer,
-               "hourglass_body": args.hourglass_body,
+               "hourglass_body": args.hourglass_body, "postgres_bodies": args.postgres_bodies,
                "hourglass_src": args.hourglass_src, "hourglass_rev": args.hourglass_rev}
     entry: dict = {"workloads": {}, "errors": {}, "params": asdict(params)}
     results["systems"][name] = entry
