@@ -85,9 +85,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="hourglass send answers: minimal (`Prefer: return=minimal`, the API's "
                          "opt-in: a count and the duplicates' positions) or full (a SendResult "
                          "per message, its default)")
-    ap.add_argument("--postgres-bodies", action="store_true",
-                    help="PostgreSQL's consumers get each body too (RETURNING msg_id, run_at, "
-                         "body), as hourglass's do; by default they get msgId and run_at only")
+    ap.add_argument("--postgres-bodies", action=argparse.BooleanOptionalAction, default=True,
+                    help="PostgreSQL's consumers get each body (RETURNING msg_id, run_at, body), "
+                         "as Redis's and hourglass's do; --no-postgres-bodies: msgId and run_at "
+                         "only, as this harness did before 2026-11-27")
     ap.add_argument("--hourglass-body", choices=("once", "both"), default="once",
                     help="hourglass pulls and receives: once (`Prefer: body=once`, the API's "
                          "opt-in: each body once, as text or as bytes) or both (its default: "

@@ -13,11 +13,12 @@ Schema::
 
     DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE run_at <= $now
                                   ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
-    RETURNING msg_id, run_at;  COMMIT
+    RETURNING msg_id, run_at, body;  COMMIT
 
   when nothing is due, ``SELECT min(run_at)`` and sleep until then (1 ms to 50 ms). The
-  bodies are not returned (nor read: W2 with 16 KiB bodies delivers 20 k msgIds, not 330 MB);
-  ``--postgres-bodies`` returns them too (``RETURNING msg_id, run_at, body``).
+  consumers get each body, as Redis's (``id|body`` members) and hourglass's do;
+  ``--no-postgres-bodies`` returns only ``msg_id, run_at`` (as before 2026-11-27: W2 with
+  16 KiB bodies then delivered 20 k msgIds, not 330 MB).
 
 The server: ``initdb`` into the run's directory, started as the ``postgres`` user when the
 harness runs as root, on 127.0.0.1 and a free port. fsync, synchronous_commit and
@@ -81,8 +82,7 @@ DELETE FROM jobs WHERE id IN (
     SELECT id FROM jobs WHERE run_at <= %s ORDER BY run_at LIMIT %s FOR UPDATE SKIP LOCKED
 ) RETURNING msg_id, run_at
 """
-#: with ``--postgres-bodies``: the consumers get the bodies too, as hourglass's do (the
-#: default claim never reads them: with 16 KiB bodies, 20 k msgIds instead of 330 MB)
+#: the consumers get the bodies too (the default; ``CLAIM_SQL`` never reads them)
 CLAIM_BODIES_SQL = CLAIM_SQL.replace("RETURNING msg_id, run_at", "RETURNING msg_id, run_at, body")
 
 
@@ -117,7 +117,7 @@ class PostgresSystem(System):
         self._local = threading.local()
         self._conns: list = []
         self._conns_lock = threading.Lock()
-        self.bodies = bool(options.get("postgres_bodies"))
+        self.bodies = bool(options.get("postgres_bodies", True))
         self.claim_sql = CLAIM_BODIES_SQL if self.bodies else CLAIM_SQL
 
     def config(self) -> dict[str, str]:
