@@ -54,7 +54,14 @@ the rest, so ``writev`` copies it straight into the socket, without a copy into 
 (``_writev``: IOV_MAX pieces a call). And the payloads a caught-up stream reads after a
 commit are the ones the commit appended (``CommitLog.read_many``: the last append's records),
 not copies read back from the log: a 16 KiB body is copied once into the log file and once
-into the socket on its way out of the committing thread.
+into the socket on its way out of the committing thread. A stream whose frame reaches
+``LARGE_FRAME_BYTES`` (1 MiB) asks for a send buffer of ``SEND_BUFFER_BYTES`` (8 MiB; the
+kernel caps the ask at ``net.core.wmem_max``, 4 MiB here, and doubles it): the kernel's own
+sizing holds at most 4 MiB (``net.ipv4.tcp_wmem``), about one commit's frame of 16 KiB
+bodies, so a client a moment late took part of the next frame and the stream went back to
+the loop, which wrote the rest, waited for the socket to drain and read the log again
+itself (a 20 k burst of 16 KiB bodies: 5-9 hand-backs, 0-1 with it). Small frames leave the
+buffer as the kernel sizes it (a stream of small messages holds no more kernel memory).
 
 The socket. The pusher writes on a duplicate of the connection's descriptor, taken once per
 stream and closed when the stream ends: if the loop closed the connection meanwhile, the
@@ -68,6 +75,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -89,6 +97,22 @@ _NOTHING: Frame = ((), 0, 0, False)
 INLINE_STREAMS = 16
 #: pieces one ``writev`` takes at most (Linux's IOV_MAX)
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+#: a frame this large makes its stream ask for a send buffer of ``SEND_BUFFER_BYTES`` (module
+#: doc, Large bodies)
+LARGE_FRAME_BYTES = 1 << 20
+SEND_BUFFER_BYTES = 8 << 20
+
+
+def _enlarge_send_buffer(fd: int, size: int) -> None:
+    """Ask for a send buffer of ``size`` bytes on the socket ``fd`` (the kernel caps it at
+    ``net.core.wmem_max`` and doubles that for its own bookkeeping); errors are ignored."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=fd)
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < size:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        finally:
+            sock.detach()  # the descriptor stays the stream's
 
 
 def _writev(fd: int, chunks: tuple[bytes | memoryview, ...]) -> int:
@@ -117,9 +141,9 @@ def _resolve(future: asyncio.Future[Any]) -> None:
 class ParkedStream:
     """One stream's state shared between the event loop and the committing threads."""
 
-    __slots__ = ("_encode", "_fd", "_lock", "_loop", "_max", "_pieces", "_pusher", "_read",
-                 "_transport", "_wake", "encoding", "offset", "parked", "pending", "topic",
-                 "wrote_at")
+    __slots__ = ("_encode", "_fd", "_large", "_lock", "_loop", "_max", "_pieces", "_pusher",
+                 "_read", "_transport", "_wake", "encoding", "offset", "parked", "pending",
+                 "topic", "wrote_at")
 
     def __init__(self, pusher: StreamPusher, *, topic: str, offset: int, max_messages: int,
                  encode: Encode, read: Read, transport: asyncio.Transport, fd: int,
@@ -135,6 +159,7 @@ class ParkedStream:
         self._encode, self._read, self._transport, self._loop = encode, read, transport, loop
         self._pieces = pieces
         self._fd: int | None = os.dup(fd)
+        self._large = False  # its send buffer was enlarged for large frames (push)
         self._lock = threading.Lock()
         self._wake: asyncio.Future[Any] | None = None
         self.offset = offset
@@ -202,6 +227,9 @@ class ParkedStream:
                     chunks, size, next_offset, full = made
                     if not size:
                         return
+                    if size >= LARGE_FRAME_BYTES and not self._large:
+                        self._large = True
+                        _enlarge_send_buffer(self._fd, SEND_BUFFER_BYTES)
                     transport = self._transport
                     if transport.is_closing() or transport.get_write_buffer_size():
                         sent = 0  # uvloop is still writing: these bytes go after its own

@@ -32,6 +32,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,10 @@ class CommitLog:
         self._closed = False
         self._load_errors: list[str] = []
         self._stop = threading.Event()
+        #: set by an append that filled the last segment past half with no spare made yet
+        #: (and by ``close``): the flusher makes the spare at once, not at its next tick
+        self._spare_wanted = threading.Event()
+        self._asked = -1  # the base of the segment whose spare was asked for last
         self._flusher: threading.Thread | None = None
         self._spare: Segment | None = None  # next segment, made ahead by the flusher
         self._retired: list[Segment] = []  # deleted by retention, mapping closed next time
@@ -346,6 +351,10 @@ class CommitLog:
                 raise
             self._last = (positions, payloads)
             self._bulk = sum(lengths) >= PWRITE_MIN_BYTES
+            base = self._segments[-1].base
+            if self._spare is None and self._asked != base and self._wants_spare():
+                self._asked = base  # once a segment (a failed creation: at the ticks)
+                self._spare_wanted.set()
             return positions
 
     def attach_replicator(self, replicator: Replicator | None) -> None:
@@ -445,16 +454,26 @@ class CommitLog:
                 self._discard(spare)
             return Segment.create(self._dir, base, self._segment_size, populated=False)
 
+    def _wants_spare(self) -> bool:
+        """The last segment is half full or more (``_prepare_spare``)."""
+        segments = self._segments
+        return bool(segments) and self._end - segments[-1].base >= segments[-1].size // 2
+
     def _prepare_spare(self) -> None:
         """Create the next segment ahead of time once the current one is half full, so a
         roll-over does not pay for allocating and populating it on the append path; not
         populated while appends go in with ``pwrite`` (a burst's commits: populating serves
-        writes through the mapping, and holds all its pages in the RSS; storage/segment.py)."""
+        writes through the mapping, and holds all its pages in the RSS; storage/segment.py).
+        The flusher calls it at each tick, and at once when an append asks for it
+        (``_spare_wanted``): a burst of 16 KiB bodies fills a 32 MiB segment in ~80 ms, and
+        at the ticks alone (200 ms) the appending thread made most segments itself, on the
+        delivery's path (``posix_fallocate``, the page cache's zero-filled pages, the
+        directory's fsync: ~5 % of a 20 k burst's drain, perf)."""
         segments = self._segments
         if self._spare is not None or not segments:
             return
         current = segments[-1]
-        if self._end - current.base < current.size // 2:
+        if not self._wants_spare():
             return
         with self._create_lock:
             if self._spare is None and self._segments and self._segments[-1] is current:
@@ -814,7 +833,18 @@ class CommitLog:
             raise StorageError(f"cannot write CommitLog checkpoint: {exc}") from exc
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        tick = time.monotonic() + self._interval_s
+        while True:
+            self._spare_wanted.wait(max(0.0, tick - time.monotonic()))
+            if self._stop.is_set():
+                return
+            if self._spare_wanted.is_set():  # an append asked for the next segment
+                self._spare_wanted.clear()
+                with contextlib.suppress(StorageError):  # (the tick tries again)
+                    self._prepare_spare()
+                if time.monotonic() < tick:
+                    continue
+            tick = time.monotonic() + self._interval_s
             self._last = None  # (held at most a tick after the last append)
             # first, so that a slow flush (a burst's msync) does not hold the pages back
             self._release_behind()
@@ -842,6 +872,7 @@ class CommitLog:
         if self._closed:
             return
         self._stop.set()
+        self._spare_wanted.set()
         if self._flusher is not None:
             self._flusher.join()
         if self._spare is not None:

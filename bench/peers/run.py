@@ -85,6 +85,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="hourglass send answers: minimal (`Prefer: return=minimal`, the API's "
                          "opt-in: a count and the duplicates' positions) or full (a SendResult "
                          "per message, its default)")
+    ap.add_argument("--postgres-bodies", action=argparse.BooleanOptionalAction, default=True,
+                    help="PostgreSQL's consumers get each body (RETURNING msg_id, run_at, body), "
+                         "as Redis's and hourglass's do; --no-postgres-bodies: msgId and run_at "
+                         "only, as this harness did before 2026-11-27")
     ap.add_argument("--hourglass-body", choices=("once", "both"), default="once",
                     help="hourglass pulls and receives: once (`Prefer: body=once`, the API's "
                          "opt-in: each body once, as text or as bytes) or both (its default: "
@@ -160,7 +164,7 @@ def run_system(name: str, args: argparse.Namespace, params: Params, workroot: Pa
                "hourglass_cmd": args.hourglass_cmd, "hourglass_env": args.hourglass_env,
                "hourglass_encoding": args.hourglass_encoding,
                "hourglass_answer": args.hourglass_answer,
-               "hourglass_body": args.hourglass_body,
+               "hourglass_body": args.hourglass_body, "postgres_bodies": args.postgres_bodies,
                "hourglass_src": args.hourglass_src, "hourglass_rev": args.hourglass_rev}
     entry: dict = {"workloads": {}, "errors": {}, "params": asdict(params)}
     results["systems"][name] = entry

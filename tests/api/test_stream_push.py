@@ -323,3 +323,64 @@ def test_a_failed_push_is_logged_counted_and_handed_back(
             stream.close()
         ours.close()
         loop.close()
+
+
+def _tcp_pair(client_buffer: int) -> tuple[socket.socket, socket.socket]:
+    """A connected pair of loopback TCP sockets (the server's end first), the client's
+    receive buffer ``client_buffer`` bytes (what it holds of a frame it has not read)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, client_buffer)
+        client.connect(listener.getsockname())
+        server, _ = listener.accept()
+    return server, client
+
+
+def test_a_large_frame_is_written_whole_while_its_client_has_not_read_yet() -> None:
+    """A stream whose frames are large (16 KiB bodies: ~4 MiB a commit) asks for a send
+    buffer of ``SEND_BUFFER_BYTES``: a frame that fits it is taken whole by the socket while
+    the client is busy elsewhere, not handed back to the loop after a part (which then
+    writes the rest, waits for the socket to drain and reads the log again itself). Small
+    frames leave the buffer as the kernel sizes it."""
+    from api.push import LARGE_FRAME_BYTES, SEND_BUFFER_BYTES
+
+    ours, theirs = _tcp_pair(64 << 10)
+    with socket.socket() as probe:  # what the kernel grants for that ask (wmem_max caps it)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        granted = probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    default = ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    # more than the kernel's own sizing lets a socket hold (net.ipv4.tcp_wmem's maximum,
+    # 4 MiB by default; the client's buffer holds 64 KiB), less than what was asked for
+    size = granted * 5 // 8
+    if size <= max(default, 4 << 20) + (64 << 10) or size < LARGE_FRAME_BYTES:
+        pytest.skip(f"net.core.wmem_max grants a send buffer of {granted} bytes only")
+    ours.setblocking(False)
+    loop = asyncio.new_event_loop()
+    landed: list[bytes] = []
+    frames = {1: b"s" * 100, 2: b"L" * size}  # by offset: a small frame, then a large one
+    pusher = StreamPusher()
+    stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=1,
+                          encode=lambda payloads, at: frames[len(landed)],
+                          read=lambda _t, offset, n: landed[offset:offset + n],
+                          transport=Drained(), fd=ours.fileno(), loop=loop)
+    try:
+        stream.park(0, loop.create_future())
+        landed.append(log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])
+        assert ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == default
+        landed.append(log_payload(TOPIC, "m1", 1, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])  # nobody reads meanwhile
+        assert pusher.totals()[:2] == (2, 0)  # both written by the pusher, none handed back
+        assert stream.unpark() == (2, b"")
+        assert ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == granted
+        expected = b"%x\r\n%s\r\n" % (100, frames[1]) + b"%x\r\n%s\r\n" % (size, frames[2])
+        got = bytearray()
+        theirs.settimeout(10)
+        while len(got) < len(expected):
+            got += theirs.recv(1 << 20)
+        assert bytes(got) == expected
+    finally:
+        stream.close()
+        ours.close()
+        theirs.close()
+        loop.close()

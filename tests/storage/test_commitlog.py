@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from storage import commitlog, segment
 from storage.commitlog import HEADER_SIZE, CommitLog
 from storage.errors import InvalidArgument, StorageError
+from storage.segment import Segment
 
 
 def test_append_read_and_reopen(tmp_path: Path) -> None:
@@ -197,9 +201,10 @@ def test_spares_are_populated_for_writes_through_the_mapping_only(tmp_path: Path
     for payload, resident in ((b"s" * 100, True), (b"b" * 20_000, False)):
         with CommitLog(tmp_path / payload[:1].decode(), segment_size=size,
                        flush_interval_ms=3_600_000) as log:
-            log.append_batch([b"x" * 20_000] * (size // 2 // 20_000 + 1))  # half full
+            while log.end_position < size // 2:  # to half full: appends of one kind
+                log.append_batch([payload] * max(1, 10_000 // len(payload)))
             log.append_batch([payload])  # the last append: through the mapping or not
-            log._prepare_spare()
+            log._prepare_spare()  # (the flusher, asked at half full, may have made it)
             assert log._spare is not None
             assert (_resident_kib(log._spare.path) >= size // 1024 // 2) is resident
 
@@ -245,3 +250,31 @@ def test_the_flush_loop_releases_segments_behind(tmp_path: Path) -> None:
         assert [seg.released for seg in segments] == [True] * (len(segments) - 2) + [False] * 2
     finally:
         log.close()
+
+
+def test_an_append_past_half_a_segment_has_the_flusher_make_the_next_one_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst fills a segment faster than the flusher ticks: the append that fills the
+    last segment past half asks the flusher for the next one at once (not at its next tick,
+    an hour away here), so the roll-over uses it and the appending thread makes none."""
+    makers: list[str] = []
+    create = Segment.create
+
+    def recording(*args: Any, **kwargs: Any) -> Segment:
+        makers.append(threading.current_thread().name)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(Segment, "create", recording)
+    path = tmp_path / "log"
+    with CommitLog(path, segment_size=1 << 16, flush_interval_ms=3_600_000) as log:
+        assert makers == [threading.current_thread().name]  # segment 0, at open
+        log.append_batch([b"x" * 8000] * 3)  # 24 KiB of 64: no spare yet
+        log.append_batch([b"x" * 8000] * 2)  # 40 KiB: past half
+        deadline = time.monotonic() + 30
+        while _segments(path) != [0, 1 << 16]:
+            assert time.monotonic() < deadline, "the flusher made no spare"
+            time.sleep(0.005)
+        positions = log.append_batch([b"y" * 8000] * 4)  # rolls over into the spare
+        assert positions[-1] >= 1 << 16
+        assert makers[1:] == [f"commitlog-flush:{path.name}"]
+        assert log.read_many(positions) == [b"y" * 8000] * 4

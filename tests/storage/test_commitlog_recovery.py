@@ -63,10 +63,13 @@ def copy(crashed: tuple[Path, dict], tmp_path: Path) -> tuple[Path, dict]:
 
 
 def _patch(log_dir: Path, position: int, data: bytes) -> None:
+    """Overwrite bytes of the segment holding ``position``, at most to its end (a segment
+    file never grows: past it, the next segment, which the crashed writer may have made
+    already, begins)."""
     seg = log_dir / f"{position - position % SEGMENT:020d}"
     with open(seg, "r+b") as f:
         f.seek(position % SEGMENT)
-        f.write(data)
+        f.write(data[:SEGMENT - position % SEGMENT])
 
 
 def _reopen(log_dir: Path, *, read_only: bool = False, repair: bool = False,
@@ -230,8 +233,10 @@ def test_missing_middle_segment_is_refused(copy: tuple[Path, dict]) -> None:
 
 def test_empty_segment_left_by_a_crash_during_roll_over(copy: tuple[Path, dict]) -> None:
     path, info = copy
-    last_seg = max(p for p in path.iterdir() if p.name.isdigit())
-    stray = path / f"{int(last_seg.name) + SEGMENT:020d}"
+    last = info["end"] - info["end"] % SEGMENT  # (the segment the records end in)
+    for spare in (p for p in path.iterdir() if p.name.isdigit() and int(p.name) > last):
+        spare.unlink()  # a spare the writer had made (or begun) before it was killed
+    stray = path / f"{last + SEGMENT:020d}"
     stray.write_bytes(bytes(SEGMENT))
     with _reopen(path) as log:
         assert log.end_position == info["end"]
@@ -288,8 +293,10 @@ def test_an_empty_spare_segment_left_by_a_kill_is_no_segment(copy: tuple[Path, d
     """A kill -9 between a spare segment's creation and its allocation leaves an empty file
     after the last segment: a read-only open ignores it, a writer removes it."""
     path, info = copy
-    last_seg = max(p for p in path.iterdir() if p.name.isdigit())
-    stray = path / f"{int(last_seg.name) + SEGMENT:020d}"
+    last = info["end"] - info["end"] % SEGMENT  # (the segment the records end in)
+    for spare in (p for p in path.iterdir() if p.name.isdigit() and int(p.name) > last):
+        spare.unlink()  # a spare the writer had made (or begun) before it was killed
+    stray = path / f"{last + SEGMENT:020d}"
     stray.write_bytes(b"")
     with _reopen(path, read_only=True) as ro:
         assert ro.end_position == info["end"]
