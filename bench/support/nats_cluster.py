@@ -26,8 +26,8 @@ class NatsCluster:
         """``gomaxprocs``: each server's GOMAXPROCS (None: Go's default, the machine's cores;
         a GOMAXPROCS in this process's environment wins). 1 by default: three servers share
         this machine's cores with the hourglass nodes, and a Go runtime that runs goroutines
-        on every core spins and switches looking for work (W1's R3 records: 5.2-5.8 instead
-        of 6.2-7.4 ms of NATS CPU a record; docs/cluster.md, "Measured")."""
+        on every core spins and switches looking for work (W1's records: 5.7 instead of 6.9 ms
+        of the NATS servers' CPU a record, with local consumers; docs/cluster.md, "Measured")."""
         self.root = root
         self.gomaxprocs = gomaxprocs
         root.mkdir(parents=True, exist_ok=True)
