@@ -42,7 +42,8 @@ def nats_cpu(cluster: NatsCluster) -> float:
     return total
 
 
-def one_run(messages: list[bytes], local: bool, gomaxprocs: int) -> dict[str, object]:
+def one_run(messages: list[bytes], local: bool, gomaxprocs: int,
+            pause_s: float = 0.0) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="hg-nats-cost-"))
     cluster = NatsCluster(root, gomaxprocs=gomaxprocs or None)  # (no GOMAXPROCS in the env)
     links: list[NatsLink] = []
@@ -59,12 +60,17 @@ def one_run(messages: list[bytes], local: bool, gomaxprocs: int) -> dict[str, ob
             assert f.consumer_placement is not None
         n = len(messages)
         done = [0, 0]
+        fetches = [0, 0]
 
         def follow(i: int) -> None:
             nxt = 1
             while nxt <= n:
-                for seq, _data, _ts in followers[i].fetch(nxt, 256, 0.25):
+                got = followers[i].fetch(nxt, 256, 0.25)
+                fetches[i] += 1
+                for seq, _data, _ts in got:
                     nxt = seq + 1
+                if pause_s:
+                    time.sleep(pause_s)
             done[i] = nxt - 1
 
         c0, p0, w0 = nats_cpu(cluster), time.process_time(), time.monotonic()
@@ -79,7 +85,8 @@ def one_run(messages: list[bytes], local: bool, gomaxprocs: int) -> dict[str, ob
         c1, p1, w1 = nats_cpu(cluster), time.process_time(), time.monotonic()
         placement = [f.consumer_placement for f in followers]
         return {"nats_ms": (c1 - c0) / n * 1000, "client_ms": (p1 - p0) / n * 1000,
-                "wall_s": w1 - w0, "local": sum(1 for p in placement if p and p[0] == p[1]),
+                "wall_s": w1 - w0, "fetches": sum(fetches),
+                "local": sum(1 for p in placement if p and p[0] == p[1]),
                 "placement": placement}
     finally:
         for link in links:
@@ -94,17 +101,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="random,local")
     ap.add_argument("--gomaxprocs", default="0")
+    ap.add_argument("--pauses-ms", default="0",
+                    help="the followers' pause after each fetch (more records a fetch)")
     args = ap.parse_args()
     messages = make_stream(args.records, 1000, 7)[1:]  # (the first: the leader's start)
     print(f"{len(messages)} records of {sum(map(len, messages)) / len(messages) / 1000:.0f} "
           f"KB; load {os.getloadavg()[0]:.2f}")
-    variants = [(mode, int(g)) for g in args.gomaxprocs.split(",")
-                for mode in args.modes.split(",")]
+    variants = [(mode, int(g), float(p)) for g in args.gomaxprocs.split(",")
+                for mode in args.modes.split(",") for p in args.pauses_ms.split(",")]
     for r in range(args.rounds):
-        for mode, g in variants if r % 2 == 0 else variants[::-1]:
-            out = one_run(messages, mode == "local", g)
-            print(f"round {r} {mode:6s} GOMAXPROCS={g or 'default'}: NATS "
+        for mode, g, pause in variants if r % 2 == 0 else variants[::-1]:
+            out = one_run(messages, mode == "local", g, pause / 1000)
+            print(f"round {r} {mode:6s} GOMAXPROCS={g or 'default'} pause {pause:g} ms: NATS "
                   f"{out['nats_ms']:.2f} ms/record, client {out['client_ms']:.2f}, "
+                  f"{out['fetches']} fetches, "
                   f"{out['wall_s']:.1f} s, consumers on the follower's server: "
                   f"{out['local']}/2 {out['placement']}; load {os.getloadavg()[0]:.2f}",
                   flush=True)
