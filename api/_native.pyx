@@ -271,12 +271,9 @@ def pull_pieces(list payloads, bint once, Py_ssize_t min_size):
     cdef PyObject* raw
     if count == 0 or not once:
         return None
-    size = 32 + PyBytes_GET_SIZE(_PULL_HEAD) + PyBytes_GET_SIZE(_K_NEXT)
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        if type(payload) is not bytes:
-            return None
-        size += _room_of(False, PyBytes_GET_SIZE(payload), False, 0) + 1
+    size = _pull_size(payloads, False)
+    if size < 0:
+        return None
     buf = PyBytes_FromStringAndSize(NULL, size)
     o = <uint8_t*>PyBytes_AS_STRING(buf)
     w = _w_key(o, _PULL_HEAD)
@@ -677,6 +674,19 @@ cdef inline Py_ssize_t _w_array(uint8_t* o, Py_ssize_t count) noexcept:
     return 5
 
 
+cdef Py_ssize_t _pull_size(list payloads, bint json) except -2:
+    """The room a pull frame of ``payloads`` needs (``_pull``, ``pull_pieces``); -1 when any
+    payload is not bytes (the caller then goes Python's way)."""
+    cdef Py_ssize_t k, size = 32 + PyBytes_GET_SIZE(_J_PULL_HEAD if json else _PULL_HEAD) \
+        + PyBytes_GET_SIZE(_J_NEXT if json else _K_NEXT)
+    for k in range(PyList_GET_SIZE(payloads)):
+        payload = <object>PyList_GET_ITEM(payloads, k)
+        if type(payload) is not bytes:
+            return -1
+        size += _room_of(json, PyBytes_GET_SIZE(payload), False, 0) + 1
+    return size
+
+
 cdef object _pull(list payloads, bint once, bint json):
     """``pull_frame`` / ``pull_frame_json``: one writer, the encoding switched."""
     cdef Py_ssize_t count = PyList_GET_SIZE(payloads), k, n, w, size
@@ -685,13 +695,9 @@ cdef object _pull(list payloads, bint once, bint json):
     cdef PyObject* raw
     if count == 0:
         return None
-    size = 32 + PyBytes_GET_SIZE(_J_PULL_HEAD if json else _PULL_HEAD) \
-        + PyBytes_GET_SIZE(_J_NEXT if json else _K_NEXT)
-    for k in range(count):
-        payload = <object>PyList_GET_ITEM(payloads, k)
-        if type(payload) is not bytes:
-            return None
-        size += _room_of(json, PyBytes_GET_SIZE(payload), False, 0) + 1
+    size = _pull_size(payloads, json)
+    if size < 0:
+        return None
     buf = PyBytes_FromStringAndSize(NULL, size)
     o = <uint8_t*>PyBytes_AS_STRING(buf)
     if json:

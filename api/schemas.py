@@ -366,11 +366,12 @@ class ClusterLeader(_Out, kw_only=True):
 
 
 class ClusterMember(_Out, kw_only=True):
-    """A node as it last told the cluster (about once a second)."""
+    """A node as it last told the cluster (about once a second); role ``unreachable`` once
+    it has been silent for 3 s."""
 
     node_id: Annotated[str, Meta(examples=["n2"])]
     url: str | None
-    role: Annotated[str, Meta(examples=["follower"])]
+    role: Annotated[str, Meta(examples=["follower", "unreachable"])]
     applied_seq: int
     lag_ms: int
 

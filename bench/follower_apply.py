@@ -22,15 +22,10 @@ import threading
 import time
 from pathlib import Path
 
-from scheduler.broker import Broker
+from bench.support.replicated import open_follower_storage, open_leader_broker
 from scheduler.clock import FakeClock
-from scheduler.committer import Log
 from scheduler.config import EngineConfig
-from scheduler.engine import open_commitlog, open_store
 from scheduler.model import SendRequest
-from storage.commitlog import CommitLog
-from storage.replication import FollowerGuard, LeaderReplicator
-from storage.rocks import RocksStore
 
 NOW_MS = 1_700_000_000_000
 
@@ -39,6 +34,9 @@ class ListSink:
     def __init__(self) -> None:
         self.messages: list[bytes] = []
         self.lock = threading.Lock()
+
+    def check_leading(self) -> None:
+        """This sink's leader never loses its lease."""
 
     def publish(self, record: bytes, expected_last_seq: int) -> int:
         with self.lock:
@@ -57,22 +55,7 @@ def make_stream(records: int, batch: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     sink = ListSink()
     data = Path(tempfile.mkdtemp(prefix="hg-fa-leader-"))
-    stores: list[RocksStore] = []
-
-    def store_factory(directory: Path, cfg: EngineConfig) -> RocksStore:
-        stores.append(open_store(directory, cfg))
-        return stores[-1]
-
-    def log_factory(directory: Path, cfg: EngineConfig) -> Log:
-        commitlog = open_commitlog(directory, cfg)
-        rep = LeaderReplicator(stores[-1], commitlog, sink)
-        stores[-1].attach_replicator(rep)
-        commitlog.attach_replicator(rep)  # type: ignore[attr-defined]
-        return commitlog
-
-    broker = Broker(config(data), FakeClock(NOW_MS), log_factory=log_factory,
-                    store_factory=store_factory)
-    broker.start()
+    broker, _ = open_leader_broker(config(data), FakeClock(NOW_MS), sink)
     try:
         for _ in range(records):
             broker.send_batch([SendRequest(
@@ -88,13 +71,8 @@ def apply_all(messages: list[bytes], mode: str) -> tuple[float, float]:
     """(apply CPU of this thread, process CPU incl. flush + compaction) in seconds."""
     data = Path(tempfile.mkdtemp(prefix="hg-fa-follower-"))
     cfg = config(data)
-    store = open_store(data / "rocksdb", cfg)
-    commitlog: CommitLog = open_commitlog(data / "commitlog", cfg)  # type: ignore[assignment]
-    if mode != "wal":
-        store.disable_wal(vector_timers=mode == "vector")
-    guard = FollowerGuard(store, commitlog)
-    store.attach_replicator(guard)
-    commitlog.attach_replicator(guard)
+    store, commitlog, guard = open_follower_storage(data, cfg, wal=mode == "wal",
+                                                    vector_timers=mode == "vector")
     try:
         p0, t0 = time.process_time(), time.thread_time()
         for seq, message in enumerate(messages, 1):

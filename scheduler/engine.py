@@ -148,8 +148,18 @@ class EngineParts:
             yield
 
     def lags(self, now: int) -> dict[str, float]:
-        """Each shard's watermark lag at ``now``."""
-        return {str(s.state.shard): float(s.lag_ms(now)) for s in self.scanners}
+        """Each shard's watermark lag at ``now``. A leader's: now minus the time its scanner
+        covered. A follower's scanners do not run, and its frontiers move only with the
+        delivery commits it applies: its lag is how late the oldest due message it holds
+        undelivered is (0 when none is due), as it applied them."""
+        if not self.follower:
+            return {str(s.state.shard): float(s.lag_ms(now)) for s in self.scanners}
+        timers = TimerIndex(self.store)
+        lags = {}
+        for st in self.shards:
+            due = timers.oldest_due(st.shard, st.frontier_key, now)
+            lags[str(st.shard)] = 0.0 if due is None else float(now - due)
+        return lags
 
     def reload_frontiers(self) -> None:
         """A follower applied delivery commits: the shards' frontiers moved."""

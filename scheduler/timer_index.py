@@ -64,6 +64,13 @@ class TimerIndex:
         return self._store.read_range_next(cf, start, end, limit, fill_cache=fill_cache,
                                            max_bytes=max_bytes)
 
+    def oldest_due(self, shard: int, frontier: bytes, now_ms: int) -> int | None:
+        """The due time of the first pending key of ``shard`` (at or after ``frontier``)
+        if it is due by ``now_ms``, else None: one seek."""
+        pairs, _ = self.read_due(self.cf(shard), frontier, time_bound(now_ms + 1), 1,
+                                 fill_cache=False)
+        return unpack_u64(pairs[0][0]) if pairs else None
+
     def frontier(self, shard: int) -> bytes:
         """Persisted scan frontier of shard: every timer key below it is delivered or
         cancelled, every key at or above it is pending. Either ``time_bound(ms)`` or, after a

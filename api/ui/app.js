@@ -357,7 +357,7 @@ function showCluster(c) {
     const row = body.insertRow();
     row.dataset.node = n.nodeId;
     cell(row, n.nodeId === c.nodeId ? `${n.nodeId} (this one)` : n.nodeId);
-    cell(row, n.role, `role ${n.role === "leader" ? "ok" : ""}`, n.role);
+    cell(row, n.role, `role ${{leader: "ok", unreachable: "bad"}[n.role] || ""}`, n.role);
     cell(row, n.url || "");
     cell(row, fmtNum(n.appliedSeq), "applied", n.appliedSeq);
     cell(row, `${fmtNum(n.lagMs)} ms`, "lag", n.lagMs);

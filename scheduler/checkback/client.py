@@ -18,13 +18,15 @@ import logging
 import threading
 import time
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from scheduler.checkback.registry import CallbackRegistration
 from scheduler.model import PendingCheck
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,8 @@ class CheckbackClient:
 
     @property
     def _http(self) -> httpx.Client:
+        import httpx  # here, not at import: ~0.1 s of every start, most never check back
+
         with self._lock:
             if self._http_client is None:
                 self._http_client = httpx.Client(
@@ -165,6 +169,8 @@ class CheckbackClient:
             return self._http_client
 
     def ask(self, reg: CallbackRegistration, check: PendingCheck, now_ms: int) -> CheckAnswer:
+        import httpx
+
         body = orjson.dumps(check_payload(check))
         headers = {"Content-Type": "application/json", "Accept-Encoding": ACCEPT_ENCODING}
         if reg.secret is not None:

@@ -40,6 +40,11 @@ from storage.errors import HourglassError, NotLeader, StorageError, Unavailable
 log = logging.getLogger(__name__)
 
 STATUS_INTERVAL_MS = 1000
+# a node whose last status is older than this has stopped telling the cluster: the view
+# shows it UNREACHABLE, not as the role it last had (a killed leader's entry outlives it by
+# up to the node bucket's TTL, >= 10 s)
+SILENT_MS = 3 * STATUS_INTERVAL_MS
+UNREACHABLE = "unreachable"
 APPLY_LAG_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 RETRY_PUBLISH_S = 0.05
 #: how often a follower looks at the lease once its holder missed a renewal, or it is free
@@ -201,13 +206,15 @@ class ClusterNode:
         nodes = []
         found = self.link.nodes()  # (NATS unreachable long enough: none, this node's own only)
         found[self.node_id] = json.dumps(self._status()).encode()
+        now = self._clock.now_ms()
         for node_id in sorted(found):
             try:
                 info = json.loads(found[node_id])
             except ValueError:
                 continue
+            silent = now - int(info.get("at", now)) > SILENT_MS
             nodes.append({"nodeId": node_id, "url": info.get("url"),
-                          "role": info.get("role", STARTING),
+                          "role": UNREACHABLE if silent else info.get("role", STARTING),
                           "appliedSeq": int(info.get("appliedSeq", 0)),
                           "lagMs": int(info.get("lagMs", 0))})
         return {"nodeId": self.node_id, "role": self.role, "leader": leader,
@@ -250,7 +257,7 @@ class ClusterNode:
         broker = self._broker
         return {"url": self.url, "role": self.role,
                 "appliedSeq": 0 if broker is None else broker.applied_seq,
-                "lagMs": self.lag_ms, "at": int(time.time() * 1000)}
+                "lagMs": self.lag_ms, "at": self._clock.now_ms()}
 
     def _follow(self, broker: Broker) -> None:
         if self._next_fetch_ms is not None:

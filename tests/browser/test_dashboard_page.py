@@ -10,12 +10,13 @@ import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
 
+from bench.support.hourglass_cluster import TOKEN as CLUSTER_TOKEN
 from scheduler.clock import FakeClock
 from scheduler.timeline import HOUR, MINUTE
 from tests.browser.conftest import ZONE
@@ -66,7 +67,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         yield live
 
 
-def open_page(browser: Any, live: Live, token: str, refresh_ms: int = 500) -> None:
+class Served(Protocol):
+    """A running server the page is opened on (``Live``, or a cluster's ``ServerProcess``)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+
+def open_page(browser: Any, live: Served, token: str, refresh_ms: int = 500) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -76,7 +84,7 @@ def open_page(browser: Any, live: Live, token: str, refresh_ms: int = 500) -> No
     browser.get(f"{live.base_url}/ui/?refresh={refresh_ms}")
     browser.find_element(By.ID, "token").send_keys(token)
     browser.find_element(By.ID, "signin-button").click()
-    if token in (ADMIN, PRODUCER, CONSUMER):
+    if token in (ADMIN, PRODUCER, CONSUMER, CLUSTER_TOKEN):
         WebDriverWait(browser, WAIT_S).until(ec.visibility_of_element_located((By.ID, "who")))
 
 

@@ -52,6 +52,9 @@ class Workload:
         self.maybe_cancelled: set[str] = set()  # cancels never answered: either way
         self.group_acked: set[str] = set()
         self.redelivered_after_ack: list[str] = []
+        # msgId -> (time, node, what) of each receive and answered ack: where a redelivery
+        # came from
+        self.journal: dict[str, list[tuple[float, str, str]]] = {}
         self.errors: list[str] = []
         self.n = 0
 
@@ -60,21 +63,27 @@ class Workload:
         return self.rng.choice(live) if live else None
 
     def call(self, method: str, path: str, **kw: object) -> httpx.Response | None:
+        return self.call_on(method, path, **kw)[1]
+
+    def call_on(self, method: str, path: str, **kw: object
+                ) -> tuple[str, httpx.Response | None]:
+        """``call``, with the node it asked."""
         node = self.node()
         if node is None:
-            return None
+            return "", None
+        name = str(node.settings["node_id"])
         try:
             with node.client(timeout_s=5) as c:
                 r = c.request(method, path, **kw)  # type: ignore[arg-type]
         except httpx.TransportError:
-            return None
+            return name, None
         if r.status_code == 503:
             if "Retry-After" not in r.headers:
                 self.errors.append(f"503 without Retry-After: {method} {path} {r.text}")
-            return None
+            return name, None
         if r.status_code >= 500:
             self.errors.append(f"{r.status_code} {method} {path}: {r.text}")
-        return r
+        return name, r
 
     def next_id(self, prefix: str) -> str:
         with self.lock:
@@ -130,8 +139,8 @@ class Workload:
 
     def consume(self) -> None:
         while not self.stop.is_set():
-            r = self.call("POST", f"/v1/topics/{TOPIC}/groups/{GROUP}:receive",
-                          json={"max": 20, "leaseMs": 2000})
+            node, r = self.call_on("POST", f"/v1/topics/{TOPIC}/groups/{GROUP}:receive",
+                                   json={"max": 20, "leaseMs": 2000})
             if r is None or r.status_code != 200:
                 time.sleep(0.05)
                 continue
@@ -139,12 +148,16 @@ class Workload:
             with self.lock:
                 again = [m["msgId"] for m in messages if m["msgId"] in self.group_acked]
                 self.redelivered_after_ack += again
+                for m in messages:
+                    self.journal.setdefault(m["msgId"], []).append(
+                        (time.time(), node, "received"))
             for m in messages:
-                a = self.call("POST", f"/v1/topics/{TOPIC}/groups/{GROUP}:ack",
-                              json={"receipts": [m["receipt"]]})
+                node, a = self.call_on("POST", f"/v1/topics/{TOPIC}/groups/{GROUP}:ack",
+                                       json={"receipts": [m["receipt"]]})
                 if a is not None and a.status_code == 200 and a.json()["acked"] == 1:
                     with self.lock:
                         self.group_acked.add(m["msgId"])
+                        self.journal[m["msgId"]].append((time.time(), node, "acked"))
             if not messages:
                 time.sleep(0.05)
 
@@ -274,7 +287,10 @@ def test_leader_killed_again_and_again_under_load(cluster: HourglassCluster) -> 
             if not page["messages"]:
                 break
             offset = page["nextOffset"]
-    assert work.redelivered_after_ack == []
+    assert work.redelivered_after_ack == [], {
+        m: [(time.strftime("%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}",
+             node, what) for at, node, what in work.journal[m]]
+        for m in work.redelivered_after_ack[:5]}
     assert work.errors == []
     summary = {"kills": kills, "failover_s": [round(f, 3) for f in failovers],
                "p50_s": round(statistics.median(failovers), 3),

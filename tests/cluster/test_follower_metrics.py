@@ -70,6 +70,10 @@ def test_a_followers_state_gauges_count_what_it_applied(cluster: HourglassCluste
     for node in followers:
         until(lambda node=node: state(node) == first, 30,  # type: ignore[misc]
               f"the follower's gauges as the leader's: {state(node)}")
+        # nothing due waits undelivered: no shard lags (its scanners never ran: "now minus
+        # what they covered" was the epoch's age)
+        lags = {k: v for k, v in scrape(node).items() if k[0] == "hourglass_watermark_lag_ms"}
+        assert lags and set(lags.values()) == {0.0}, lags
 
     # later writes: two cancels, a commit, a rollback, the last ack
     with leader.client() as c:

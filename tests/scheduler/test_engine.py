@@ -55,3 +55,24 @@ def test_a_followers_parts_start_no_thread(tmp_path: Path) -> None:
         assert not any(s.is_alive() for s in parts.scanners)
     finally:
         parts.stop()
+
+
+def test_a_followers_watermark_lag_is_how_late_its_oldest_due_message_is(
+        tmp_path: Path) -> None:
+    """A follower's scanners never run, so "now minus what they covered" would be the age of
+    the epoch (1.8e12 ms on a follower that applied nothing due). Its lag is how late the
+    oldest due message it holds undelivered is."""
+    leader = _build(tmp_path)
+    leader.start()
+    leader.writes.submit([leader.intake.prepare(
+        SendRequest(topic="t", body=b"x", msg_id="m", delay_ms=60_000), START_MS)])
+    leader.stop()  # the message is pending: due at START_MS + 60 000, not delivered
+    parts = _build(tmp_path, follower=True)
+    parts.start()
+    try:
+        assert set(parts.lags(START_MS).values()) == {0.0}  # nothing due yet
+        lags = parts.lags(START_MS + 60_000 + 750)
+        assert sorted(lags.values())[-1] == 750.0  # the shard holding it, 750 ms late
+        assert sum(lags.values()) == 750.0  # the others have nothing due
+    finally:
+        parts.stop()

@@ -92,15 +92,8 @@ def test_a_failed_scheduled_send_changes_nothing(harness: Harness) -> None:
 def test_memory_stays_bounded_while_delivery_is_blocked(harness: Harness,
                                                         clock: FakeClock) -> None:
     """Flow control: with delivery failing, scanners stop once the queue is full."""
-    broker = harness.open(flaky=True, scan_batch_size=50, delivery_queue_batches=3,
-                          delivery_batch_max=50)
-    assert harness.log is not None
-    for chunk in range(10):
-        broker.send_batch([SendRequest(topic="t", body=b"x", msg_id=f"{chunk}-{i}",
-                                       delay_ms=10) for i in range(1000)])
-    harness.log.fail_appends = 1_000_000
-    clock.advance(10)
-    advance_until(clock, lambda: broker.metrics.retries.value >= 3, step=1)
+    broker = hold_a_burst(harness, clock, chunks=10, topics=1, scan_batch_size=50,
+                          delivery_queue_batches=3, delivery_batch_max=50)
     # let the scanners run as far as they can: the queue never exceeds its bound
     for _ in range(50):
         clock.advance(1)
@@ -108,10 +101,7 @@ def test_memory_stays_bounded_while_delivery_is_blocked(harness: Harness,
         assert broker.metrics.delivery_queue_messages.value <= 150
     scanned = broker.metrics.scan_batch_size.snapshot().count
     assert scanned <= 2 * (3 + 1 + 1)  # queue + the batch in commit + one blocked in put
-    harness.log.fail_appends = 0
-    advance_until(clock, lambda: broker.ready)
-    broker.drain(timeout_s=120)
-    assert len(read_topic(broker, "t")) == 10_000
+    assert release_and_count(harness, broker, clock, topics=1) == 10_000
 
 
 def test_drain_times_out_while_delivery_is_blocked(harness: Harness, clock: FakeClock) -> None:
@@ -169,21 +159,37 @@ def test_a_burst_is_scanned_only_one_commit_ahead(harness: Harness, clock: FakeC
     ahead competes for the GIL with the commit, and the stream starts later
     (docs/performance.md, W2). Here the commit is held (failing appends) and the scanners
     run as far as they can."""
-    broker = harness.open(flaky=True)
-    assert harness.log is not None
-    for chunk in range(20):
-        broker.send_batch([SendRequest(topic=f"t{i % 4}", body=b"x", msg_id=f"{chunk}-{i}",
-                                       delay_ms=10) for i in range(1000)])
-    harness.log.fail_appends = 1_000_000
-    clock.advance(10)
-    advance_until(clock, lambda: broker.metrics.retries.value >= 3, step=1)
+    broker = hold_a_burst(harness, clock, chunks=20, topics=4)
     for _ in range(50):
         clock.advance(1)
     # the queue (4096 messages: 5 batches of 1000) + the batch in the commit + one blocked
     # in put per shard
     assert broker.metrics.delivery_queue_messages.value <= 5000
     assert broker.metrics.scan_batch_size.snapshot().count <= 5 + 1 + 2
+    assert release_and_count(harness, broker, clock, topics=4) == 20_000
+
+
+def hold_a_burst(harness: Harness, clock: FakeClock, *, chunks: int, topics: int,
+                 **options: int) -> Broker:
+    """``chunks`` sends of 1000 messages over ``topics`` topics, all due at once, and the
+    log failing every append: the commit is held while the scanners run."""
+    broker = harness.open(flaky=True, **options)
+    assert harness.log is not None
+    for chunk in range(chunks):
+        broker.send_batch([SendRequest(topic=f"t{i % topics}", body=b"x",
+                                       msg_id=f"{chunk}-{i}", delay_ms=10)
+                           for i in range(1000)])
+    harness.log.fail_appends = 1_000_000
+    clock.advance(10)
+    advance_until(clock, lambda: broker.metrics.retries.value >= 3, step=1)
+    return broker
+
+
+def release_and_count(harness: Harness, broker: Broker, clock: FakeClock, *,
+                      topics: int) -> int:
+    """Let ``hold_a_burst``'s appends work again, drain, and count what was delivered."""
+    assert harness.log is not None
     harness.log.fail_appends = 0
     advance_until(clock, lambda: broker.ready)
     broker.drain(timeout_s=120)
-    assert sum(len(read_topic(broker, f"t{k}")) for k in range(4)) == 20_000
+    return sum(len(read_topic(broker, f"t{k}")) for k in range(topics))

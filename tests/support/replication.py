@@ -8,15 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.support.replicated import open_follower_storage, open_leader_broker
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
-from scheduler.committer import Log
-from scheduler.config import EngineConfig
-from scheduler.engine import open_commitlog, open_store
 from scheduler.timer_index import TimerIndex
-from storage.commitlog import CommitLog
 from storage.errors import NotLeader
-from storage.replication import FollowerGuard, LeaderReplicator
+from storage.replication import LeaderReplicator
 from storage.rocks import RocksStore
 from storage.segment import NAME_PATTERN
 
@@ -55,26 +52,8 @@ def open_leader(data_dir: Path, clock: FakeClock, stream: MemoryStream, *,
     """A Broker whose store and log ship every write to ``stream``."""
     from tests.support.engine import make_config
 
-    config = make_config(data_dir, **overrides)
-    stores: list[RocksStore] = []
-    made: list[LeaderReplicator] = []
-
-    def store_factory(directory: Path, cfg: EngineConfig) -> RocksStore:
-        stores.append(open_store(directory, cfg))
-        return stores[-1]
-
-    def log_factory(directory: Path, cfg: EngineConfig) -> Log:
-        commitlog = open_commitlog(directory, cfg)
-        rep = LeaderReplicator(stores[-1], commitlog, stream,
-                               max_message_bytes=max_message_bytes)
-        made.append(rep)
-        stores[-1].attach_replicator(rep)
-        commitlog.attach_replicator(rep)  # type: ignore[attr-defined]
-        return commitlog
-
-    broker = Broker(config, clock, log_factory=log_factory, store_factory=store_factory)
-    broker.start()
-    return broker, made
+    return open_leader_broker(make_config(data_dir, **overrides), clock, stream,
+                              max_message_bytes=max_message_bytes)
 
 
 class FollowerNode:
@@ -83,15 +62,8 @@ class FollowerNode:
     def __init__(self, data_dir: Path, **overrides: Any) -> None:
         from tests.support.engine import make_config
 
-        cfg = make_config(data_dir, **overrides)
-        self.config = cfg
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = open_store(data_dir / "rocksdb", cfg)
-        self.store.disable_wal(vector_timers=True)  # as a follower's engine opens it
-        self.log: CommitLog = open_commitlog(data_dir / "commitlog", cfg)  # type: ignore[assignment]
-        self.guard = FollowerGuard(self.store, self.log)
-        self.store.attach_replicator(self.guard)
-        self.log.attach_replicator(self.guard)
+        self.config = make_config(data_dir, **overrides)
+        self.store, self.log, self.guard = open_follower_storage(data_dir, self.config)
 
     def catch_up(self, stream: MemoryStream) -> int:
         n = 0
