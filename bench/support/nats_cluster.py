@@ -22,8 +22,14 @@ def free_port() -> int:
 
 
 class NatsCluster:
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, *, gomaxprocs: int | None = 1) -> None:
+        """``gomaxprocs``: each server's GOMAXPROCS (None: Go's default, the machine's cores;
+        a GOMAXPROCS in this process's environment wins). 1 by default: three servers share
+        this machine's cores with the hourglass nodes, and a Go runtime that runs goroutines
+        on every core spins and switches looking for work (W1's records: 5.7 instead of 6.9 ms
+        of the NATS servers' CPU a record, with local consumers; docs/cluster.md, "Measured")."""
         self.root = root
+        self.gomaxprocs = gomaxprocs
         root.mkdir(parents=True, exist_ok=True)
         self.size = size
         self.ports = [free_port() for _ in range(size)]
@@ -56,9 +62,12 @@ class NatsCluster:
     def start(self, i: int | None = None) -> None:
         for n in range(self.size) if i is None else [i]:
             log = open(self.root / f"n{n}.log", "ab")
+            env = dict(os.environ)
+            if self.gomaxprocs is not None:
+                env.setdefault("GOMAXPROCS", str(self.gomaxprocs))
             self.procs[n] = subprocess.Popen(
                 [str(NATS_SERVER), "-c", str(self._config(n))], stdout=log, stderr=log,
-                stdin=subprocess.DEVNULL)
+                stdin=subprocess.DEVNULL, env=env)
             log.close()
         self.wait_listening()
 

@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code
+#: consumers made (and deleted) at most to get one on the NATS server this node is connected to
+LOCAL_CONSUMER_TRIES = 6
+LOCAL_CONSUMER_S = 1.0  # ... and for at most so long (then the last one made is kept)
+FRESH_CONSUMER_S = 2.0  # a consumer so young that answers "no responders" is waited for
 
 
 class SnapshotMoved(Exception):
@@ -75,6 +79,8 @@ class NatsLink:
         self._monotonic = monotonic
         self._nodes_seen: tuple[float, dict[str, bytes]] | None = None  # (monotonic s, listing)
         self.snapshot_stall_s = 5.0  # no snapshot chunk for so long: read it again
+        self.local_consumer_tries = LOCAL_CONSUMER_TRIES  # (1: wherever JetStream puts it)
+        self.consumer_placement: tuple[str | None, str | None, int] | None = None
         self._name = name
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="nats-link",
@@ -87,6 +93,7 @@ class NatsLink:
         self._objects: Any = None
         self._sub: Any = None
         self._sub_next = 0  # the sequence the subscription delivers next
+        self._sub_made = 0.0  # when its consumer was made (the link loop's time)
 
     # --- plumbing ---------------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
@@ -240,17 +247,21 @@ class NatsLink:
                      wait_s: float) -> list[tuple[int, bytes, int]]:
         if self._sub is None or self._sub_next != from_seq:
             await self._drop_sub()
-            self._sub = await asyncio.wait_for(self._js.pull_subscribe(
-                self.names.wal_subject, stream=self.names.wal,
-                config=api.ConsumerConfig(
-                    deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
-                    ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0,
-                    max_ack_pending=-1, mem_storage=True, num_replicas=1)), self.timeout_s)
+            self._sub = await asyncio.wait_for(self._subscribe(from_seq), self.timeout_s)
             self._sub_next = from_seq
+            self._sub_made = self._loop.time()
         try:
             msgs = await self._sub.fetch(max_records, timeout=wait_s)
         except nats.errors.TimeoutError:
             return []
+        except nats.js.errors.ServiceUnavailableError:
+            # no responders: a consumer just made on another server whose interest has not
+            # reached this one yet (kept a while), or one that is gone (made again)
+            if self._loop.time() - self._sub_made < FRESH_CONSUMER_S:
+                await asyncio.sleep(min(wait_s, 0.05))
+                return []
+            self._sub = None
+            raise
         except BaseException:  # (a cancelled call too): a new consumer next time
             self._sub = None
             raise
@@ -264,6 +275,35 @@ class NatsLink:
             out.append((seq, bytes(msg.data), int(meta.timestamp.timestamp() * 1000)))
             self._sub_next = seq + 1
         return out
+
+    async def _subscribe(self, from_seq: int) -> Any:
+        """A pull consumer of the stream from ``from_seq`` (no acks, in memory, one replica),
+        hosted by the NATS server this connection reaches if it can be: JetStream puts a
+        one-replica consumer on one of the stream's servers at random, and from another one
+        every message it delivers crosses a route first (one more copy of each record for
+        two servers). So a consumer placed elsewhere is deleted and made again, at most
+        ``LOCAL_CONSUMER_TRIES`` times within ``LOCAL_CONSUMER_S`` (then the last one made
+        is kept: a remote consumer costs CPU, not correctness)."""
+        here = self._nc._server_info.get("server_name")  # (nats-py keeps the server's INFO)
+        n = self.names
+        tries = max(1, self.local_consumer_tries)
+        deadline = self._loop.time() + LOCAL_CONSUMER_S
+        for attempt in range(1, tries + 1):
+            name = self._nc._nuid.next().decode()
+            info = await self._js.add_consumer(n.wal, config=api.ConsumerConfig(
+                name=name, filter_subject=n.wal_subject,
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
+                ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0,
+                max_ack_pending=-1, mem_storage=True, num_replicas=1))
+            there = None if info.cluster is None else info.cluster.leader
+            if (attempt == tries or here is None or there is None or there == here
+                    or self._loop.time() > deadline):
+                break
+            with contextlib.suppress(Exception):  # (unused, it goes after 30 s anyway)
+                await self._js.delete_consumer(n.wal, name)
+        self.consumer_placement = (there, here, attempt)  # (its server, ours, consumers made)
+        log.debug("stream consumer on %s (connected to %s) after %d tries", there, here, attempt)
+        return await self._js.pull_subscribe_bind(consumer=name, stream=n.wal)
 
     async def _drop_sub(self) -> None:
         sub, self._sub = self._sub, None

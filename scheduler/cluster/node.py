@@ -49,6 +49,13 @@ APPLY_LAG_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000
 RETRY_PUBLISH_S = 0.05
 #: how often a follower looks at the lease once its holder missed a renewal, or it is free
 LEASE_POLL_MS = 100
+#: a follower that read what the stream held (fewer records than it asked for) fetches
+#: again this long after its last fetch, not at once: each fetch costs nats-py and NATS
+#: ~0.5 ms whatever it carries, and at the stream's end under W1 most carried one record
+#: (bench/nats_cluster_cost.py --pauses-ms; docs/cluster.md, "Measured"). It bounds how much
+#: later than now a follower applies a record, not how late it is when it must lead.
+FOLLOW_GATHER_MS = 20
+FOLLOW_BATCH = 256  # records a fetch asks for
 
 
 def restore_snapshot(link: NatsLink, data_dir: Path, *, wipe: bool = False) -> int | None:
@@ -132,6 +139,7 @@ class ClusterNode:
         self._next_lease_ms = 0
         self._next_status_ms = 0
         self._caught_up_ms = clock.now_ms()  # when this follower last was at the stream's end
+        self._next_fetch_ms: int | None = None  # (FOLLOW_GATHER_MS after a partial fetch)
         self._leader: dict[str, str] | None = None
         self._seen_revision: int | None = None  # of the lease at this follower's last look
         self._free_seen_ms: int | None = None  # when this follower saw the lease free
@@ -252,8 +260,16 @@ class ClusterNode:
                 "lagMs": self.lag_ms, "at": self._clock.now_ms()}
 
     def _follow(self, broker: Broker) -> None:
-        records = self.link.fetch(broker.consumed_seq + 1, 256,
+        if self._next_fetch_ms is not None:
+            wait_ms = self._next_fetch_ms - self._clock.now_ms()
+            self._next_fetch_ms = None
+            if wait_ms > 0:
+                self._stop.wait(min(wait_ms, FOLLOW_GATHER_MS) / 1000)
+        fetched_ms = self._clock.now_ms()
+        records = self.link.fetch(broker.consumed_seq + 1, FOLLOW_BATCH,
                                   wait_s=min(0.1, self.lease_ms / 3000))
+        if 0 < len(records) < FOLLOW_BATCH:
+            self._next_fetch_ms = fetched_ms + FOLLOW_GATHER_MS
         for seq, data, stored_ms in records:
             try:
                 broker.apply(seq, data)
@@ -267,7 +283,7 @@ class ClusterNode:
                 return
             self.apply_lag_ms.observe(max(0, int(time.time() * 1000) - stored_ms))
         now = self._clock.now_ms()
-        if len(records) < 256:
+        if len(records) < FOLLOW_BATCH:
             self._caught_up_ms = now
         if now < self._next_lease_ms or self._stop.is_set():
             return

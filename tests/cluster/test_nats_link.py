@@ -200,3 +200,33 @@ def test_the_node_listing_outlives_a_failed_read_until_the_bucket_would_expire_i
             assert link.nodes() == {}
         finally:
             link.close()
+
+
+def test_a_follower_reads_through_a_consumer_on_the_server_it_is_connected_to(
+        nats_cluster: NatsCluster) -> None:
+    """JetStream puts a one-replica consumer on any of the stream's three servers; a follower
+    makes it again until it is on its own server, so records do not cross a route to reach
+    it (and reading goes on in order from the sequence asked)."""
+    from scheduler.cluster.link import ClusterNames
+
+    names = ClusterNames(wal="LOCAL_WAL", lease_bucket="local-lease", node_bucket="local-nodes")
+    leader = _link(nats_cluster, names=names)
+    followers = [_link(nats_cluster, names=names) for _ in range(4)]
+    try:
+        base = leader.last_seq()
+        for i in range(3):
+            leader.publish(b"%d" % i, base + i)
+        for f in followers:
+            f.local_consumer_tries = 30  # (6 by default: 1 - (2/3)**6 of them local)
+            got: list[bytes] = []
+            while len(got) < 2:
+                got += [d for _, d, _ in f.fetch(base + 2 + len(got), 16)]
+            assert got == [b"1", b"2"]
+            assert f.consumer_placement is not None
+            there, here, made = f.consumer_placement
+            assert here is not None and there == here, f.consumer_placement
+            assert 1 <= made <= 30
+    finally:
+        leader.close()
+        for f in followers:
+            f.close()
