@@ -71,6 +71,13 @@ NOTHING_PENDING = MAX_U64  # covered_ms of a shard with no pending key at all
 LARGE_VALUE_BYTES = 4096
 
 
+def _large(items: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a read's values are large: the first, middle and last value's mean (as
+    delivery's batch_bytes estimates) is ``LARGE_VALUE_BYTES`` or more."""
+    return (len(items[0][1]) + len(items[len(items) // 2][1])
+            + len(items[-1][1])) >= 3 * LARGE_VALUE_BYTES
+
+
 class ShardState:
     def __init__(self, shard: int, frontier_key: bytes) -> None:
         """``frontier_key``: the persisted frontier (TimerIndex.frontier)."""
@@ -242,6 +249,13 @@ class Scanner(threading.Thread):
                 items, after = self._timers.read_due(st.cf, pre.end, bound, limit,
                                                      fill_cache=not self.large_values,
                                                      max_bytes=max_bytes)
+                if items and _large(items):
+                    # large values are read when due, as before: their drain is bound by
+                    # the bytes (docs/performance.md, Large bodies), and reading 16 KiB
+                    # bodies ahead tripled a 20 k burst's drain (0.8-0.9 -> 2.3-2.8 s)
+                    if not pre:
+                        st.prefetch = None
+                    break
                 # (all of [pre.end, bound) read, as Scanner.step judges a scan complete)
                 done = after is not None or (len(items) < limit and sum(
                     len(value) for _, value in items) < max_bytes)
@@ -300,8 +314,7 @@ class Scanner(threading.Thread):
             self._progress.notify()
             return False
         # (the first, middle and last value's mean, as delivery's batch_bytes estimates)
-        self.large_values = (len(items[0][1]) + len(items[len(items) // 2][1])
-                             + len(items[-1][1])) >= 3 * LARGE_VALUE_BYTES
+        self.large_values = _large(items)
         self._metrics.scan_batch_size.observe(len(items))
         self._progress.hand()
         if not self._hand_off(batch):

@@ -343,3 +343,26 @@ PrefetchMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestPrefetchStateful = PrefetchMachine.TestCase
+
+
+def test_large_values_are_read_when_due_not_ahead(engine: tuple[Harness, FakeClock]) -> None:
+    """A burst of 16 KiB bodies is not read ahead (it tripled such a drain over HTTP); it
+    is delivered at its instant all the same."""
+    harness, clock = engine
+    broker = _open(harness)
+    ids = [f"b{i:03d}" for i in range(20)]
+    broker.send_batch([SendRequest(topic="t", body=b"x" * 16384, msg_id=m, deliver_at=DUE)
+                       for m in ids])
+    state = broker.parts.shards[0]
+    with ReadSpy() as spy:
+        clock.set(DUE - LEAD // 2)
+        deadline = time.monotonic() + WAIT_S
+        while spy.keys == 0:  # the read-ahead's first read (under the shard's lock)
+            assert time.monotonic() < deadline, "the scanner never looked ahead"
+            time.sleep(0.001)
+        with state.lock:
+            assert state.prefetch is None
+    clock.set(DUE - 1)
+    assert _delivered(broker) == []
+    clock.set(DUE)
+    assert _delivered(broker) == ids
