@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -321,16 +321,7 @@ def bench_lateness(root: Path, rate: int, seconds: float, shards: int,
             time.sleep(0.1)
             if time.time() > last_due + 60:
                 break
-        late: list[int] = []
-        for topic in TOPICS:
-            offset = 0
-            while True:
-                page = broker.pull(topic, offset, 1000)
-                if not page.messages:
-                    break
-                late.extend(m.stored_at - m.deliver_at for m in page.messages)
-                offset = page.next_offset
-        late.sort()
+        late = _lateness(broker, TOPICS)
         if not late:
             raise AssertionError("nothing was delivered")
 
@@ -369,15 +360,7 @@ def bench_burst(root: Path, n: int, lead_ms: int, shards: int) -> dict[str, Any]
         while broker.metrics.delivered.value < n:
             time.sleep(0.001)
         cpu = time.process_time() - cpu
-        late: list[int] = []
-        offset = 0
-        while True:
-            page = broker.pull(topic, offset, 1000)
-            if not page.messages:
-                break
-            late.extend(m.stored_at - m.deliver_at for m in page.messages)
-            offset = page.next_offset
-        late.sort()
+        late = _lateness(broker, [topic])
         if len(late) != n:
             raise AssertionError(f"delivered {len(late)} of {n}")
 
@@ -484,3 +467,17 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def _lateness(broker: Broker, topics: Sequence[str]) -> list[int]:
+    """``storedAt - deliverAt`` of every message in the logs of ``topics``, sorted."""
+    late: list[int] = []
+    for topic in topics:
+        offset = 0
+        while True:
+            page = broker.pull(topic, offset, 1000)
+            if not page.messages:
+                break
+            late.extend(m.stored_at - m.deliver_at for m in page.messages)
+            offset = page.next_offset
+    return sorted(late)
