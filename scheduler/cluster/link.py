@@ -24,6 +24,7 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,12 +285,14 @@ class NatsLink:
         two servers). So a consumer placed elsewhere is deleted and made again, at most
         ``LOCAL_CONSUMER_TRIES`` times within ``LOCAL_CONSUMER_S`` (then the last one made
         is kept: a remote consumer costs CPU, not correctness)."""
-        here = self._nc._server_info.get("server_name")  # (nats-py keeps the server's INFO)
+        # nats-py keeps the server's INFO only in a private attribute: without it (another
+        # nats-py), the first consumer made is kept, wherever it is
+        here = (getattr(self._nc, "_server_info", None) or {}).get("server_name")
         n = self.names
         tries = max(1, self.local_consumer_tries)
         deadline = self._loop.time() + LOCAL_CONSUMER_S
         for attempt in range(1, tries + 1):
-            name = self._nc._nuid.next().decode()
+            name = uuid.uuid4().hex
             info = await self._js.add_consumer(n.wal, config=api.ConsumerConfig(
                 name=name, filter_subject=n.wal_subject,
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq,
