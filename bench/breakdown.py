@@ -117,7 +117,7 @@ def breakdown(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
         cursor = [time_bound(0)]
 
         def scan(r: int) -> None:
-            items, _ = timers.read_due("timer.0", cursor[0], time_bound(due + 1), BATCH)
+            items = timers.read_due("timer.0", cursor[0], time_bound(due + 1), BATCH).items
             end = items[-1][0] + b"\x00"
             scans[r] = ScanBatch(shard=0, start=cursor[0], end=end, items=items)
             cursor[0] = end

@@ -78,7 +78,7 @@ def measure(data_dir: Path, rounds: int) -> dict[str, dict[str, float]]:
         timers = TimerIndex(store)
         cursor = time_bound(0)
         for r in range(rounds):
-            items, _ = timers.read_due("timer.0", cursor, time_bound(due + 1), BATCH)
+            items = timers.read_due("timer.0", cursor, time_bound(due + 1), BATCH).items
             scan = ScanBatch(shard=0, start=cursor, end=items[-1][0] + b"\x00", items=items)
             cursor = scan.end
             timed("commit", r % 2 == 0, lambda s=scan: committer.commit_due([s]))  # type: ignore[misc]

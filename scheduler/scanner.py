@@ -246,9 +246,9 @@ class Scanner(threading.Thread):
                 limit = min(room, self._batch_size)
                 max_bytes = budget if self._batch_bytes is None else min(budget,
                                                                           self._batch_bytes)
-                items, after = self._timers.read_due(st.cf, pre.end, bound, limit,
-                                                     fill_cache=not self.large_values,
-                                                     max_bytes=max_bytes)
+                items, _, done = self._timers.read_due(st.cf, pre.end, bound, limit,
+                                                       fill_cache=not self.large_values,
+                                                       max_bytes=max_bytes)
                 if items and _large(items):
                     # large values are read when due, as before: their drain is bound by
                     # the bytes (docs/performance.md, Large bodies), and reading 16 KiB
@@ -256,9 +256,7 @@ class Scanner(threading.Thread):
                     if not pre:
                         st.prefetch = None
                     break
-                # (all of [pre.end, bound) read, as Scanner.step judges a scan complete)
-                done = after is not None or (len(items) < limit and sum(
-                    len(value) for _, value in items) < max_bytes)
+                # (done: all of [pre.end, bound) read)
                 pre.extend(items, bound if done else items[-1][0] + b"\x00")
                 self._metrics.scan_prefetched.inc(len(items))
                 if not pre:
@@ -291,8 +289,7 @@ class Scanner(threading.Thread):
             now = self._clock.now_ms()
             start = st.frontier_key
             end = time_bound(now + 1)
-            items, after, split = self._read(start, end, limit)
-            complete = after is not None or (len(items) < limit and not self._cut(items))
+            items, after, complete, split = self._read(start, end, limit)
             if complete:
                 st.frontier_key = max(start, end)
                 # sends of an earlier key lower it (note_scheduled)
@@ -327,10 +324,11 @@ class Scanner(threading.Thread):
         return False
 
     def _read(self, start: bytes, end: bytes, limit: int,
-              ) -> tuple[list[tuple[bytes, bytes]], bytes | None, Split | None]:
+              ) -> tuple[list[tuple[bytes, bytes]], bytes | None, bool, Split | None]:
         """A scan's read of [start, end) (lock held): from the read-ahead as far as it goes,
-        then from RocksDB (TimerIndex.read_due's answer either way, and the columns of what
-        came from the read-ahead alone, if it made them: ScanBatch.split)."""
+        then from RocksDB (TimerIndex.read_due's items, after and complete either way, and
+        the columns of what came from the read-ahead alone, if it made them:
+        ScanBatch.split)."""
         st = self.state
         pre = st.prefetch
         if pre is not None and pre.start != start:  # (never: only scans move the frontier)
@@ -339,28 +337,22 @@ class Scanner(threading.Thread):
             if pre is not None:
                 items, after, more = pre.take(end, limit, self._batch_bytes)
                 split = pre.split()
-                if not more:
-                    return items, after, split
-                rest, after = self._timers.read_due(
+                if not more:  # (take names the next key only when it read all of the range)
+                    return items, after, after is not None, split
+                rest, after, complete = self._timers.read_due(
                     st.cf, pre.end, end, limit - len(items), fill_cache=not self.large_values,
                     max_bytes=self._batch_bytes)
                 st.prefetch = None  # (all taken)
-                return (items + rest, after, None) if rest else (items, after, split)
-            items, after = self._timers.read_due(st.cf, start, end, limit,
-                                                 fill_cache=not self.large_values,
-                                                 max_bytes=self._batch_bytes)
-            return items, after, None
+                if rest:
+                    return items + rest, after, complete, None
+                return items, after, complete, split
+            items, after, complete = self._timers.read_due(st.cf, start, end, limit,
+                                                           fill_cache=not self.large_values,
+                                                           max_bytes=self._batch_bytes)
+            return items, after, complete, None
         except BaseException:
             st.prefetch = None  # (taken from, the frontier not moved: read it all again)
             raise
-
-    def _cut(self, items: list[tuple[bytes, bytes]]) -> bool:
-        """Whether a read that stopped short of ``limit`` with no key after it may have been
-        cut by ``batch_bytes`` (its values add up to that many: TimerIndex.read_due), not
-        have found everything due: then the scan goes on at once (one more scan, empty at
-        worst), never past keys it did not read."""
-        budget = self._batch_bytes
-        return budget is not None and sum(len(value) for _, value in items) >= budget
 
     def _set_covered(self) -> None:
         """covered_ms: just before the first pending key (``wake_at``); lock held. Only once

@@ -17,7 +17,7 @@ from storage.batch import Batch
 from storage.constants import CF_META, META_WATERMARK_PREFIX, timer_cf
 from storage.errors import InvalidArgument
 from storage.keys import MAX_U64, time_bound, unpack_u64
-from storage.rocks import RocksStore
+from storage.rocks import RangeRead, RocksStore
 
 
 def _frontier_key(shard: int) -> bytes:
@@ -52,23 +52,22 @@ class TimerIndex:
         return self._store.read_range(cf, time_bound(from_ms), upper, limit)
 
     def read_due(self, cf: str, start: bytes, end: bytes, limit: int, *,
-                 fill_cache: bool = True, max_bytes: int | None = None,
-                 ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+                 fill_cache: bool = True, max_bytes: int | None = None) -> RangeRead:
         """A scanner's read: up to ``limit`` pairs of [start, end) (start: the frontier, end:
-        ``time_bound(now + 1)``), and the first key at or after ``end`` when the iterator
-        reached it (None: no such key, or ``limit`` pairs came first): when to look next. One
-        RocksDB iterator, one seek. ``fill_cache`` False: its blocks stay out of the block
-        cache; ``max_bytes``: large values stop at about that many bytes, and then (only
-        then) ``after`` is None, fewer than ``limit`` came and their values add up to
-        ``max_bytes`` or more (``RocksStore.read_range_next``)."""
+        ``time_bound(now + 1)``), whether they are all of it (``complete``: else ``limit``
+        or ``max_bytes`` cut the read, and the scan goes on at once), and when complete the
+        first key at or after ``end`` (None: none): when to look next
+        (``RocksStore.read_range_next``: RocksDB stops at ``end`` by itself). ``fill_cache``
+        False: its blocks stay out of the block cache; ``max_bytes``: large values stop at
+        about that many bytes."""
         return self._store.read_range_next(cf, start, end, limit, fill_cache=fill_cache,
                                            max_bytes=max_bytes)
 
     def oldest_due(self, shard: int, frontier: bytes, now_ms: int) -> int | None:
         """The due time of the first pending key of ``shard`` (at or after ``frontier``)
-        if it is due by ``now_ms``, else None: one seek."""
-        pairs, _ = self.read_due(self.cf(shard), frontier, time_bound(now_ms + 1), 1,
-                                 fill_cache=False)
+        if it is due by ``now_ms``, else None: one seek (two when nothing is due)."""
+        pairs = self.read_due(self.cf(shard), frontier, time_bound(now_ms + 1), 1,
+                              fill_cache=False).items
         return unpack_u64(pairs[0][0]) if pairs else None
 
     def frontier(self, shard: int) -> bytes:

@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import rocksdict
 
@@ -70,6 +70,15 @@ def _storage_error(what: str, exc: BaseException) -> StorageError:
 #: pairs a bounded due-range read takes before it judges their values' size
 #: (``RocksStore.read_range_next``)
 _SIZED_HEAD = 32
+
+
+class RangeRead(NamedTuple):
+    """``RocksStore.read_range_next``'s answer."""
+
+    items: list[tuple[bytes, bytes]]  # the pairs read, in key order
+    after: bytes | None  # when complete: the first key at or after the range's end, if any
+    complete: bool  # items are every pair of the range (else the limit or max_bytes cut it)
+
 
 class RocksStore:
     def __init__(
@@ -413,68 +422,74 @@ class RocksStore:
         return out
 
     def read_range_next(self, cf: str, start: bytes, end: bytes, limit: int, *,
-                        fill_cache: bool = True, max_bytes: int | None = None,
-                        ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
-        """Up to ``limit`` pairs of [start, end), and the first key at or after ``end`` when
-        the iterator reached it (None: no such key, or ``limit`` pairs came first). One
-        iterator, one seek (a timer scan reads what is due and when to look next with it:
-        scheduler/timer_index.py). ``fill_cache`` False: the data blocks it reads from SST
-        files do not go into the block cache (a scanner reading large values: each due key
-        is read once, and 16 KiB bodies cost an insert and an eviction each and filled the
-        cache; for small values, leaving it off cost a 200 k burst ~15 % more CPU in
-        process, docs/performance.md).
+                        fill_cache: bool = True, max_bytes: int | None = None) -> RangeRead:
+        """Up to ``limit`` pairs of [start, end) (``RangeRead.items``), whether they are all
+        of it (``complete``), and then the first key at or after ``end`` (``after``; None: no
+        such key), which a timer scan needs to know when to look next
+        (scheduler/timer_index.py). The range is read with RocksDB's iterate upper bound at
+        ``end``: RocksDB stops there by itself, with no Python call a pair (a burst's scans,
+        0.27 -> 0.21 µs a key alone, docs/performance.md, W2). Only a complete read looks
+        past ``end``, with a second iterator and one seek: a read that stopped at ``limit``
+        (a burst's full scans) has no need of it. ``fill_cache`` False: the data blocks it
+        reads from SST files do not go into the block cache (a scanner reading large values:
+        each due key is read once, and 16 KiB bodies cost an insert and an eviction each and
+        filled the cache; for small values, leaving it off cost a 200 k burst ~15 % more CPU
+        in process, docs/performance.md).
 
         ``max_bytes``: pairs of large values stop once their values add up to it (the last
-        one may pass it): then ``after`` is None, fewer than ``limit`` came, and their values
-        add up to ``max_bytes`` or more (how a caller tells such a read from one that found
-        no more). Whether the values are large is judged from the first ``_SIZED_HEAD``
-        pairs: smaller ones are read ``limit`` at a time, uncounted (no Python call a
-        pair more than without the bound)."""
+        one may pass it; then the read is not complete, though fewer than ``limit`` came).
+        Whether the values are large is judged from the first ``_SIZED_HEAD`` pairs: smaller
+        ones are read ``limit`` at a time, uncounted (no Python call a pair)."""
         self._check_cf(cf)
-        after: list[bytes] = []
-
-        def before_end(item: tuple[bytes, bytes]) -> bool:
-            if item[0] < end:
-                return True
-            after.append(item[0])
-            return False
-
+        bounded = rocksdict.ReadOptions()
+        # NB rocksdict's set_iterate_lower_bound sets the upper bound: never use it.
+        bounded.set_iterate_upper_bound(end)
+        if not fill_cache:
+            bounded.fill_cache(False)  # type: ignore[call-arg]  # (the stub lacks the bool)
+        cut = False
+        after = None
         with self._gate:
             handle = self._cf(cf)
             try:
                 it: Iterator[tuple[bytes, bytes]] = handle.items(  # type: ignore[assignment]
-                    from_key=start, read_opt=None if fill_cache else self._no_fill)
-                due = itertools.takewhile(before_end, it)
+                    from_key=start, read_opt=bounded)
                 if max_bytes is None or limit <= _SIZED_HEAD:
-                    out = list(itertools.islice(due, limit))
+                    out = list(itertools.islice(it, limit))
                 else:
-                    out = list(itertools.islice(due, _SIZED_HEAD))
+                    out = list(itertools.islice(it, _SIZED_HEAD))
                     if len(out) == _SIZED_HEAD:
-                        out += self._rest(due, out, limit, max_bytes)
-                del it, due
+                        rest, cut = self._rest(it, out, limit, max_bytes)
+                        out += rest
+                del it
+                complete = len(out) < limit and not cut
+                if complete:  # what lies past the range: one more seek
+                    past: Iterator[bytes] = handle.keys(  # type: ignore[assignment]
+                        from_key=max(start, end), read_opt=None if fill_cache else self._no_fill)
+                    after = next(past, None)
+                    del past
             except Exception as exc:
                 raise _storage_error("scan", exc) from exc
-        return out, after[0] if after else None
+        return RangeRead(out, after, complete)
 
     @staticmethod
     def _rest(due: Iterator[tuple[bytes, bytes]], head: list[tuple[bytes, bytes]], limit: int,
-              max_bytes: int) -> list[tuple[bytes, bytes]]:
+              max_bytes: int) -> tuple[list[tuple[bytes, bytes]], bool]:
         """``read_range_next`` past its first pairs ``head``: the rest up to ``limit``, and
         for values large enough that ``limit`` of them would pass ``max_bytes``, only until
-        all the values add up to ``max_bytes``."""
+        all the values add up to ``max_bytes``; and whether that bound cut the read."""
         taken = sum(len(value) for _, value in head)
         room = limit - len(head)
         if taken * limit < max_bytes * len(head):  # small values: ``limit`` of them fit
-            return list(itertools.islice(due, room))
+            return list(itertools.islice(due, room)), False
         rest: list[tuple[bytes, bytes]] = []
         while room and taken < max_bytes:
             item = next(due, None)
             if item is None:
-                break
+                return rest, False
             rest.append(item)
             taken += len(item[1])
             room -= 1
-        return rest
+        return rest, room > 0
 
     def scan(
         self, cf: str, start: bytes = b"", end: bytes | None = None, limit: int | None = None,

@@ -132,9 +132,9 @@ class ReadSpy:
         original, spy = self._original, self
 
         def read_due(index: TimerIndex, *args: Any, **kwargs: Any) -> Any:
-            items, after = original(index, *args, **kwargs)
-            spy.keys += len(items)
-            return items, after
+            read = original(index, *args, **kwargs)
+            spy.keys += len(read.items)
+            return read
 
         TimerIndex.read_due = read_due  # type: ignore[method-assign]
         return self

@@ -48,11 +48,11 @@ def test_read_due_reads_from_the_frontier_and_names_the_next_key(store: RocksSto
     b = store.batch()
     b.put_many(timer_cf(0), [(k, b"v") for k in keys])
     store.write(b)
-    items, after = timers.read_due(timer_cf(0), time_bound(0), time_bound(5), 100)
-    assert [k for k, _ in items] == keys[:2] and after == keys[2]
-    items, after = timers.read_due(timer_cf(0), keys[0] + b"\x00", time_bound(5), 100)
-    assert [k for k, _ in items] == keys[1:2] and after == keys[2]
-    assert timers.read_due(timer_cf(0), time_bound(9), time_bound(10), 100) == ([], None)
+    items, after, complete = timers.read_due(timer_cf(0), time_bound(0), time_bound(5), 100)
+    assert [k for k, _ in items] == keys[:2] and after == keys[2] and complete
+    items, after, complete = timers.read_due(timer_cf(0), keys[0] + b"\x00", time_bound(5), 100)
+    assert [k for k, _ in items] == keys[1:2] and after == keys[2] and complete
+    assert timers.read_due(timer_cf(0), time_bound(9), time_bound(10), 100) == ([], None, True)
 
 
 def test_watermark_persists_with_the_batch(tmp_path: Path) -> None:

@@ -55,14 +55,55 @@ def test_read_range_next_gives_the_range_and_the_first_key_past_it(store: RocksS
     b.put_many(cf, [(k, b"v") for k in keys])
     store.write(b)
     end = encode_timer_key(5, "t", "")
-    assert store.read_range_next(cf, keys[0], end, 10) == ([(k, b"v") for k in keys[:3]], keys[3])
-    # the limit came first: no next key
-    assert store.read_range_next(cf, keys[0], end, 2) == ([(k, b"v") for k in keys[:2]], None)
+    assert store.read_range_next(cf, keys[0], end, 10) == (
+        [(k, b"v") for k in keys[:3]], keys[3], True)
+    # the limit came first: not complete, no next key
+    assert store.read_range_next(cf, keys[0], end, 2) == (
+        [(k, b"v") for k in keys[:2]], None, False)
     # nothing at or past the end
     assert store.read_range_next(cf, keys[4], encode_timer_key(99, "t", ""), 10) == (
-        [(keys[4], b"v")], None)
+        [(keys[4], b"v")], None, True)
     with pytest.raises(InvalidArgument):
         store.read_range_next("nope", b"", b"x", 1)
+
+
+@pytest.mark.parametrize("flushed", [False, True], ids=["memtable", "sst"])
+@pytest.mark.parametrize("fill_cache", [True, False], ids=["cached", "uncached"])
+def test_read_range_next_stops_at_its_end_and_names_the_next_live_key_of_its_cf(
+        store: RocksStore, flushed: bool, fill_cache: bool) -> None:
+    """The read stops at ``end`` (RocksDB's iterate upper bound): a key equal to ``end`` is
+    not in the range but is the one named next; a deleted key past the end is passed over;
+    keys of the next column family (``timer.1``) are neither read nor named; a start past
+    the end reads nothing and names the first key at or after the start; a read that
+    stopped at ``limit`` is not complete and names nothing, one with room left is."""
+    cf, other = timer_cf(0), timer_cf(1)
+    end = encode_timer_key(5, "t", "m")
+    below = [encode_timer_key(t, "t", "m") for t in (1, 2, 3)]
+    gone, past = encode_timer_key(6, "t", "m"), encode_timer_key(8, "t", "m")
+    b = store.batch()
+    b.put_many(cf, [(k, b"v") for k in [*below, end, gone, past]])
+    b.put_many(other, [(encode_timer_key(t, "t", "m"), b"w") for t in (2, 4, 7, 9)])
+    store.write(b)
+    b = store.batch()
+    b.delete(cf, gone)
+    store.write(b)
+    if flushed:
+        store.flush()
+
+    def read(start: bytes, stop: bytes, limit: int) -> tuple[list[bytes], bytes | None, bool]:
+        items, after, complete = store.read_range_next(cf, start, stop, limit,
+                                                       fill_cache=fill_cache)
+        assert all(v == b"v" for _, v in items)
+        return [k for k, _ in items], after, complete
+
+    assert read(below[0], end, 10) == (below, end, True)
+    assert read(below[0], end, 3) == (below, None, False)  # (the limit: nothing named)
+    assert read(below[0], end, 4) == (below, end, True)
+    assert read(below[1], end + b"\x00", 10) == ([*below[1:], end], past, True)
+    assert read(past, end, 10) == ([], past, True)  # (start past the end)
+    assert read(past + b"\x00", encode_timer_key(99, "t", ""), 10) == ([], None, True)
+    assert store.read_range_next(other, encode_timer_key(3, "t", ""), end, 10) == (
+        [(encode_timer_key(4, "t", "m"), b"w")], encode_timer_key(7, "t", "m"), True)
 
 
 def test_read_range_next_without_fill_cache_leaves_the_block_cache(tmp_path: Path) -> None:
@@ -81,36 +122,40 @@ def test_read_range_next_without_fill_cache_leaves_the_block_cache(tmp_path: Pat
             return s.property_int(cf, "rocksdb.block-cache-usage") or 0
 
         before = cache()
-        items, after = s.read_range_next(cf, keys[0], encode_timer_key(150, "t", ""), 1000,
-                                         fill_cache=False)
-        assert [k for k, _ in items] == keys[:150] and after == keys[150]
+        items, after, complete = s.read_range_next(cf, keys[0], encode_timer_key(150, "t", ""),
+                                                   1000, fill_cache=False)
+        assert [k for k, _ in items] == keys[:150] and after == keys[150] and complete
         assert all(v == bytes([k[7]]) * 16384 for k, v in items)
         assert cache() - before < 16384 * 10  # (index and filter blocks at most)
         again = s.read_range_next(cf, keys[0], encode_timer_key(150, "t", ""), 1000)
-        assert again == (items, after)
+        assert again == (items, after, True)
         assert cache() - before > 16384 * 100
 
 
 def test_read_range_next_bounded_in_bytes_cuts_only_large_values(store: RocksStore) -> None:
-    """``max_bytes`` stops a read of large values once they add up to it (then no next key
-    is named and the values add up to ``max_bytes`` or more); the first 32 are read whatever
-    their size; small values are read up to ``limit``, uncounted."""
+    """``max_bytes`` stops a read of large values once they add up to it (then the read is
+    not complete, no next key is named and the values add up to ``max_bytes`` or more); the
+    first 32 are read whatever their size; small values are read up to ``limit``,
+    uncounted."""
     cf = timer_cf(0)
     keys = [encode_timer_key(t, "t", "m") for t in range(100)]
     b = store.batch()
     b.put_many(cf, [(k, b"v" * (50 if t >= 80 else 4096)) for t, k in enumerate(keys)])
     store.write(b)
     end = encode_timer_key(1000, "t", "")
-    items, after = store.read_range_next(cf, keys[0], end, 1000, max_bytes=40 * 4096 + 1)
-    assert [k for k, _ in items] == keys[:41] and after is None
+    items, after, complete = store.read_range_next(cf, keys[0], end, 1000,
+                                                   max_bytes=40 * 4096 + 1)
+    assert [k for k, _ in items] == keys[:41] and after is None and not complete
     assert sum(len(v) for _, v in items) >= 40 * 4096 + 1
-    items, after = store.read_range_next(cf, keys[0], end, 1000, max_bytes=4096)
+    items, after, complete = store.read_range_next(cf, keys[0], end, 1000, max_bytes=4096)
     assert [k for k, _ in items] == keys[:32] and after is None  # (the first 32 always)
-    items, after = store.read_range_next(cf, keys[70], end, 1000, max_bytes=4096)
+    assert not complete
+    items, after, complete = store.read_range_next(cf, keys[70], end, 1000, max_bytes=4096)
     assert [k for k, _ in items] == keys[70:] and after is None  # judged by its first 32
-    items, after = store.read_range_next(cf, keys[80], encode_timer_key(95, "t", ""), 1000,
-                                         max_bytes=100)
-    assert [k for k, _ in items] == keys[80:95] and after == keys[95]
+    assert complete
+    items, after, complete = store.read_range_next(
+        cf, keys[80], encode_timer_key(95, "t", ""), 1000, max_bytes=100)
+    assert [k for k, _ in items] == keys[80:95] and after == keys[95] and complete
     assert store.read_range_next(cf, keys[0], end, 50, max_bytes=1 << 30) == (
         store.read_range_next(cf, keys[0], end, 50))
 
