@@ -168,6 +168,12 @@ class Scanner(threading.Thread):
         #: an eviction each, while small values' scans are cheaper with it: RocksStore.
         #: read_range_next)
         self.large_values = False
+        #: the last read stopped at its limit, its range not all read (a burst, a backlog):
+        #: the next one reads on through data blocks no scan reads again, around the block
+        #: cache too (1 M due at once, in process: the reads ~17 % and the drain's CPU ~10 %
+        #: less, the cache not filled by the burst; docs/performance.md, W2). A steady flow's
+        #: scans read everything due each time: through the cache, as before
+        self.sweeping = False
 
     def run(self) -> None:
         precise_timers()  # it wakes at due instants: the default 50 µs slack is lateness
@@ -247,8 +253,9 @@ class Scanner(threading.Thread):
                 max_bytes = budget if self._batch_bytes is None else min(budget,
                                                                           self._batch_bytes)
                 items, _, done = self._timers.read_due(st.cf, pre.end, bound, limit,
-                                                       fill_cache=not self.large_values,
+                                                       fill_cache=self._fill_cache(),
                                                        max_bytes=max_bytes)
+                self.sweeping = not done
                 if items and _large(items):
                     # large values are read when due, as before: their drain is bound by
                     # the bytes (docs/performance.md, Large bodies), and reading 16 KiB
@@ -290,6 +297,7 @@ class Scanner(threading.Thread):
             start = st.frontier_key
             end = time_bound(now + 1)
             items, after, complete, split = self._read(start, end, limit)
+            self.sweeping = not complete
             if complete:
                 st.frontier_key = max(start, end)
                 # sends of an earlier key lower it (note_scheduled)
@@ -340,19 +348,25 @@ class Scanner(threading.Thread):
                 if not more:  # (take names the next key only when it read all of the range)
                     return items, after, after is not None, split
                 rest, after, complete = self._timers.read_due(
-                    st.cf, pre.end, end, limit - len(items), fill_cache=not self.large_values,
+                    st.cf, pre.end, end, limit - len(items), fill_cache=self._fill_cache(),
                     max_bytes=self._batch_bytes)
                 st.prefetch = None  # (all taken)
                 if rest:
                     return items + rest, after, complete, None
                 return items, after, complete, split
             items, after, complete = self._timers.read_due(st.cf, start, end, limit,
-                                                           fill_cache=not self.large_values,
+                                                           fill_cache=self._fill_cache(),
                                                            max_bytes=self._batch_bytes)
             return items, after, complete, None
         except BaseException:
             st.prefetch = None  # (taken from, the frontier not moved: read it all again)
             raise
+
+    def _fill_cache(self) -> bool:
+        """Whether the next read puts the data blocks it reads into RocksDB's block cache:
+        not after a scan of large values or a read its limit cut (``large_values``,
+        ``sweeping``)."""
+        return not (self.large_values or self.sweeping)
 
     def _set_covered(self) -> None:
         """covered_ms: just before the first pending key (``wake_at``); lock held. Only once
