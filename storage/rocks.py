@@ -426,50 +426,65 @@ class RocksStore:
         """Up to ``limit`` pairs of [start, end) (``RangeRead.items``), whether they are all
         of it (``complete``), and then the first key at or after ``end`` (``after``; None: no
         such key), which a timer scan needs to know when to look next
-        (scheduler/timer_index.py). The range is read with RocksDB's iterate upper bound at
-        ``end``: RocksDB stops there by itself, with no Python call a pair (a burst's scans,
-        0.27 -> 0.21 µs a key alone, docs/performance.md, W2). Only a complete read looks
-        past ``end``, with a second iterator and one seek: a read that stopped at ``limit``
-        (a burst's full scans) has no need of it. ``fill_cache`` False: the data blocks it
-        reads from SST files do not go into the block cache (a scanner reading large values:
-        each due key is read once, and 16 KiB bodies cost an insert and an eviction each and
-        filled the cache; for small values, leaving it off cost a 200 k burst ~15 % more CPU
-        in process, docs/performance.md).
+        (scheduler/timer_index.py). ``fill_cache`` False: the data blocks it reads from SST
+        files do not go into the block cache (a scanner's reads of large values and of a
+        burst: each due key is read once, docs/performance.md, W2).
+
+        The first ``_SIZED_HEAD`` pairs come from one iterator that also names the key after
+        the range when the range ends among them (a steady flow's scans: one seek, as
+        before). A read that goes past them reads on with a second iterator bounded at
+        ``end`` (RocksDB's iterate upper bound: it stops there by itself, with no Python
+        call a pair; a burst's reads ~20 % faster alone), and only if it reaches the end
+        with room left, looks past it with a third seek.
 
         ``max_bytes``: pairs of large values stop once their values add up to it (the last
         one may pass it; then the read is not complete, though fewer than ``limit`` came).
         Whether the values are large is judged from the first ``_SIZED_HEAD`` pairs: smaller
         ones are read ``limit`` at a time, uncounted (no Python call a pair)."""
         self._check_cf(cf)
-        bounded = rocksdict.ReadOptions()
-        # NB rocksdict's set_iterate_lower_bound sets the upper bound: never use it.
-        bounded.set_iterate_upper_bound(end)
-        if not fill_cache:
-            bounded.fill_cache(False)  # type: ignore[call-arg]  # (the stub lacks the bool)
-        cut = False
-        after = None
+        past: list[bytes] = []
+
+        def before_end(item: tuple[bytes, bytes]) -> bool:
+            if item[0] < end:
+                return True
+            past.append(item[0])
+            return False
+
+        n = min(limit, _SIZED_HEAD)
+        plain = None if fill_cache else self._no_fill
         with self._gate:
             handle = self._cf(cf)
             try:
                 it: Iterator[tuple[bytes, bytes]] = handle.items(  # type: ignore[assignment]
-                    from_key=start, read_opt=bounded)
-                if max_bytes is None or limit <= _SIZED_HEAD:
-                    out = list(itertools.islice(it, limit))
+                    from_key=start, read_opt=plain)
+                out = list(itertools.islice(itertools.takewhile(before_end, it), n))
+                if len(out) < n:  # the range ended among them (the next key seen, if any)
+                    return RangeRead(out, past[0] if past else None, True)
+                if n == limit:
+                    return RangeRead(out, None, False)
+                bounded = rocksdict.ReadOptions()
+                # NB rocksdict's set_iterate_lower_bound sets the upper bound: never use it.
+                bounded.set_iterate_upper_bound(end)
+                if not fill_cache:
+                    bounded.fill_cache(False)  # type: ignore[call-arg]  # (the stub lacks the bool)
+                it = handle.items(  # type: ignore[assignment]
+                    from_key=out[-1][0] + b"\x00", read_opt=bounded)
+                rest: list[tuple[bytes, bytes]]
+                if max_bytes is None:
+                    rest, cut = list(itertools.islice(it, limit - n)), False
                 else:
-                    out = list(itertools.islice(it, _SIZED_HEAD))
-                    if len(out) == _SIZED_HEAD:
-                        rest, cut = self._rest(it, out, limit, max_bytes)
-                        out += rest
+                    rest, cut = self._rest(it, out, limit, max_bytes)
                 del it
-                complete = len(out) < limit and not cut
-                if complete:  # what lies past the range: one more seek
-                    past: Iterator[bytes] = handle.keys(  # type: ignore[assignment]
-                        from_key=max(start, end), read_opt=None if fill_cache else self._no_fill)
-                    after = next(past, None)
-                    del past
+                out += rest
+                if len(out) == limit or cut:
+                    return RangeRead(out, None, False)
+                keys: Iterator[bytes] = handle.keys(  # type: ignore[assignment]
+                    from_key=end, read_opt=plain)
+                after = next(keys, None)
+                del keys
             except Exception as exc:
                 raise _storage_error("scan", exc) from exc
-        return RangeRead(out, after, complete)
+        return RangeRead(out, after, True)
 
     @staticmethod
     def _rest(due: Iterator[tuple[bytes, bytes]], head: list[tuple[bytes, bytes]], limit: int,

@@ -69,16 +69,18 @@ def test_read_range_next_gives_the_range_and_the_first_key_past_it(store: RocksS
 
 @pytest.mark.parametrize("flushed", [False, True], ids=["memtable", "sst"])
 @pytest.mark.parametrize("fill_cache", [True, False], ids=["cached", "uncached"])
+@pytest.mark.parametrize("count", [3, 40], ids=["few", "past-the-head"])
 def test_read_range_next_stops_at_its_end_and_names_the_next_live_key_of_its_cf(
-        store: RocksStore, flushed: bool, fill_cache: bool) -> None:
-    """The read stops at ``end`` (RocksDB's iterate upper bound): a key equal to ``end`` is
-    not in the range but is the one named next; a deleted key past the end is passed over;
-    keys of the next column family (``timer.1``) are neither read nor named; a start past
-    the end reads nothing and names the first key at or after the start; a read that
-    stopped at ``limit`` is not complete and names nothing, one with room left is."""
+        store: RocksStore, flushed: bool, fill_cache: bool, count: int) -> None:
+    """The read stops at ``end``: a key equal to ``end`` is not in the range but is the one
+    named next; a deleted key past the end is passed over; keys of the next column family
+    (``timer.1``) are neither read nor named; a start past the end reads nothing and names
+    the first key at or after the start; a read that stopped at ``limit`` is not complete
+    and names nothing, one with room left is. With 40 keys in the range the read goes past
+    its first 32 (``_SIZED_HEAD``) and on with RocksDB's upper bound."""
     cf, other = timer_cf(0), timer_cf(1)
     end = encode_timer_key(5, "t", "m")
-    below = [encode_timer_key(t, "t", "m") for t in (1, 2, 3)]
+    below = [encode_timer_key(1 + i * 3 // count, "t", f"m{i:02d}") for i in range(count)]
     gone, past = encode_timer_key(6, "t", "m"), encode_timer_key(8, "t", "m")
     b = store.batch()
     b.put_many(cf, [(k, b"v") for k in [*below, end, gone, past]])
@@ -90,19 +92,27 @@ def test_read_range_next_stops_at_its_end_and_names_the_next_live_key_of_its_cf(
     if flushed:
         store.flush()
 
-    def read(start: bytes, stop: bytes, limit: int) -> tuple[list[bytes], bytes | None, bool]:
+    def read(start: bytes, stop: bytes, limit: int, max_bytes: int | None = None,
+             ) -> tuple[list[bytes], bytes | None, bool]:
         items, after, complete = store.read_range_next(cf, start, stop, limit,
-                                                       fill_cache=fill_cache)
+                                                       fill_cache=fill_cache,
+                                                       max_bytes=max_bytes)
         assert all(v == b"v" for _, v in items)
         return [k for k, _ in items], after, complete
 
-    assert read(below[0], end, 10) == (below, end, True)
-    assert read(below[0], end, 3) == (below, None, False)  # (the limit: nothing named)
-    assert read(below[0], end, 4) == (below, end, True)
-    assert read(below[1], end + b"\x00", 10) == ([*below[1:], end], past, True)
-    assert read(past, end, 10) == ([], past, True)  # (start past the end)
-    assert read(past + b"\x00", encode_timer_key(99, "t", ""), 10) == ([], None, True)
-    assert store.read_range_next(other, encode_timer_key(3, "t", ""), end, 10) == (
+    assert read(below[0], end, 100) == (below, end, True)
+    assert read(below[0], end, 100, max_bytes=1 << 20) == (below, end, True)
+    assert read(below[0], end, count) == (below, None, False)  # (the limit: nothing named)
+    assert read(below[0], end, count + 1) == (below, end, True)
+    assert read(below[1], end + b"\x00", 100) == ([*below[1:], end], past, True)
+    assert read(past, end, 100) == ([], past, True)  # (start past the end)
+    assert read(past + b"\x00", encode_timer_key(99, "t", ""), 100) == ([], None, True)
+    b = store.batch()
+    b.delete(cf, end)
+    b.delete(cf, past)
+    store.write(b)
+    assert read(below[0], end, 100) == (below, None, True)  # (timer.1's keys are not next)
+    assert store.read_range_next(other, encode_timer_key(3, "t", ""), end, 100) == (
         [(encode_timer_key(4, "t", "m"), b"w")], encode_timer_key(7, "t", "m"), True)
 
 
