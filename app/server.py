@@ -173,6 +173,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
 
     raise_open_files_limit(settings.max_connections + settings.max_long_polls + 1024)
+    sys.setswitchinterval(settings.gil_switch_interval_us / 1e6)
     from app.wiring import build_app, uvicorn_config  # imports the whole server: only here
 
     try:
