@@ -3,11 +3,11 @@
 glibc (2.35 and later) puts the memory it hands out on transparent huge pages when the
 process starts with the tunable ``glibc.malloc.hugetlb=1`` (it then ``madvise``s its heaps
 ``MADV_HUGEPAGE``; the kernel's default THP mode, ``madvise``, gives huge pages to no one
-else). RocksDB's memtables are arenas from malloc, and a send batch inserts 2000 keys into
-their skip lists at random places: with 4 KiB pages nearly every step of an insert is a TLB
-miss, and every new page of a filling memtable a page fault, both dear in a VM that pages in
-software. The server's CPU over W1 (200 k sends over HTTP): 0.82-0.86 s against 0.95-1.05 s
-without (docs/performance.md, W1).
+else). RocksDB's memtables are arenas from malloc, and a send batch inserts 2000 keys into their
+skip lists at random places: with 4 KiB pages nearly every step of an insert may be a TLB
+miss, and every new page a page fault, both dear in a VM that pages in software. W1's server
+CPU (200 k sends over HTTP, in turns): median 0.70 against 0.97 s (4 pairs) and 0.90 against
+1.03 (6 pairs, lower in 4); other sets did not resolve it (docs/performance.md, W1).
 
 A tunable is read when the process starts, so ``serve`` re-executes itself once, very early
 (``app/cli.py``: before the server's modules are imported, ~40 ms), with the tunable added to
