@@ -32,13 +32,17 @@ def anon_huge_kib(pid: int) -> int:
     raise AssertionError("no AnonHugePages in smaps_rollup")
 
 
+def thp_mode() -> str:
+    """The kernel's THP mode line (``always [madvise] never``); "" without THP."""
+    try:
+        return THP_MODE.read_text()
+    except OSError:
+        return ""
+
+
 def thp_usable() -> bool:
     """The kernel gives huge pages to a process that asks (``madvise``) or to all."""
-    try:
-        mode = THP_MODE.read_text()
-    except OSError:
-        return False
-    return "[madvise]" in mode or "[always]" in mode
+    return "[madvise]" in thp_mode() or "[always]" in thp_mode()
 
 
 def send_some(server: ServerProcess) -> None:
@@ -86,7 +90,7 @@ def test_the_setting_turns_it_off(tmp_path: Path, where: str) -> None:
         assert server.pid is not None
         assert not any("glibc.malloc.hugetlb" in item for item in environ_of(server.pid))
         send_some(server)
-        if "[madvise]" in THP_MODE.read_text():  # (with [always] every process gets them)
+        if "[madvise]" in thp_mode():  # (with [always] every process gets them)
             assert anon_huge_kib(server.pid) == 0  # nobody else asks for huge pages
     finally:
         server.stop()
