@@ -225,11 +225,13 @@ class NatsLink:
     def place_publisher(self) -> str | None:
         """Connect the publisher to the NATS server leading the stream's RAFT group, unless
         it is on it already: from another server every publish and its ack cross a route
-        (two more processes to be scheduled on a delivery's way). That server's name, or
-        None (no leader now, no direct publisher: nothing changed)."""
+        (two more processes to be scheduled on a delivery's way); and answer the server's
+        PINGs of an idle connection. That server's name, or None (no leader now, no direct
+        publisher: nothing changed)."""
         publisher = self._publisher
         if publisher is None:
             return None
+        publisher.keepalive()
         leader = self.stream_leader()
         if leader is None or publisher.server_name == leader:
             return leader

@@ -151,6 +151,38 @@ class DirectPublisher:
             except OSError:
                 pass
 
+    def keepalive(self) -> None:
+        """Answer what the server sent meanwhile (its PINGs: a connection idle past two of
+        them, 4 min by default, is closed by the server as stale, and the next publish would
+        find it gone); a connection found closed is dropped (made again at the next publish)."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return
+            try:
+                sock.setblocking(False)
+                try:
+                    while True:
+                        chunk = sock.recv(1 << 16)
+                        if not chunk:
+                            raise OSError("the NATS server closed the connection")
+                        self._buf += chunk
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.settimeout(self.timeout_s)
+                while (i := self._buf.find(_CRLF)) >= 0:
+                    line = bytes(self._buf[:i])
+                    if line.startswith((b"MSG ", b"HMSG ")):
+                        break  # (a late ack: left for the next publish to skip)
+                    del self._buf[:i + 2]
+                    if line == b"PING":
+                        sock.sendall(b"PONG\r\n")
+                    elif line.startswith(b"-ERR"):
+                        raise OSError(line.decode(errors="replace"))
+            except OSError:
+                self._close()
+
     # --- reading ------------------------------------------------------------------------------
     def _fill(self, sock: socket.socket) -> None:
         chunk = sock.recv(1 << 16)  # (the GIL let go while it waits)

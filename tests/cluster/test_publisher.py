@@ -123,3 +123,38 @@ def test_a_lost_server_costs_one_unanswered_publish(tmp_path: Path) -> None:
                 reader.close()
         finally:
             link.close()
+
+
+def test_an_idle_publisher_answers_the_servers_pings_and_stays_connected(
+        tmp_path: Path) -> None:
+    """A leader with nothing to publish for minutes: the server PINGs its connection and
+    closes it once two go unanswered; ``keepalive`` (every 2 s on the cluster-node thread,
+    through ``NatsLink.place_publisher``) answers them. Here a server pinging every 100 ms."""
+    import subprocess
+    import time
+
+    from bench.support.nats_cluster import free_port
+    from scheduler.cluster.publisher import DirectPublisher
+
+    port = free_port()
+    conf = tmp_path / "n.conf"
+    conf.write_text(f'listen: "127.0.0.1:{port}"\nping_interval: "100ms"\nping_max: 2\n')
+    proc = subprocess.Popen([str(NATS_SERVER), "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    publisher = DirectPublisher([f"nats://127.0.0.1:{port}"], "nobody.listens", timeout_s=2.0)
+    try:
+        deadline = time.monotonic() + 10
+        while publisher.connect() is None:
+            assert time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.05)
+        for _ in range(12):  # 1.2 s idle: many times what the server allows unanswered
+            time.sleep(0.1)
+            publisher.keepalive()
+        assert publisher.server_name is not None
+        with pytest.raises(Unavailable, match="503"):  # answered: no responders, and ...
+            publisher.publish(b"x", 0)
+        assert publisher.server_name is not None  # ... over the same connection
+    finally:
+        publisher.close()
+        proc.terminate()
+        proc.wait(10)
