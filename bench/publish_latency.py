@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,7 @@ def main() -> None:
     try:
         cluster.start()
         cluster.wait_listening()
-        link = NatsLink(cluster.urls)
+        link = NatsLink(cluster.urls, direct_publish=False)  # (its publish: nats-py's)
         link.connect()
         leader = link.stream_leader()
         subject = ClusterNames().wal_subject
@@ -66,6 +67,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for way in args.ways.split(","):
                 pub = None
+                publish: Callable[[bytes, int], int]
                 if way == "nats-py":
                     publish = link.publish
                 else:

@@ -26,7 +26,7 @@ def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsClust
         yield cluster
 
 
-def _link(cluster: NatsCluster, tag: str, **kw: object):  # type: ignore[no-untyped-def]
+def _link(cluster: NatsCluster, tag: str, **kw: object):
     from scheduler.cluster.link import ClusterNames, NatsLink
 
     names = ClusterNames(wal=f"{tag.upper()}_WAL", lease_bucket=f"{tag}-lease",
