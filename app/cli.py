@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args else 2
     ns = parser.parse_args(args[:1])
+    if ns.command == "serve" and argv is None:  # this process runs the server: its malloc
+        from app import malloc
+
+        env = malloc.early_env(os.environ)
+        if env is not None:
+            malloc.reexec(env)  # (app/malloc.py; never returns)
     target, _ = COMMANDS[ns.command]
     module_name, func_name = target.split(":")
     if ns.command == "bench" and importlib.util.find_spec("bench") is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import uvicorn
 
 from api.auth import Role, TokenSpec
+from app import malloc
 from app.settings import MIN_TOKEN_LENGTH, Settings, load_settings
 from storage.errors import InvalidArgument
 from storage.private import UMASK, private_dir, readable_by_others
@@ -160,6 +161,9 @@ def main(argv: Sequence[str]) -> int:
     except InvalidArgument as exc:
         print(f"hourglass serve: error: {exc.detail}", file=sys.stderr)
         return 2
+    env = malloc.late_env(os.environ, settings.malloc_huge_pages)
+    if env is not None:  # the TOML file turned off what app/cli.py turned on
+        malloc.reexec(env)
     logging.basicConfig(level=settings.log_level.upper() if settings.log_level != "trace"
                         else "DEBUG", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -169,6 +173,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
 
     raise_open_files_limit(settings.max_connections + settings.max_long_polls + 1024)
+    sys.setswitchinterval(settings.gil_switch_interval_us / 1e6)
     from app.wiring import build_app, uvicorn_config  # imports the whole server: only here
 
     try:

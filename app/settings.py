@@ -54,6 +54,9 @@ class Settings:
     header_timeout_ms: int = 5_000  #                ms for a request's headers to arrive; then
     #                                                the connection is closed
     metrics_require_token: bool = False  #           /metrics needs an admin token (401/403)
+    malloc_huge_pages: bool = True  #                glibc malloc on transparent huge pages
+    #                                                (serve re-executes itself: app/malloc.py)
+    gil_switch_interval_us: int = 5000  #            sys.setswitchinterval of serve (µs)
     cluster: str = ""  #                              NATS URLs, comma-separated: cluster mode
     node_id: str = ""  #                              this node's id in the cluster (required)
     advertise: str = ""  #                            URL other nodes reach it at (http://HOST:PORT)
@@ -255,6 +258,8 @@ SERVER_OPTIONS: tuple[Option, ...] = (
     Option(name="max_header_bytes", parse=parse_size, check=_positive),
     Option(name="header_timeout_ms", parse=parse_duration_ms, check=_positive),
     Option(name="metrics_require_token", parse=parse_bool),
+    Option(name="malloc_huge_pages", parse=parse_bool),
+    Option(name="gil_switch_interval_us", parse=parse_int, check=_positive),
     Option(name="cluster", parse=parse_str),
     Option(name="node_id", parse=parse_str, check=_node_id),
     Option(name="advertise", parse=parse_str),

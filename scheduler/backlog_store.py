@@ -50,7 +50,7 @@ from typing import Any, cast
 
 import msgpack
 
-from scheduler.timeline import LEVELS, RESOLUTION_MS
+from scheduler.timeline import LEVELS, RESOLUTION_MS, per_second
 from storage.constants import (
     CF_META,
     META_BACKLOG_BASE_PREFIX,
@@ -249,22 +249,27 @@ class BacklogStore:
     def _fold_below(self, end: int) -> int:
         store = self._store
         # per topic ("": all) and second: what became pending and what left, counted in C
-        # (``Counter.update`` of an iterator); then one Python step per distinct second
-        # changed, not per message
-        counted: tuple[dict[str, Counter[int]], dict[str, Counter[int]]] = ({}, {})
+        # once per topic and side (``per_second``: one step per run of equal seconds, as a
+        # burst's deltas hold them; 15 instead of 94 µs a 1000 of one instant); then one
+        # Python step per distinct second changed, not per message
+        values: tuple[dict[str, array[int]], dict[str, array[int]]] = ({}, {})
         level_changes: dict[int, int] = {}
         folded: list[bytes] = []
         for key, raw in store.scan(CF_META, _delta_key(self._folded), _delta_key(end)):
             folded.append(key)
             sign, topics, delta_levels = _unpack(raw)
-            side = counted[0 if sign > 0 else 1]
+            gathered = values[0 if sign > 0 else 1]
             for topic, ats in topics.items():
-                counter = side.get(topic)
-                if counter is None:
-                    counter = side[topic] = Counter()
-                counter.update(map(floordiv, _decode_ats(ats), repeat(RESOLUTION_MS)))
+                known = gathered.get(topic)
+                if known is None:
+                    gathered[topic] = _decode_ats(ats)
+                else:
+                    known.extend(_decode_ats(ats))
             for level, n in delta_levels.items():
                 _add(level_changes, level, sign * n)
+        counted: tuple[dict[str, Counter[int]], dict[str, Counter[int]]] = (
+            {topic: Counter(per_second(ats.tolist())) for topic, ats in values[0].items()},
+            {topic: Counter(per_second(ats.tolist())) for topic, ats in values[1].items()})
         for side in counted:  # all topics: the sum of the topics' (per distinct second)
             if len(side) == 1:
                 side[_ALL] = next(iter(side.values()))
