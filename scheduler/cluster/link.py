@@ -35,6 +35,7 @@ import nats.js.errors
 from nats.js import api
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, NotFoundError
 
+from scheduler.cluster.publisher import DirectPublisher, DirectPublisherUnsupported
 from storage.errors import NotLeader, Unavailable
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class ClusterNames:
 class NatsLink:
     def __init__(self, urls: list[str], *, names: ClusterNames | None = None,
                  replicas: int = 3, lease_ms: int = 2000, timeout_s: float = 2.0,
-                 name: str = "hourglass",
+                 name: str = "hourglass", direct_publish: bool = True,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.urls = urls
         self.names = names or ClusterNames()
@@ -92,6 +93,14 @@ class NatsLink:
         self._lease_kv: Any = None
         self._node_kv: Any = None
         self._objects: Any = None
+        #: the leader's publishes, on a blocking socket of their own (None: through nats-py)
+        self._publisher: DirectPublisher | None = None
+        if direct_publish:
+            try:
+                self._publisher = DirectPublisher(urls, self.names.wal_subject,
+                                                  timeout_s=timeout_s, name=f"{name}-publisher")
+            except DirectPublisherUnsupported as exc:
+                log.info("publishing through nats-py: %s", exc)
         self._sub: Any = None
         self._sub_next = 0  # the sequence the subscription delivers next
         self._sub_made = 0.0  # when its consumer was made (the link loop's time)
@@ -164,6 +173,7 @@ class NatsLink:
                 replicas=self.replicas))
 
     def close(self) -> None:
+        self.drop_publisher()
         if self._nc is not None:
             try:
                 self._run(self._close(), 5)
@@ -197,8 +207,47 @@ class NatsLink:
     # --- the write-ahead stream ---------------------------------------------------------------
     def publish(self, record: bytes, expected_last_seq: int) -> int:
         """Append ``record`` if the stream ends at ``expected_last_seq``; its sequence.
-        NotLeader when JetStream refuses it (someone else appended: fenced)."""
+        NotLeader when JetStream refuses it (someone else appended: fenced). On the
+        ``DirectPublisher`` when there is one (scheduler/cluster/publisher.py), else on
+        nats-py's connection."""
+        publisher = self._publisher
+        if publisher is not None:
+            if publisher.server_name is None:  # not connected: to the stream's leader first
+                with contextlib.suppress(Unavailable):  # (none now: the first that answers)
+                    self.place_publisher()
+            try:
+                return publisher.publish(record, expected_last_seq)
+            except DirectPublisherUnsupported as exc:  # (raised before anything was sent)
+                log.warning("publishing through nats-py from now on: %s", exc)
+                self._publisher = None
         return self._run(self._publish(record, expected_last_seq))
+
+    def place_publisher(self) -> str | None:
+        """Connect the publisher to the NATS server leading the stream's RAFT group, unless
+        it is on it already: from another server every publish and its ack cross a route
+        (two more processes to be scheduled on a delivery's way); and answer the server's
+        PINGs of an idle connection. That server's name, or None (no leader now, no direct
+        publisher: nothing changed)."""
+        publisher = self._publisher
+        if publisher is None:
+            return None
+        publisher.keepalive()
+        leader = self.stream_leader()
+        if leader is None or publisher.server_name == leader:
+            return leader
+        try:
+            got = publisher.connect(leader)
+        except DirectPublisherUnsupported as exc:
+            log.warning("publishing through nats-py from now on: %s", exc)
+            self._publisher = None
+            return None
+        log.debug("the publisher is on %s (the stream's leader: %s)", got, leader)
+        return got
+
+    def drop_publisher(self) -> None:
+        """Close the publisher's connection (a follower publishes nothing)."""
+        if self._publisher is not None:
+            self._publisher.close()
 
     async def _publish(self, record: bytes, expected_last_seq: int) -> int:
         try:
@@ -210,6 +259,14 @@ class NatsLink:
                 raise NotLeader(f"the write-ahead stream refused the append: {exc}") from exc
             raise
         return int(ack.seq)
+
+    def stream_leader(self) -> str | None:
+        """The name of the NATS server leading the stream's RAFT group (None: none now)."""
+        return self._run(self._stream_leader())
+
+    async def _stream_leader(self) -> str | None:
+        info = await self._js.stream_info(self.names.wal)
+        return None if info.cluster is None else info.cluster.leader
 
     def message(self, seq: int) -> bytes | None:
         """The stream's message ``seq`` (None: there is none)."""

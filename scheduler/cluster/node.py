@@ -56,6 +56,8 @@ LEASE_POLL_MS = 100
 #: later than now a follower applies a record, not how late it is when it must lead.
 FOLLOW_GATHER_MS = 20
 FOLLOW_BATCH = 256  # records a fetch asks for
+#: how often a leader looks where the stream's RAFT leader is (NatsLink.place_publisher)
+PUBLISHER_CHECK_MS = 2000
 
 
 def restore_snapshot(link: NatsLink, data_dir: Path, *, wipe: bool = False) -> int | None:
@@ -144,6 +146,7 @@ class ClusterNode:
         self._seen_revision: int | None = None  # of the lease at this follower's last look
         self._free_seen_ms: int | None = None  # when this follower saw the lease free
         self._led_since_ms = 0  # when this node last became leader
+        self._next_place_ms = 0  # when this leader looks where the stream's leader is next
         self.promotions = 0
         #: from the stream storing a message to this follower applying it (wall clocks: the
         #: NATS server's and this node's)
@@ -332,6 +335,7 @@ class ClusterNode:
         if self._become(broker, LEADER, last):
             self.promotions += 1
             self._next_lease_ms = self._led_since_ms = self._clock.now_ms()  # renew at once
+            self._next_place_ms = 0  # and place the publisher
             log.info("%s leads, %d ms after it took the lease", self.node_id,
                      self._next_lease_ms - started)
         else:
@@ -370,6 +374,12 @@ class ClusterNode:
                 self._revision = None
                 self._become(broker, FOLLOWER)
                 return
+        if now >= self._next_place_ms:
+            self._next_place_ms = now + PUBLISHER_CHECK_MS
+            try:
+                self.link.place_publisher()
+            except Exception:  # (NATS busy, electing): the publishes go as they did
+                log.debug("placing the publisher", exc_info=True)
         self._stop.wait(0.02)
 
     def _snapshot_quietly(self, broker: Broker) -> None:
@@ -457,5 +467,6 @@ class ClusterNode:
             return False
         if role == FOLLOWER:
             self._caught_up_ms = self._clock.now_ms() - self.max_ready_lag_ms  # not ready yet
+            self.link.drop_publisher()
         log.info("%s is now %s at applied sequence %d", self.node_id, role, broker.applied_seq)
         return True
