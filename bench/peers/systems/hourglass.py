@@ -299,12 +299,29 @@ class HourglassSystem(System):
 
     def stop(self) -> None:
         self.stop_consumers()
+        if self.http is not None and self.proc is not None:
+            self._log_stream_counters()
         if self.http is not None:
             self.http.close()
             self.http = None
         if self.proc is not None:
             self.proc.stop(timeout=60)
             self.proc = None
+
+    def _log_stream_counters(self) -> None:
+        """Log the server's stream push counters (``/metrics``: frames the committing
+        thread wrote, hand-backs to the loop) before it stops; nothing if it cannot tell."""
+        try:
+            r = self._call("GET", "/metrics", timeout=5)
+        except urllib3.exceptions.HTTPError:
+            return
+        if r.status != 200:
+            return
+        names = ("hourglass_stream_frames_pushed_total", "hourglass_stream_handbacks_total")
+        found = [line for line in r.data.decode(errors="replace").splitlines()
+                 if line.startswith(names)]
+        if found:
+            log("hourglass streams: " + ", ".join(found))
 
     def compacted_disk(self) -> int | None:
         """Stop the server, compact its RocksDB (every column family, down to the bottommost
