@@ -16,12 +16,11 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.api.test_data_at_rest import wait_ready
 from tests.api.test_serve import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,16 +76,7 @@ def test_the_first_session_runs_as_written(tmp_path: Path) -> None:
                             env={**env, "PYTHONPATH": str(REPO)}, cwd=tmp_path, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "not ready in time"
-            time.sleep(0.1)
+        wait_ready(f"http://127.0.0.1:{port}", proc, tmp_path / "server.log")
         prelude: list[str] = []  # the commands that set shell variables
         real: dict[str, str] = {}  # a volatile value the README shows -> the real one
         for command, shown in steps:
