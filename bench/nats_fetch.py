@@ -26,7 +26,8 @@ import nats.aio.client
 import psutil
 from nats.js import api
 
-from bench.support.nats_cluster import NATS_SERVER, free_port
+from bench.support.nats_cluster import NATS_SERVER
+from bench.support.server_process import free_port
 
 MODES = ("pull1", "pull256", "push")
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from bench.support.nats_cluster import NatsCluster
-from bench.support.server_process import ServerProcess
+from bench.support.server_process import ServerProcess, free_ports
 
 TOKEN = "cluster-admin-token-0123456789"
 LEASE_MS = 1500
@@ -23,8 +23,9 @@ class HourglassCluster:
                  lease_ms: int = LEASE_MS, **settings: str) -> None:
         self.nats = nats
         self.nodes: list[ServerProcess] = []
-        for i in range(size):
+        for i, port in enumerate(free_ports(size)):
             node = ServerProcess(root / f"h{i}", token=TOKEN, log_path=root / f"h{i}.log",
+                                 port=port,
                                  settings={"cluster": nats.url_list, "node_id": f"h{i}",
                                            "cluster_lease_ms": str(lease_ms), "log_level": "info",
                                            # logs are read from offset 0: no segment deleted

@@ -12,13 +12,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.support.server_process import free_ports
+
 NATS_SERVER = Path(sys.executable).parent / "nats-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class NatsCluster:
@@ -32,9 +28,10 @@ class NatsCluster:
         self.gomaxprocs = gomaxprocs
         root.mkdir(parents=True, exist_ok=True)
         self.size = size
-        self.ports = [free_port() for _ in range(size)]
-        self.cluster_ports = [free_port() for _ in range(size)]
-        self.monitor_ports = [free_port() for _ in range(size)]  # /healthz
+        ports = free_ports(3 * size)
+        self.ports = ports[:size]
+        self.cluster_ports = ports[size:2 * size]
+        self.monitor_ports = ports[2 * size:]  # /healthz
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
 
     @property

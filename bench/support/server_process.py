@@ -22,9 +22,20 @@ STARTUP_TIMEOUT_S = 120.0  # imports + RocksDB open + CommitLog recovery, on a l
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` different free loopback ports. Each is bound until all are chosen: ports taken
+    one after another, each released before the next, can be the same one twice (it
+    happened: a nats-server given one port to listen on and to serve its monitor on)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(n):
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def serve_argv() -> list[str]:

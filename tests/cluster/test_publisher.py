@@ -143,7 +143,7 @@ def test_an_idle_publisher_answers_the_servers_pings_and_stays_connected(
     through ``NatsLink.place_publisher``) answers them. Here a server pinging every 100 ms."""
     import subprocess
 
-    from bench.support.nats_cluster import free_port
+    from bench.support.server_process import free_port
     from scheduler.cluster.publisher import DirectPublisher
 
     port = free_port()
