@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -139,7 +140,10 @@ class CommitOutcome:
     """What one commit appended."""
 
     topic_list: list[str] = field(default_factory=list)  # the topic of each appended
-    lateness_ms: list[int] = field(default_factory=list)
+    lateness_ms: list[int] = field(default_factory=list)  # of each appended (due on arrival)
+    #: how many appended were how late, ms (found due: ``lateness_ms`` stays empty)
+    lateness_counts: dict[int, int] = field(default_factory=dict)
+    single: str | None = None  # the one topic of them all, if so
     skipped: int = 0
     removed_by_shard: dict[int, int] = field(default_factory=dict)  # timer keys deleted
     values: list[bytes] = field(default_factory=list)  # delivered MessageRecord values (due)
@@ -147,6 +151,8 @@ class CommitOutcome:
 
     @property
     def topics(self) -> set[str]:
+        if self.single is not None:
+            return {self.single}
         return set(self.topic_list)
 
 
@@ -304,9 +310,10 @@ class Committer:
             self.replay_if_needed()
             now = self._clock.now_ms()
             skip = self._skip
-            items = [kv for scan in scans for kv in scan.items]
-            skipped = [key for key, _ in items if key in skip] if skip else []
+            skipped = [key for scan in scans for key, _ in scan.items
+                       if key in skip] if skip else []
             if skipped:
+                items = [kv for scan in scans for kv in scan.items]
                 items = [kv for kv in items if kv[0] not in skip]
                 counts = [sum(1 for key, _ in scan.items if key not in skip) for scan in scans]
             else:
@@ -316,8 +323,7 @@ class Committer:
             # before the due time by the scanner's read-ahead, if it read them
             pending = _Appends()
             (pending.ikeys, pending.extra, pending.deliver_ats, pending.topics,
-             pending.msg_ids) = (_columns(scans) if not skipped and any(
-                 scan.split is not None for scan in scans) else split_due(items))
+             pending.msg_ids) = _columns(scans) if not skipped else split_due(items)
             pending.scans = [(scan.shard, scan.end, n)
                              for scan, n in zip(scans, counts, strict=True)]
             offsets = self._take_offsets(pending)
@@ -346,7 +352,7 @@ class Committer:
             removed = outcome.removed_by_shard
             for scan in scans:
                 removed[scan.shard] = removed.get(scan.shard, 0) + len(scan.items)
-            outcome.lateness_ms = [now - at for at in pending.deliver_ats]
+            outcome.lateness_counts = _lateness(now, pending.deliver_ats)
             outcome.values = pending.extra
             outcome.deliver_ats = pending.deliver_ats
             return outcome
@@ -444,6 +450,7 @@ class Committer:
                     DeliveryLedger.put(batch, shard, end, positions[first], records, now)
                     first += records
         outcome.topic_list = topics
+        outcome.single = pending.single
         # ONE expiry entry for the whole commit (its messages share ``now``), not one each:
         # a put per message now and a delete per message when it expires saved
         batch.put(CF_EXPIRY, expiry_group_key(now + self._retention_ms, positions[0]),
@@ -483,12 +490,25 @@ def _columns(scans: Sequence[ScanBatch]) -> Split:
     now (``split_due``)."""
     if len(scans) == 1 and scans[0].split is not None:
         return scans[0].split
+    if not any(scan.split is not None for scan in scans):  # one split_due of them all
+        return split_due([kv for scan in scans for kv in scan.items])
     out: Split = ([], [], [], [], [])
     for scan in scans:
         split = scan.split if scan.split is not None else split_due(scan.items)
         for column, more in zip(out, split, strict=True):
             column += more  # type: ignore[operator]
     return out
+
+
+def _lateness(now: int, deliver_ats: list[int]) -> dict[int, int]:
+    """How many of ``deliver_ats`` were how late at ``now`` (ms -> count): the histogram's
+    input in one C pass (``Counter``), or none when they are one instant (a burst's)."""
+    if not deliver_ats:
+        return {}
+    first = deliver_ats[0]
+    if deliver_ats[-1] == first and deliver_ats.count(first) == len(deliver_ats):
+        return {now - first: len(deliver_ats)}
+    return {now - at: n for at, n in Counter(deliver_ats).items()}
 
 
 def _level(value: bytes) -> int:

@@ -234,7 +234,7 @@ def _wire(
             backlog.delivered(outcome.topic_list,
                               [message_level(v) for v in outcome.values]
                               if backlog.has_levels else (), deliver_ats=outcome.deliver_ats)
-            metrics.lateness_ms.observe_many(outcome.lateness_ms)
+            metrics.lateness_ms.observe_counts(outcome.lateness_counts)
             metrics.commit_batch_size.observe(n)
         for shard, count in outcome.removed_by_shard.items():
             maintenance.note_delivered(shard, count)

@@ -73,7 +73,7 @@ from __future__ import annotations
 import bisect
 import collections
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -234,15 +234,22 @@ class Histogram:
             self._sum += value
 
     def observe_many(self, values: Iterable[float]) -> None:
+        if isinstance(values, list | tuple) and len(values) <= _FEW:
+            pairs: Iterable[tuple[float, int]] = zip(values, repeat(1))  # (no Counter)
+        else:
+            pairs = collections.Counter(values).items()  # batches repeat values
+        self._observe_pairs(pairs)
+
+    def observe_counts(self, counts: Mapping[int, int] | Mapping[float, int]) -> None:
+        """``observe_many`` of values already counted: value -> how many times."""
+        self._observe_pairs(counts.items())
+
+    def _observe_pairs(self, pairs: Iterable[tuple[float, int]]) -> None:
         bounds = self.bounds
         locate = bisect.bisect_left
         local = [0] * len(self._counts)
         total = 0.0
         n = 0
-        if isinstance(values, list | tuple) and len(values) <= _FEW:
-            pairs: Iterable[tuple[float, int]] = zip(values, repeat(1))  # (no Counter)
-        else:
-            pairs = collections.Counter(values).items()  # batches repeat values
         for value, count in pairs:
             local[locate(bounds, value)] += count
             total += value * count

@@ -14,6 +14,7 @@ are in storage/_msgpack.pxd.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsUnsignedLongLong
 from libc.stdint cimport uint8_t, uint32_t
 from libc.string cimport memcmp, memcpy
 
@@ -237,6 +238,42 @@ def frame_headers(list payloads, Py_ssize_t start, uint32_t magic, uint32_t seed
         positions[i] = at
         at += 12 + size
     return buf, positions
+
+
+# --- a consume-queue run (storage/consume_queue.py) ------------------------------------------
+def cq_run(list positions, list sizes):
+    """== consume_queue.cq_run_py: per entry its 8-byte big-endian position and 4-byte
+    big-endian size, back to back; None unless both are lists of ints in range of the same
+    length (the Python path then raises)."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(positions), i
+    cdef int k
+    cdef unsigned long long pos, size
+    cdef uint8_t* q
+    cdef object p, s
+    if PyList_GET_SIZE(sizes) != n:
+        return None
+    buf = PyBytes_FromStringAndSize(NULL, 12 * n)
+    cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(buf)
+    for i in range(n):
+        p = <object>PyList_GET_ITEM(positions, i)
+        s = <object>PyList_GET_ITEM(sizes, i)
+        if type(p) is not int or type(s) is not int:
+            return None
+        try:
+            pos = PyLong_AsUnsignedLongLong(p)
+            size = PyLong_AsUnsignedLongLong(s)
+        except OverflowError:  # negative, or past 64 bits
+            return None
+        if size >> 32:
+            return None
+        q = out + 12 * i
+        for k in range(8):
+            q[k] = (pos >> (56 - 8 * k)) & 0xFF
+        q[8] = (size >> 24) & 0xFF
+        q[9] = (size >> 16) & 0xFF
+        q[10] = (size >> 8) & 0xFF
+        q[11] = size & 0xFF
+    return buf
 
 
 def read_records(mm, Py_ssize_t base, Py_ssize_t hi, list positions, Py_ssize_t index,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from storage.batch import put_sorted_py
 from storage.commitlog import CommitLog
+from storage.consume_queue import cq_run_py
 from storage.errors import CorruptionError, HourglassError
 from storage.log_format import CRC_SEED, RECORD_MAGIC, frame_headers_py, frame_py
 from storage.native import PURE_PYTHON_ENV, native
@@ -116,6 +118,26 @@ def test_frame_headers(payloads: list[bytes], start: int) -> None:
     framed, framed_positions = frame_py(payloads, lengths, start)
     assert framed_positions == positions
     assert framed == b"".join(headers[12 * i:12 * i + 12] + p for i, p in enumerate(payloads))
+
+
+@needs_native
+@settings(max_examples=300)
+@given(entries=st.lists(st.tuples(st.integers(-2, (1 << 64) + 2), st.integers(-2, (1 << 32) + 2)),
+                        max_size=40), extra=st.booleans())
+def test_cq_run(entries: list[tuple[int, int]], extra: bool) -> None:
+    """A consume-queue run's value: the twin's bytes where every position and size is in
+    range, None (the Python path raises) where one is not or the columns differ in length."""
+    assert native is not None
+    positions, sizes = [p for p, _ in entries], [s for _, s in entries]
+    if extra:
+        sizes.append(1)
+    try:
+        twin: bytes | None = cq_run_py(positions, sizes)
+    except struct.error:
+        twin = None
+    holds(native.cq_run(positions, sizes), None if extra else twin,
+          takes=not extra and twin is not None)
+    assert native.cq_run([1.0], [1]) is None and native.cq_run([True], [1]) is None
 
 
 def recorder() -> tuple[list[tuple[bytes, bytes, int]], Callable[..., None]]:
