@@ -18,6 +18,7 @@ from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyByte
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport (PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII,
                               PyUnicode_DecodeUTF8)
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -144,9 +145,13 @@ def split_due(list items):
     cdef uint64_t at
     cdef bytes last_raw = None
     cdef object last_topic = None
+    cdef object last_at = None  # a burst's keys share their deliverAt: one int object
+    cdef uint64_t last_at_value = 0
     for k in range(count):
         pair = <object>PyList_GET_ITEM(items, k)
-        key = pair[0]
+        if type(pair) is not tuple or PyTuple_GET_SIZE(pair) != 2:
+            return None
+        key = <object>PyTuple_GET_ITEM(pair, 0)
         if type(key) is not bytes:
             return None
         p = <const uint8_t*>PyBytes_AS_STRING(key)
@@ -161,9 +166,12 @@ def split_due(list items):
         if nul == NULL:
             return None
         _be(p, 8, &at)
-        ats[k] = at
+        if last_at is None or at != last_at_value:
+            last_at = at
+            last_at_value = at
+        ats[k] = last_at
         ikeys[k] = PyBytes_FromStringAndSize(<const char*>p + 8, n - 8)
-        values[k] = pair[1]
+        values[k] = <object>PyTuple_GET_ITEM(pair, 1)
         j = nul - p
         if last_raw is None or PyBytes_GET_SIZE(last_raw) != j - 8 or not _same(
                 <const uint8_t*>PyBytes_AS_STRING(last_raw), p + 8, j - 8):
