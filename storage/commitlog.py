@@ -332,14 +332,15 @@ class CommitLog:
         if max(lengths) > self.max_payload:
             raise InvalidArgument(
                 f"record of {max(lengths)} bytes exceeds the segment's {self.max_payload}")
+        payload_bytes = sum(lengths)
         with self._lock:
             self._writable()
             seg = self._current_segment()
             old_end, old_count = self._end, len(self._segments)
             off = old_end - seg.base
             try:
-                if off + sum(lengths) + HEADER_SIZE * len(lengths) <= seg.size:
-                    positions = self._write_run(seg, off, payloads, lengths)
+                if off + payload_bytes + HEADER_SIZE * len(lengths) <= seg.size:
+                    positions = self._write_run(seg, off, payloads, lengths, payload_bytes)
                 else:
                     positions = self._append_rolling(seg, off, payloads, lengths)
                 if self._sync:
@@ -350,7 +351,7 @@ class CommitLog:
                 self._rollback(old_end, old_count)
                 raise
             self._last = (positions, payloads)
-            self._bulk = sum(lengths) >= PWRITE_MIN_BYTES
+            self._bulk = payload_bytes >= PWRITE_MIN_BYTES
             base = self._segments[-1].base
             if self._spare is None and self._asked != base and self._wants_spare():
                 self._asked = base  # once a segment (a failed creation: at the ticks)
@@ -487,13 +488,13 @@ class CommitLog:
             seg.path.unlink()
 
     def _write_run(self, seg: Segment, off: int, payloads: Sequence[bytes],
-                   lengths: list[int]) -> list[int]:
+                   lengths: list[int], payload_bytes: int) -> list[int]:
         """Frame and copy records that all fit in ``seg`` at ``off``: one memmove. Records
         of ``GATHER_MIN_RECORD`` bytes or more on average go in with one gathered write of
         their headers and payloads instead (``Segment.write_gather``): the payloads are not
         copied into a framed buffer first (16 KiB bodies: 16 MiB more to allocate, fault in
         and copy a commit of 1000, docs/performance.md, Large bodies)."""
-        total = sum(lengths) + HEADER_SIZE * len(lengths)
+        total = payload_bytes + HEADER_SIZE * len(lengths)  # (payload_bytes: their sum)
         if total >= PWRITE_MIN_BYTES and total >= GATHER_MIN_RECORD * len(lengths):
             headers, positions = frame_headers(payloads, lengths, seg.base + off)
             view = memoryview(headers)
@@ -540,8 +541,9 @@ class CommitLog:
                 self._add(target)
                 self._end = target.base
             if hi > lo:
+                some = lengths[lo:hi]
                 positions += self._write_run(target, self._end - target.base, payloads[lo:hi],
-                                             lengths[lo:hi])
+                                             some, sum(some))
         return positions
 
     # --- reading --------------------------------------------------------------------------------
