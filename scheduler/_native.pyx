@@ -29,24 +29,32 @@ from storage._msgpack cimport (K_ARRAY, K_BIN, K_MAP, Item, _be, _body_tags_keys
                                _same, _str, _utf8, _w_bin, _w_head, _w_int, _w_raw, _w_str)
 
 # --- delivery: stored MessageRecord value -> LogRecord payload -----------------------------
-def log_payloads(list values, list topics, list msg_ids, list offsets, list deliver_ats,
+def log_payloads(list values, list topics, list ikeys, list offsets, list deliver_ats,
                  int64_t stored_at):
-    """For each stored MessageRecord value (== scheduler.codec.log_payload_from_value):
-    its LogRecord payload, or None where the Python path must do it (properties to filter,
-    or anything not exactly as msgspec writes it)."""
-    cdef Py_ssize_t count = PyList_GET_SIZE(values), k, n, i, tsize, msize, end_keys
+    """For each stored MessageRecord value (== scheduler.codec.log_payloads_py): its
+    LogRecord payload, its msgId copied from its index key (topic NUL msgId) as bytes, never
+    made a str; or None where the Python path must do it (properties to filter, a msgId
+    that is not ASCII, an index key of another topic, anything not exactly as msgspec
+    writes it)."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(values), k, n, i, tsize, msize, end_keys, kn, j
     cdef list out = [None] * count
     cdef const uint8_t* p
     cdef const char* t
     cdef const char* m
+    cdef const char* kp
     cdef Item it, body, tags, keys, born, flags
     cdef uint8_t* o
     cdef Py_ssize_t w
     cdef int64_t offset, deliver_at
     cdef PyObject* raw
+    cdef bint ascii
+    if not (PyList_GET_SIZE(topics) == PyList_GET_SIZE(ikeys) == PyList_GET_SIZE(offsets)
+            == PyList_GET_SIZE(deliver_ats) == count):
+        raise ValueError("log_payloads: columns of different lengths")
     for k in range(count):
         value = <object>PyList_GET_ITEM(values, k)
-        if type(value) is not bytes:
+        ikey = <object>PyList_GET_ITEM(ikeys, k)
+        if type(value) is not bytes or type(ikey) is not bytes:
             continue
         p = <const uint8_t*>PyBytes_AS_STRING(value)
         n = PyBytes_GET_SIZE(value)
@@ -72,7 +80,19 @@ def log_payloads(list values, list topics, list msg_ids, list offsets, list deli
         if i != n:
             continue
         t = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(topics, k), &tsize)
-        m = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(msg_ids, k), &msize)
+        kp = PyBytes_AS_STRING(ikey)
+        kn = PyBytes_GET_SIZE(ikey)
+        if kn <= tsize or kp[tsize] != 0 or memcmp(kp, t, tsize) != 0:
+            continue
+        m = kp + tsize + 1
+        msize = kn - tsize - 1
+        ascii = True
+        for j in range(msize):
+            if <uint8_t>m[j] >= 0x80:
+                ascii = False
+                break
+        if not ascii:  # (UTF-8 is the Python path's to check)
+            continue
         offset = <object>PyList_GET_ITEM(offsets, k)
         deliver_at = <object>PyList_GET_ITEM(deliver_ats, k)
         buf = PyBytes_FromStringAndSize(NULL, n + tsize + msize + 64)
@@ -134,12 +154,13 @@ def receipt_offsets(list receipts, str prefix):
 
 
 def split_due(list items):
-    """(index keys, values, deliverAts, topics, msgIds) of scanned (timer key, value) pairs,
-    as scheduler/codec.py's ``split_due_py`` gives them; None when a key is not
-    ``deliverAt(8) + topic + NUL + msgId`` (that path then raises)."""
+    """(index keys, values, deliverAts, topics) of scanned (timer key, value) pairs, as
+    scheduler/codec.py's ``split_due_py`` gives them; None when a key is not
+    ``deliverAt(8) + topic + NUL + msgId`` (that path then raises). The msgIds stay in the
+    index keys (``log_payloads`` copies them from there)."""
     cdef Py_ssize_t count = PyList_GET_SIZE(items), k, n, j
     cdef list ikeys = [None] * count, values = [None] * count, ats = [None] * count
-    cdef list topics = [None] * count, msg_ids = [None] * count
+    cdef list topics = [None] * count
     cdef const uint8_t* p
     cdef const uint8_t* nul
     cdef uint64_t at
@@ -178,8 +199,7 @@ def split_due(list items):
             last_raw = PyBytes_FromStringAndSize(<const char*>p + 8, j - 8)
             last_topic = PyUnicode_DecodeUTF8(<const char*>p + 8, j - 8, "strict")
         topics[k] = last_topic
-        msg_ids[k] = PyUnicode_DecodeUTF8(<const char*>nul + 1, n - j - 1, "strict")
-    return ikeys, values, ats, topics, msg_ids
+    return ikeys, values, ats, topics
 
 
 def delivered_index_values(list deliver_ats, int64_t updated_at, list offsets,

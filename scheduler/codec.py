@@ -115,27 +115,35 @@ def log_payload_from_value(value: bytes, topic: str, msg_id: str, queue_offset: 
                   m.born_at, deliver_at, stored_at, m.flags])
 
 
-def log_payloads_py(values: list[bytes], topics: list[str], msg_ids: list[str],
+def log_payloads_py(values: list[bytes], topics: list[str], ikeys: list[bytes],
                     queue_offsets: list[int], deliver_ats: list[int],
                     stored_at: int) -> list[bytes]:
-    """``log_payload_from_value`` of each stored value (a delivery commit's payloads)."""
-    return [log_payload_from_value(v, t, m, o, at, stored_at) for v, t, m, o, at in zip(
-        values, topics, msg_ids, queue_offsets, deliver_ats, strict=True)]
+    """``log_payload_from_value`` of each stored value (a delivery commit's payloads); each
+    msgId is read from its index key (``ikeys``: topic NUL msgId, ``split_due``'s column)."""
+    return [log_payload_from_value(v, t, ikey_msg_id(k), o, at, stored_at)
+            for v, t, k, o, at in zip(values, topics, ikeys, queue_offsets, deliver_ats,
+                                      strict=True)]
 
 
-def _log_payloads_native(values: list[bytes], topics: list[str], msg_ids: list[str],
+def ikey_msg_id(ikey: bytes) -> str:
+    """The msgId of an index key (topic NUL msgId); ValueError for one without a NUL or
+    whose msgId is not UTF-8."""
+    return ikey[ikey.index(0) + 1:].decode("utf-8")
+
+
+def _log_payloads_native(values: list[bytes], topics: list[str], ikeys: list[bytes],
                          queue_offsets: list[int], deliver_ats: list[int],
                          stored_at: int) -> list[bytes]:
     """The same, in C (scheduler/_native.pyx); what it leaves (None: a message with
     properties, or a value not exactly as written) is done by ``log_payload_from_value``,
     which also raises for a value that cannot be decoded."""
     assert native is not None
-    out: list[bytes | None] = native.log_payloads(values, topics, msg_ids, queue_offsets,
+    out: list[bytes | None] = native.log_payloads(values, topics, ikeys, queue_offsets,
                                                   deliver_ats, stored_at)
     for i, payload in enumerate(out):
         if payload is None:
-            out[i] = log_payload_from_value(values[i], topics[i], msg_ids[i], queue_offsets[i],
-                                            deliver_ats[i], stored_at)
+            out[i] = log_payload_from_value(values[i], topics[i], ikey_msg_id(ikeys[i]),
+                                            queue_offsets[i], deliver_ats[i], stored_at)
     return out  # type: ignore[return-value]  # no None left
 
 
@@ -143,22 +151,22 @@ log_payloads = log_payloads_py if native is None else _log_payloads_native
 
 
 def split_due_py(items: list[tuple[bytes, bytes]]) -> tuple[
-        list[bytes], list[bytes], list[int], list[str], list[str]]:
+        list[bytes], list[bytes], list[int], list[str]]:
     """The columns of scanned (timer key, value) pairs: index keys, values, deliverAts,
-    topics, msgIds (storage.keys: key = deliverAt(8) + topic + NUL + msgId). One pass per
-    column, no Python call per message; a topic's name is decoded once."""
+    topics (storage.keys: key = deliverAt(8) + topic + NUL + msgId). One pass per column,
+    no Python call per message; a topic's name is decoded once. The msgIds stay in the
+    index keys: ``log_payloads`` reads them there (no str a message)."""
     ikeys = [key[8:] for key, _ in items]
     values = [value for _, value in items]
     deliver_ats = [at for (at,) in map(_U64.unpack_from, [k for k, _ in items])]
     names = [ikey.split(b"\x00", 1) for ikey in ikeys]
     topic_names = {raw: raw.decode("utf-8") for raw in {raw for raw, _ in names}}
-    topics = [topic_names[raw] for raw, _ in names]
-    msg_ids = [raw.decode("utf-8") for _, raw in names]
-    return ikeys, values, deliver_ats, topics, msg_ids
+    topics = [topic_names[raw] for raw, _ in names]  # (ValueError for a key without NUL)
+    return ikeys, values, deliver_ats, topics
 
 
 def _split_due_native(items: list[tuple[bytes, bytes]]) -> tuple[
-        list[bytes], list[bytes], list[int], list[str], list[str]]:
+        list[bytes], list[bytes], list[int], list[str]]:
     assert native is not None
     split = native.split_due(items)
     return split_due_py(items) if split is None else split  # (which raises)

@@ -118,8 +118,8 @@ class Queues(Protocol):
 
 
 #: the columns of scanned (key, value) pairs (codec.split_due): index keys, values,
-#: deliverAts, topics, msgIds
-Split = tuple[list[bytes], list[bytes], list[int], list[str], list[str]]
+#: deliverAts, topics (the msgIds stay in the index keys: codec.log_payloads reads them)
+Split = tuple[list[bytes], list[bytes], list[int], list[str]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -322,13 +322,13 @@ class Committer:
             # or append per message: a fifth of this commit's CPU was such appends); split
             # before the due time by the scanner's read-ahead, if it read them
             pending = _Appends()
-            (pending.ikeys, pending.extra, pending.deliver_ats, pending.topics,
-             pending.msg_ids) = _columns(scans) if not skipped else split_due(items)
+            (pending.ikeys, pending.extra, pending.deliver_ats,
+             pending.topics) = _columns(scans) if not skipped else split_due(items)
             pending.scans = [(scan.shard, scan.end, n)
                              for scan, n in zip(scans, counts, strict=True)]
             offsets = self._take_offsets(pending)
             try:
-                payloads = log_payloads(pending.extra, pending.topics, pending.msg_ids, offsets,
+                payloads = log_payloads(pending.extra, pending.topics, pending.ikeys, offsets,
                                         pending.deliver_ats, now)
             except BaseException:  # a poison value (scheduler/poison.py): no offset is used
                 self._offsets.clear()
@@ -368,7 +368,7 @@ class Committer:
         flags = FLAG_IMMEDIATE | FLAG_BATCH if atomic else FLAG_IMMEDIATE
         pending = _Appends()
         for m in messages:
-            pending.add(m.topic, m.msg_id, m.deliver_at, m.index_key, m.tx_id, m)
+            pending.add(m.topic, m.deliver_at, m.index_key, m.tx_id, m)
         offsets = self._take_offsets(pending)
         payloads = [
             log_payload(m.topic, m.msg_id, offset, m.body, m.tags, m.keys, m.properties,
@@ -492,7 +492,7 @@ def _columns(scans: Sequence[ScanBatch]) -> Split:
         return scans[0].split
     if not any(scan.split is not None for scan in scans):  # one split_due of them all
         return split_due([kv for scan in scans for kv in scan.items])
-    out: Split = ([], [], [], [], [])
+    out: Split = ([], [], [], [])
     for scan in scans:
         split = scan.split if scan.split is not None else split_due(scan.items)
         for column, more in zip(out, split, strict=True):
@@ -522,23 +522,20 @@ def _level(value: bytes) -> int:
 class _Appends:
     """Columns of the messages one commit appends (plain lists: no object per message)."""
 
-    __slots__ = ("deliver_ats", "extra", "ikeys", "msg_ids", "scans", "single", "topics",
-                 "tx_ids")
+    __slots__ = ("deliver_ats", "extra", "ikeys", "scans", "single", "topics", "tx_ids")
 
     def __init__(self) -> None:
         self.topics: list[str] = []
         self.single: str | None = None  # the one topic of them all, if so (_take_offsets)
-        self.msg_ids: list[str] = []
         self.deliver_ats: list[int] = []
-        self.ikeys: list[bytes] = []
+        self.ikeys: list[bytes] = []  # index keys (topic NUL msgId)
         self.tx_ids: list[str | None] = []
         self.extra: list[Any] = []
         self.scans: list[tuple[int, bytes, int]] | None = None  # (shard, end, records) found due
 
-    def add(self, topic: str, msg_id: str, deliver_at: int, ikey: bytes, tx_id: str | None,
+    def add(self, topic: str, deliver_at: int, ikey: bytes, tx_id: str | None,
             extra: Any) -> None:
         self.topics.append(topic)
-        self.msg_ids.append(msg_id)
         self.deliver_ats.append(deliver_at)
         self.ikeys.append(ikey)
         self.tx_ids.append(tx_id)

@@ -8,8 +8,8 @@ before it and reads the keys due by then + ``scan_prefetch_ms`` (at most
 ``scan_prefetch_messages`` keys and ``scan_prefetch_bytes`` of values) into a ``Prefetch``;
 the scan at the due instant takes them from it instead of RocksDB. It delivers nothing
 early: a scan still hands on only the keys below ``time_bound(now + 1)``. The keys are split
-into the committer's columns as they are read (``codec.split_due``: index keys, deliverAts,
-topics, msgIds; ``ScanBatch.split``), which the commits at the due time then take as they are.
+into the committer's columns as they are read (``codec.split_due``: index keys, values,
+deliverAts, topics; ``ScanBatch.split``), which the commits at the due time then take as they are.
 
 The invariant, guarded by the shard's lock: ``items[pos:]`` are exactly the shard's keys
 (and values) in [``start``, ``end``), ``start`` being the shard's scan frontier. Every path
@@ -54,7 +54,7 @@ class Prefetch:
         self.bytes = 0  # of the values read ahead (the bound of scan_prefetch_bytes)
         #: items split into the committer's columns (None: a key split_due refuses, a
         #: poison one: the commit splits, and parks it, as it would have)
-        self.columns: Split | None = ([], [], [], [], [])
+        self.columns: Split | None = ([], [], [], [])
         self._taken = (0, 0)  # the last take's range of items
 
     def __len__(self) -> int:
@@ -122,7 +122,7 @@ class Prefetch:
             return None
         first, stop = self._taken
         return (columns[0][first:stop], columns[1][first:stop],
-                columns[2][first:stop], columns[3][first:stop], columns[4][first:stop])
+                columns[2][first:stop], columns[3][first:stop])
 
     def advance(self, frontier: bytes) -> None:
         """The scan that took from it moved the shard's frontier to ``frontier``."""

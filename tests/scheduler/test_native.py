@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from scheduler.codec import (
     cancel_handles_py,
     delivered_index_values_py,
+    ikey_msg_id,
     log_payload_from_value,
     log_payloads_py,
     message_value,
@@ -35,6 +36,7 @@ from storage.errors import CorruptionError, HourglassError
 from storage.keys import encode_timer_key
 from storage.records import (
     MessageRecord,
+    decode_log_record,
     encode_message,
 )
 from tests.support import twins
@@ -65,7 +67,8 @@ def test_log_payloads(record: MessageRecord, at: int, data: st.DataObject) -> No
     assert native is not None
     value = encode_message(record)
     values = [value, data.draw(mutations(value)), data.draw(mutations(value))]
-    out = native.log_payloads(values, ["topic"] * 3, ["id"] * 3, [7] * 3, [at] * 3, at + 1)
+    out = native.log_payloads(values, ["topic"] * 3, [b"topic\x00id"] * 3, [7] * 3, [at] * 3,
+                              at + 1)
     # left to Python: properties to filter, a uint64 past int64
     holds(out[0], python_payload(value, at), takes=not record.properties and fits_int64(
         record.born_at, record.deliver_at, record.flags))
@@ -81,10 +84,37 @@ def test_log_payloads_fills_in_what_c_leaves() -> None:
 
     values = [message_value(b"a", None, (), {}, 1, 2, 0),
               message_value(b"b", "t", ("k",), {"DELAY": "3", "x": "y"}, 1, 2, 0)]
-    args = (values, ["t1", "t2"], ["i1", "i2"], [0, 1], [5, 6], 9)
+    args = (values, ["t1", "t2"], [b"t1\x00i1", b"t2\x00i2"], [0, 1], [5, 6], 9)
     assert _log_payloads_native(*args) == log_payloads_py(*args)
     with pytest.raises(CorruptionError):
-        _log_payloads_native([b"\x98junk"], ["t"], ["i"], [0], [5], 9)
+        _log_payloads_native([b"\x98junk"], ["t"], [b"t\x00i"], [0], [5], 9)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(topic=st.sampled_from(["t", "tö", "orders"]), msg_id=st.text(max_size=12),
+       other=st.sampled_from([None, "u", "t"]))
+def test_log_payloads_read_each_msg_id_from_its_index_key(topic: str, msg_id: str,
+                                                          other: str | None) -> None:
+    """The msgId comes from the index key (topic NUL msgId), copied as bytes in C where it
+    is ASCII and the key is of the record's topic; the rest is left to the Python path."""
+    assert native is not None
+    from scheduler.codec import _log_payloads_native
+
+    value = message_value(b"body", None, (), {}, 1, 2, 0)
+    ikey = (other if other is not None else topic).encode() + b"\x00" + msg_id.encode()
+    args = ([value], [topic], [ikey], [3], [4], 5)
+    twin = log_payloads_py(*args)
+    assert decode_log_record(twin[0]).msg_id == ikey_msg_id(ikey)
+    holds(native.log_payloads(*args)[0], twin[0],
+          takes=(other is None or other == topic) and msg_id.isascii())
+    assert _log_payloads_native(*args) == twin
+    not_utf8 = ([value], [topic], [topic.encode() + b"\x00id\xff"], [3], [4], 5)
+    assert native.log_payloads(*not_utf8) == [None]
+    with pytest.raises(UnicodeDecodeError):  # a poison message (scheduler/poison.py)
+        _log_payloads_native(*not_utf8)
+    with pytest.raises(ValueError):
+        native.log_payloads([value], [topic], [], [3], [4], 5)
 
 
 @needs_native
@@ -97,7 +127,7 @@ def test_log_payloads_of_large_bodies_are_whole_and_owned_once() -> None:
     bodies = [os.urandom(size) for size in (0, 1, 100, 16_384, 70_000, 1 << 20)]
     values = [message_value(b, "tag", ("k1", "k2"), {}, 11, 12, 0) for b in bodies]
     n = len(values)
-    args = (values, ["topic"] * n, [f"id{i}" for i in range(n)], list(range(n)),
+    args = (values, ["topic"] * n, [b"topic\x00id%d" % i for i in range(n)], list(range(n)),
             [1 << 40] * n, (1 << 40) + 5)
     out = native.log_payloads(*args)
     assert out == log_payloads_py(*args)
@@ -118,11 +148,8 @@ def test_split_due(keys: list[tuple[int, str, str]], junk: bytes) -> None:
              for i, (at, topic, msg_id) in enumerate(keys)]
     assert native.split_due(items) == split_due_py(items)
     bad = [*items, (junk, b"v")]
-    if junk.endswith(b"\xff"):  # a msgId that is not UTF-8: both raise
-        with pytest.raises(UnicodeDecodeError):
-            split_due_py(bad)
-        with pytest.raises(UnicodeDecodeError):
-            native.split_due(bad)
+    if junk.endswith(b"\xff"):  # a msgId that is not UTF-8: split alike, left in the key
+        assert native.split_due(bad) == split_due_py(bad)
     else:  # not deliverAt + topic + NUL + msgId: C hands it to Python, which raises
         with pytest.raises((ValueError, struct.error)):
             split_due_py(bad)
