@@ -105,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             peak = {k: max(v, peak[k]) for k, v in _rss(server.pid).items()}
         cpu1 = threads()
         names = _thread_names(server.pid)
+        for tid in cpu1:  # the native threads (RocksDB's) by their kernel name
+            if tid not in names:
+                try:
+                    names[tid] = Path(f"/proc/{server.pid}/task/{tid}/comm").read_text().strip()
+                except OSError:
+                    pass
         system.stop_consumers()
         if len(received) < args.n:
             raise SystemExit(f"only {len(received):,} of {args.n:,} messages arrived")
