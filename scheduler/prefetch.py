@@ -38,7 +38,7 @@ from scheduler.committer import Split
 #: would pay a second wake-up a scan for it (docs/performance.md, W3)
 PREFETCH_MIN_GAP_MS = 20
 
-_KEY = itemgetter(0)
+_KEY, _VALUE = itemgetter(0), itemgetter(1)
 
 
 class Prefetch:
@@ -63,7 +63,7 @@ class Prefetch:
     def extend(self, items: list[tuple[bytes, bytes]], end: bytes) -> None:
         """Add the keys a read found in [self.end, end) (all of them)."""
         self.items += items
-        self.bytes += sum(len(value) for _, value in items)
+        self.bytes += sum(map(len, map(_VALUE, items)))  # (no Python call a pair)
         self.end = end
         if self.columns is not None and items:
             try:
