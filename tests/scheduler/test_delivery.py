@@ -13,7 +13,7 @@ from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.committer import CommitOutcome, ScanBatch
 from scheduler.delivery import INLINE_MAX, DeliveryStage
-from scheduler.metrics import EngineMetrics
+from scheduler.metrics import EngineMetrics, Histogram
 from scheduler.model import SendRequest
 from scheduler.scanner import Progress
 from storage.errors import DelayTooLong, InvalidArgument, NotFound, TopicInvalid
@@ -331,3 +331,35 @@ def test_a_commit_takes_queued_batches_up_to_its_bytes_not_only_its_count() -> N
         stage.stop()
     # the first alone (after a pause), then two at a time: the second takes it past 16 MiB
     assert commits == [[1], [2, 3], [4, 5]]
+
+
+def test_each_delivered_message_counts_its_own_lateness(harness: Harness,
+                                                        clock: FakeClock) -> None:
+    """A commit counts its lateness once per deliverAt (one instant: one count), not once per
+    message: the histogram still holds every message's storedAt - deliverAt as the log does,
+    for commits of many instants and of one."""
+    broker = harness.open(scan_batch_size=200, delivery_batch_max=1000)
+    due = START_MS + 10_000
+    broker.send_batch([SendRequest(topic="mixed", body=b"x", msg_id=f"m{i}",
+                                   deliver_at=due - 5 * (i % 4)) for i in range(300)])
+    broker.send_batch([SendRequest(topic="one", body=b"x", msg_id=f"o{i}", deliver_at=due + 1)
+                       for i in range(500)])
+    clock.advance(10_003)
+    broker.drain()
+    got = read_topic(broker, "mixed") + read_topic(broker, "one")
+    assert len(got) == 800
+    late = [m.stored_at - m.deliver_at for m in got]
+    assert sorted(set(late)) == [2, 3, 8, 13, 18]
+    expected = Histogram("x", "", broker.metrics.lateness_ms.bounds)
+    expected.observe_many(late)
+    assert broker.metrics.lateness_ms.snapshot() == expected.snapshot()
+
+
+def test_a_histogram_takes_counted_values_as_it_takes_them_one_by_one() -> None:
+    counted, one_by_one = (Histogram("h", "", (1, 5, 10)) for _ in range(2))
+    counted.observe_counts({0: 3, 5: 2, 7: 1, 11: 4})
+    counted.observe_counts({})
+    for value in [0, 0, 0, 5, 5, 7, 11, 11, 11, 11]:
+        one_by_one.observe(value)
+    assert counted.snapshot() == one_by_one.snapshot()
+    assert counted.snapshot().count == 10 and counted.snapshot().sum == 61
