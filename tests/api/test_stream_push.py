@@ -384,3 +384,60 @@ def test_a_large_frame_is_written_whole_while_its_client_has_not_read_yet() -> N
         ours.close()
         theirs.close()
         loop.close()
+
+
+def test_a_client_a_moment_late_is_waited_for_not_handed_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A socket that takes part of a frame (the client has not read yet) is waited for, up
+    to ``PUSH_WAIT_S`` for the pushes after one commit, and takes the rest while its client
+    reads: the stream stays lent. A client that reads nothing within it gets the rest from
+    the loop, as before: the stream is handed back with the bytes not sent."""
+    import api.push
+
+    ours, theirs = _tcp_pair(16 << 10)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 10)
+    ours.setblocking(False)
+    loop = asyncio.new_event_loop()
+    landed: list[bytes] = []
+    size = 512 << 10  # far more than both buffers hold (and no larger buffer is asked for)
+    frames = {1: b"a" * size, 2: b"b" * size}
+    pusher = StreamPusher()
+    stream = ParkedStream(pusher, topic=TOPIC, offset=0, max_messages=1,
+                          encode=lambda payloads, at: frames[len(landed)],
+                          read=lambda _t, offset, n: landed[offset:offset + n],
+                          transport=Drained(), fd=ours.fileno(), loop=loop)
+    got = bytearray()
+
+    def read(n: int) -> None:
+        theirs.settimeout(30)
+        while len(got) < n:
+            got.extend(theirs.recv(1 << 16))
+
+    first = b"%x\r\n%s\r\n" % (size, frames[1])
+    try:
+        wake = loop.create_future()
+        stream.park(0, wake)
+        reader = threading.Thread(target=read, args=(len(first),))
+        reader.start()  # the client reads as the frame goes out
+        monkeypatch.setattr(api.push, "PUSH_WAIT_S", 60.0)  # (no test waits on a clock)
+        landed.append(log_payload(TOPIC, "m0", 0, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])
+        reader.join()
+        assert bytes(got) == first
+        assert pusher.totals()[:2] == (1, 0) and stream.parked and not wake.done()
+
+        monkeypatch.setattr(api.push, "PUSH_WAIT_S", 0.0)  # now nobody reads: no waiting
+        landed.append(log_payload(TOPIC, "m1", 1, b"body", None, (), {}, 1, 2, 3, 0))
+        pusher.on_delivery([TOPIC])
+        assert pusher.totals()[:2] == (1, 1) and not stream.parked
+        offset, pending = stream.unpark()
+        second = b"%x\r\n%s\r\n" % (size, frames[2])
+        assert offset == 2 and 0 < len(pending) < len(second)
+        got.clear()
+        read(len(second) - len(pending))
+        assert bytes(got) + pending == second  # what the socket took, then the loop's part
+    finally:
+        stream.close()
+        ours.close()
+        theirs.close()
+        loop.close()
