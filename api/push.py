@@ -22,16 +22,9 @@ The pusher hands a stream back instead of writing when writing would not keep th
 order or bounded: the transport has bytes queued (uvloop is still writing earlier ones: the
 client reads slowly), the socket takes only part of a frame (the rest goes back to the loop,
 which writes it first and then waits for the socket to drain, as uvicorn's flow control
-does), the engine refuses the read, or the socket fails. A client a moment late is waited
-for first: the pushes after one commit may wait, in all, ``PUSH_WAIT_S`` (3 ms, within the
-listener budget of scheduler/listeners.py) without the GIL for their sockets to take the
-rest of a frame (``poll``; the loop, taking a stream back meanwhile, waits as long for its
-lock). A burst's one consumer, slower than the commits once they cost less, then paces the
-committing thread instead of taking its stream back: a hand-back sends the rest of a burst
-through the loop, which reads the log again and copies every body (1 M due at once,
-2026-11-27: 3-6 hand-backs drained in 2.5-2.9 s, none in 1.9). A stream is written either
-by the loop or by the pusher, never both: the stream's lock orders them, and the loop
-writes only while the stream is not parked.
+does), the engine refuses the read, or the socket fails. A stream is written either by the
+loop or by the pusher, never both: the stream's lock orders them, and the loop writes only
+while the stream is not parked.
 
 What a commit costs its thread: per parked stream of the topic, one ``writev`` of the frames
 of what landed, as long as the socket takes them (a reader far behind gets the rest from the
@@ -82,7 +75,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -105,9 +97,6 @@ _NOTHING: Frame = ((), 0, 0, False)
 INLINE_STREAMS = 16
 #: pieces one ``writev`` takes at most (Linux's IOV_MAX)
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-#: how long the pushes after one commit may wait, in all, for sockets to take the rest of a
-#: frame (module doc; the listener budget, scheduler/listeners.py, is 5 ms)
-PUSH_WAIT_S = 0.003
 #: a frame this large makes its stream ask for a send buffer of ``SEND_BUFFER_BYTES`` (module
 #: doc, Large bodies)
 LARGE_FRAME_BYTES = 1 << 20
@@ -124,23 +113,6 @@ def _enlarge_send_buffer(fd: int, size: int) -> None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
         finally:
             sock.detach()  # the descriptor stays the stream's
-
-
-def _writable(fd: int, timeout_s: float) -> bool:
-    """Whether the socket ``fd`` takes bytes within ``timeout_s`` (``poll``, without the
-    GIL); also True when it failed (the write then says how)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return bool(poller.poll(max(0.0, timeout_s) * 1000))
-
-
-def _rest(chunks: tuple[bytes | memoryview, ...], sent: int) -> tuple[bytes | memoryview, ...]:
-    """The pieces of ``chunks`` past their first ``sent`` bytes."""
-    for i, piece in enumerate(chunks):
-        if sent < len(piece):
-            return (memoryview(piece)[sent:], *chunks[i + 1:])
-        sent -= len(piece)
-    return ()
 
 
 def _writev(fd: int, chunks: tuple[bytes | memoryview, ...]) -> int:
@@ -236,12 +208,11 @@ class ParkedStream:
                 self._hand_back()
 
     # --- committing threads ------------------------------------------------------------------
-    def push(self, shared: dict[Any, Any] | None = None, deadline: float | None = None) -> None:
+    def push(self, shared: dict[Any, Any] | None = None) -> None:
         """Write the frames of what landed since ``offset`` (any thread). ``shared``: the
         frames already made during this commit, by (offset, max, encoding); what this stream
         makes goes there too (the streams of a topic are mostly at the same offset: one read
-        and one encode serve them all). ``deadline`` (``time.monotonic()``): until when a
-        socket that took part of a frame is waited for (None: not at all; module doc)."""
+        and one encode serve them all)."""
         with self._lock:
             if not self.parked or self._fd is None:
                 return
@@ -267,8 +238,6 @@ class ParkedStream:
                             sent = _writev(self._fd, chunks)  # (releases the GIL)
                         except BlockingIOError:
                             sent = 0
-                        if sent < size and deadline is not None:
-                            sent = self._write_rest(chunks, sent, size, deadline)
                     self.offset = next_offset
                     self.wrote_at = time.monotonic()
                     if sent < size:
@@ -282,22 +251,6 @@ class ParkedStream:
                 self._fail(logging.INFO, exc, with_trace=False)  # the same and ends it
             except Exception as exc:  # the engine refused the read, a bug: handed back, the
                 self._fail(logging.WARNING, exc, with_trace=True)  # loop reads for itself
-
-    def _write_rest(self, chunks: tuple[bytes | memoryview, ...], sent: int, size: int,
-                    deadline: float) -> int:
-        """Lock held: the socket took ``sent`` bytes of a frame of ``size``; wait for it to
-        take the rest until ``deadline`` (module doc). Returns the bytes it took in all."""
-        fd = self._fd
-        assert fd is not None
-        while sent < size:
-            left = deadline - time.monotonic()
-            if left <= 0 or not _writable(fd, left):
-                break
-            try:
-                sent += _writev(fd, _rest(chunks, sent))
-            except BlockingIOError:
-                pass
-        return sent
 
     def _make(self) -> Frame:
         """The frame of what landed from ``offset``: (chunks, their size, the next offset,
@@ -332,12 +285,11 @@ class ParkedStream:
                 self._loop.call_soon_threadsafe(_resolve, wake)
 
 
-def _push_all(streams: list[ParkedStream], deadline: float | None = None) -> None:
-    """Push ``streams`` (of one topic), one read and encode per offset, not per stream;
-    ``deadline``: until when sockets that took part of a frame are waited for."""
+def _push_all(streams: list[ParkedStream]) -> None:
+    """Push ``streams`` (of one topic), one read and encode per offset, not per stream."""
     shared: dict[Any, Frame] = {}
     for stream in streams:
-        stream.push(shared, deadline)
+        stream.push(shared)
 
 
 class StreamPusher:
@@ -410,7 +362,6 @@ class StreamPusher:
         if not self._streams:
             return
         budget = self.inline_streams
-        deadline = time.monotonic() + PUSH_WAIT_S  # (for all of this commit's pushes)
         for topic in topics:
             with self._lock:
                 streams = list(self._streams.get(topic, ()))
@@ -419,7 +370,7 @@ class StreamPusher:
                     self._wake_writer()
                     continue
             budget -= len(streams)
-            _push_all(streams, deadline)
+            _push_all(streams)
 
     def _wake_writer(self) -> None:
         """Lock held: the writer thread has topics to write (started at first need)."""
@@ -445,7 +396,7 @@ class StreamPusher:
                 del self._due[topic]
                 streams = list(self._streams.get(topic, ()))
             self.count(by_writer=1)
-            _push_all(streams, time.monotonic() + PUSH_WAIT_S)
+            _push_all(streams)
 
     def close(self) -> None:
         """Server shutdown (on the loop): hand every parked stream back; lend none again
