@@ -100,6 +100,46 @@ def log_payloads(list values, list topics, list msg_ids, list offsets, list deli
     return out
 
 
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object)
+
+
+def same_receipts(list given, list issued):
+    """== scheduler.group_state.same_receipts_py: whether ``given`` is exactly the str of
+    ``issued`` (receipts as issued: ASCII), in order, compared in a time that does not
+    depend on where they differ (their tags are secret): eight bytes at a time, no join.
+    None when an item of ``given`` is not an ASCII str."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(given), k, n, m, i
+    cdef const char* a
+    cdef const char* b
+    cdef uint64_t diff = 0, x, y
+    for k in range(count):
+        item = <object>PyList_GET_ITEM(given, k)
+        if type(item) is not str or not PyUnicode_IS_ASCII(item):
+            return None
+    if count != PyList_GET_SIZE(issued):
+        return False
+    for k in range(count):
+        other = <object>PyList_GET_ITEM(issued, k)
+        if type(other) is not str or not PyUnicode_IS_ASCII(other):
+            return None
+        a = PyUnicode_AsUTF8AndSize(<object>PyList_GET_ITEM(given, k), &n)
+        b = PyUnicode_AsUTF8AndSize(other, &m)
+        if n != m:  # (a length is no secret: every receipt's tag has the same one)
+            diff |= 1
+            continue
+        i = 0
+        while i + 8 <= n:
+            memcpy(&x, a + i, 8)
+            memcpy(&y, b + i, 8)
+            diff |= x ^ y
+            i += 8
+        while i < n:
+            diff |= <uint8_t>a[i] ^ <uint8_t>b[i]
+            i += 1
+    return diff == 0
+
+
 def receipt_offsets(list receipts, str prefix):
     """== scheduler.group_state.receipt_offsets_py: the offsets of receipts that all start
     with ``prefix``, each followed by an offset in lowercase hex (``0``, or 1-16 digits

@@ -25,7 +25,7 @@ from scheduler.codec import (
     scheduled_values_py,
     split_due_py,
 )
-from scheduler.group_state import Seal, receipt_offsets_py
+from scheduler.group_state import Seal, receipt_offsets_py, same_receipts_py
 from scheduler.levels import DelayLevels
 from scheduler.native import native
 from scheduler.timeline import _per_second_py
@@ -195,6 +195,48 @@ suffixes = st.one_of(
     st.integers(0, (1 << 64) - 1).map(lambda v: f"{v:x}"),  # as receipts write them
     st.text("0123456789abcdefABCDEF_\n x", max_size=18),  # anything near it
 )
+
+
+@settings(max_examples=300)
+@given(issued=st.lists(st.from_regex(r"\A4[01][0-9a-f]{1,16}\.[0-9a-f]{16}\.[0-9a-f]{1,5}\Z"),
+                       min_size=1, max_size=8),
+       edits=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 40),
+                                st.sampled_from(["0", "f", ".", "\n", "\u00e9", "", "\ud800"])),
+                      max_size=2),
+       drop=st.booleans())
+def test_same_receipts(issued: list[str], edits: list[tuple[int, int, str]],
+                       drop: bool) -> None:
+    """The usual ack's check (scheduler/group_state.py ``same_receipts``): the receipts as
+    issued, or one changed by a character (replaced, inserted, removed: also non-ASCII or a
+    lone surrogate), one missing, or split otherwise at "\\n": the compiled check answers
+    the twin's, or None (not ASCII) and leaves it to the twin."""
+    given_ = list(issued)
+    for at, pos, ch in edits:
+        at %= len(given_)
+        r = given_[at]
+        pos %= len(r) + 1
+        given_[at] = r[:pos] + ch + r[pos + 1:]
+    if drop and len(given_) > 1:
+        given_.pop()
+    expected = same_receipts_py(given_, issued)
+    assert expected == (given_ == issued)
+    if native is not None:
+        assert native.same_receipts(given_, issued) in (expected, None)
+        if all(r.isascii() for r in given_):
+            assert native.same_receipts(given_, issued) is expected
+
+
+def test_same_receipts_is_per_receipt_not_of_the_join() -> None:
+    """Receipts that join to the same text but are split otherwise are not the same."""
+    issued = ["40a.0123456789abcdef.1", "40a.0123456789abcdef.2"]
+    moved = ["40a.0123456789abcdef.1\n40a", ".0123456789abcdef.2"]
+    assert not same_receipts_py(moved, issued)
+    assert same_receipts_py(list(issued), issued)
+    assert not same_receipts_py([1, 2], issued)  # type: ignore[list-item]
+    if native is not None:
+        assert native.same_receipts(moved, issued) is False
+        assert native.same_receipts(list(issued), issued) is True
+        assert native.same_receipts([1, 2], issued) is None
 
 
 @pytest.mark.parametrize("receipt_offsets",
