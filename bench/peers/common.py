@@ -23,6 +23,7 @@ import psutil
 
 BODY_BYTES = 100
 ID_PREFIX = "m"
+_PARSED_WHOLE = 32  # ids in a batch from which msg_indexes parses them in one pass
 _IDS = re.compile(f"{ID_PREFIX}[0-9]{{1,18}}(?:,{ID_PREFIX}[0-9]{{1,18}})*")
 
 
@@ -37,9 +38,10 @@ def msg_id(i: int) -> str:
 
 
 def msg_indexes(ids: Sequence[str | bytes]) -> np.ndarray:
-    """``msg_index`` of each id, as an int64 array: parsed by numpy in one pass when all are
-    the harness's ('m' + ASCII decimal digits, the usual batch), else id by id."""
-    if ids:
+    """``msg_index`` of each id, as an int64 array: parsed by numpy in one pass when there
+    are ``_PARSED_WHOLE`` or more and all are the harness's ('m' + ASCII decimal digits, the
+    usual batch), else id by id (a message popped alone: no slower than before)."""
+    if len(ids) >= _PARSED_WHOLE:
         try:  # (str ids, or bytes ids: one type a batch)
             joined = (b",".join(ids).decode("ascii") if isinstance(ids[0], bytes)  # type: ignore[arg-type]
                       else ",".join(ids))  # type: ignore[arg-type]
@@ -281,7 +283,8 @@ class Tracker:
             self.recv[fresh] = recv[first]
             # (an id twice in one batch is fresh twice: counted once)
             # an id k times fresh in one batch has count k now (0 before): counted once
-            self._distinct += round(float(np.sum(1.0 / self.count[fresh])))
+            self._distinct += (len(fresh) if len(fresh) < 2
+                               else round(float(np.sum(1.0 / self.count[fresh]))))
             if server_late is not None:
                 sl = np.asarray(server_late, dtype=float)[ok]
                 self.server_late[fresh] = sl[first]
