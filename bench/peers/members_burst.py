@@ -11,6 +11,9 @@ last one was in the log (the server's ``storedAt``), the CPU of the drain window
 receive requests the server answered and their mean time in it (``/metrics``)::
 
     .venv/bin/python -m bench.peers.members_burst --n 200000 --encoding json
+
+``--hourglass-rev REV`` serves a frozen copy of REV (as ``bench.peers.run``'s), for runs in
+turns against another commit with the same client.
 """
 
 from __future__ import annotations
