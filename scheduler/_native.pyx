@@ -348,6 +348,7 @@ cdef class _Columns:
         cdef uint8_t entry[48]
         cdef int j
         cdef int64_t now = self.now
+        cdef PyObject* raw
         if msg_id is None:
             c = <uint64_t>(next(self.counter)) & 0xFFFFFFFF
             for j in range(8):
@@ -393,7 +394,14 @@ cdef class _Columns:
         self.deliver_ats[k] = at
         self.timer_keys[k] = tkey
         self.index_keys[k] = idkey
-        self.values[k] = value[:w + 1]
+        # value[:w + 1] without a second allocation and copy: cut in place (realloc),
+        # which needs ``raw`` to hold the only reference
+        raw = <PyObject*>value
+        Py_INCREF(value)
+        value = None
+        _PyBytes_Resize(&raw, w + 1)  # on failure it drops raw itself and raises
+        self.values[k] = <object>raw
+        Py_XDECREF(raw)
         self.entries[k] = PyBytes_FromStringAndSize(<const char*>entry, j + 3)
 
     cdef tuple columns(self):
