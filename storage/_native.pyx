@@ -395,10 +395,11 @@ cdef void _sort_refs(_KeyRef* a, _KeyRef* tmp, Py_ssize_t n, Py_ssize_t common) 
         memcpy(a, src, <size_t>n * sizeof(_KeyRef))
 
 
-def put_sorted(put, list keys, list values, handle):
+def put_sorted(put, list keys, list values, handle, bint distinct=False):
     """``put(key, value, handle)`` for each (keys[i], values[i]) in the keys' bytes order,
-    equal keys in list order; returns the first key put (None: none). The sort compares the
-    bytes in C, and no (key, value) tuple is built (storage/batch.py: put_sorted_py)."""
+    equal keys in list order; returns the first key put (None: none). ``distinct``: False,
+    and nothing put, when a key is there twice. The sort compares the bytes in C, and no
+    (key, value) tuple is built (storage/batch.py: put_sorted_py)."""
     cdef Py_ssize_t n = PyList_GET_SIZE(keys), i, j, common, m
     cdef const uint8_t* q
     cdef uint64_t k8
@@ -434,6 +435,11 @@ def put_sorted(put, list keys, list values, handle):
                 k8 = (k8 << 8) | (q[j] if j < m else 0)
             refs[i].k8 = k8
         _sort_refs(refs, refs + n, n, common)  # (no Python runs meanwhile)
+        if distinct:
+            for i in range(1, n):
+                if (refs[i].n == refs[i - 1].n
+                        and memcmp(refs[i].p, refs[i - 1].p, <size_t>refs[i].n) == 0):
+                    return False
         for i in range(n):
             j = refs[i].i
             if PyList_GET_SIZE(keys) != n or PyList_GET_SIZE(values) != n:

@@ -163,6 +163,14 @@ def test_put_sorted_shared_prefix(put_sorted: Callable[..., bytes | None], stem:
     calls, put = recorder()
     assert put_sorted(put, keys, values, 7) == (min(keys) if keys else None)
     assert calls == sorted(zip(keys, values, [7] * len(keys), strict=True), key=lambda t: t[0])
+    # distinct: the same, or False with nothing put when a key is there twice
+    distinct, put = recorder()
+    if len(set(keys)) == len(keys):
+        assert put_sorted(put, keys, values, 7, True) == (min(keys) if keys else None)
+        assert distinct == calls
+    else:
+        assert put_sorted(put, keys, values, 7, True) is False
+        assert distinct == []
 
 
 def python_offsets(payloads: list[bytes]) -> list[int] | None:
