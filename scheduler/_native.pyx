@@ -322,13 +322,15 @@ cdef class _Columns:
     cdef object counter
 
     def __cinit__(self, Py_ssize_t count, bytes prefix, int64_t now, str id_prefix,
-                  object counter):
+                  object counter, bint keep_ids=True):
+        """``keep_ids`` False: no msgId str is made (``columns`` gives None for them: each is
+        in its index key, ``ColumnBatch.ids``), as a summary answer needs none."""
         cdef Py_ssize_t n
         cdef const char* idp = PyUnicode_AsUTF8AndSize(id_prefix, &n)
         if n != 20:
             raise ValueError("a msgId prefix is 20 characters")
         memcpy(self.idbuf, idp, 20)
-        self.msg_ids = [None] * count
+        self.msg_ids = [None] * count if keep_ids else None
         self.deliver_ats = [None] * count
         self.timer_keys = [None] * count
         self.index_keys = [None] * count
@@ -339,8 +341,10 @@ cdef class _Columns:
         self.now = now
         self.counter = counter
 
-    cdef add(self, Py_ssize_t k, const char* body, Py_ssize_t n, int64_t at, object msg_id):
-        """Message ``k``: its body, deliverAt and msgId (None: a new one, generated)."""
+    cdef add(self, Py_ssize_t k, const char* body, Py_ssize_t n, int64_t at, object msg_id,
+             const char* raw_id=NULL, Py_ssize_t raw_len=0):
+        """Message ``k``: its body, deliverAt and msgId (None: ``raw_id``, its ``raw_len``
+        bytes of a valid msgId, else a new one, generated)."""
         cdef Py_ssize_t plen = PyBytes_GET_SIZE(self.prefix), idlen, w
         cdef const char* idp
         cdef uint64_t c
@@ -349,11 +353,17 @@ cdef class _Columns:
         cdef int j
         cdef int64_t now = self.now
         cdef PyObject* raw
-        if msg_id is None:
+        if msg_id is None and raw_id != NULL:
+            idp = raw_id
+            idlen = raw_len
+            if self.msg_ids is not None:
+                msg_id = PyUnicode_DecodeUTF8(raw_id, raw_len, NULL)
+        elif msg_id is None:
             c = <uint64_t>(next(self.counter)) & 0xFFFFFFFF
             for j in range(8):
                 self.idbuf[27 - j] = _HEX[(c >> (4 * j)) & 15]
-            msg_id = PyUnicode_DecodeUTF8(self.idbuf, 28, NULL)
+            if self.msg_ids is not None:
+                msg_id = PyUnicode_DecodeUTF8(self.idbuf, 28, NULL)
             idp = self.idbuf
             idlen = 28
         else:
@@ -390,7 +400,8 @@ cdef class _Columns:
         entry[j] = 0xC0
         entry[j + 1] = 0xC0
         entry[j + 2] = 0xC0
-        self.msg_ids[k] = msg_id
+        if self.msg_ids is not None:
+            self.msg_ids[k] = msg_id
         self.deliver_ats[k] = at
         self.timer_keys[k] = tkey
         self.index_keys[k] = idkey
@@ -596,7 +607,8 @@ def msgpack_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
     is body-only and written as msgpack writes it (canonical headers; per message the keys
     ``body`` (str) or ``bodyBase64`` (bin), ``msgId`` (a valid one), ``deliverAt`` or
     ``delayMs`` (ints >= 0), each once); None for anything else, which the schema's decoder
-    then reads and checks."""
+    then reads and checks. Its msgIds column is None: each msgId is in its index key
+    (``ColumnBatch.ids``), and no str is made for a summary answer."""
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(raw), i, k, count, fields, f, j
     cdef Item it, key, body, msg_id, num
@@ -609,7 +621,7 @@ def msgpack_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
     if i < 0 or it.kind != K_ARRAY or it.size < 1 or it.size > max_count:
         return None
     count = it.size
-    out = _Columns(count, prefix, now, id_prefix, counter)
+    out = _Columns(count, prefix, now, id_prefix, counter, False)  # (msgIds: index keys)
     for k in range(count):
         i = _head(p, n, i, &it)
         if i < 0 or it.kind != K_MAP:
@@ -663,9 +675,11 @@ def msgpack_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now,
             at = now + num.value
         if at <= now:
             return None
-        out.add(k, <const char*>p + body.data, body.size, at,
-                PyUnicode_DecodeUTF8(<const char*>p + msg_id.data, msg_id.size, NULL)
-                if seen & F_ID else None)
+        if seen & F_ID:
+            out.add(k, <const char*>p + body.data, body.size, at, None,
+                    <const char*>p + msg_id.data, msg_id.size)
+        else:
+            out.add(k, <const char*>p + body.data, body.size, at, None)
     if i != n:
         return None
     return out.columns()
@@ -821,12 +835,14 @@ def json_columns(bytes raw, Py_ssize_t max_count, bytes prefix, int64_t now, int
     i = _jws(p, n, i + 1)
     if i >= n or p[i] != 125 or _jws(p, n, i + 1) != n:
         return None
-    out = _Columns(count, prefix, now, id_prefix, counter)
+    out = _Columns(count, prefix, now, id_prefix, counter, False)  # (msgIds: index keys)
     for k in range(count):
         m = &msgs[k]
-        out.add(k, <const char*>p + m.body, m.body_size, m.at,
-                PyUnicode_DecodeUTF8(<const char*>p + m.msg_id, m.msg_id_size, NULL)
-                if m.msg_id >= 0 else None)
+        if m.msg_id >= 0:
+            out.add(k, <const char*>p + m.body, m.body_size, m.at, None,
+                    <const char*>p + m.msg_id, m.msg_id_size)
+        else:
+            out.add(k, <const char*>p + m.body, m.body_size, m.at, None)
     return out.columns()
 
 
