@@ -24,12 +24,13 @@ import platform
 import sys
 from collections.abc import Mapping
 
+from app.flags import FALSE_WORDS
+
 TUNABLE = "glibc.malloc.hugetlb"
 #: set in the environment of a re-executed ``serve`` (the name is not a ``HOURGLASS_*``
 #: setting): the tunable in GLIBC_TUNABLES was added by ``reexec``, which runs once
 MARKER = "_HOURGLASS_MALLOC_REEXEC"
 SETTING_ENV = "HOURGLASS_MALLOC_HUGE_PAGES"
-_OFF = ("0", "false", "no", "off")
 
 
 def supported() -> bool:
@@ -79,7 +80,7 @@ def early_env(environ: Mapping[str, str]) -> dict[str, str] | None:
     ``HOURGLASS_MALLOC_HUGE_PAGES`` says no."""
     if environ.get(MARKER) or tunable_set(environ) or not supported():
         return None
-    if environ.get(SETTING_ENV, "").strip().lower() in _OFF:
+    if environ.get(SETTING_ENV, "").strip().lower() in FALSE_WORDS:
         return None
     return with_tunable(environ)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from api.auth import Role, TokenSpec
+from app.flags import parse_bool
 from scheduler.config import EngineConfig
 from storage.constants import MAX_BATCH_MESSAGES
 from storage.errors import InvalidArgument
@@ -134,17 +135,6 @@ def parse_int(value: Any) -> int:
     if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
         return int(value)
     raise ValueError(f"expected an integer, got {value!r}")
-
-
-def parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
 
 
 def parse_float(value: Any) -> float:
