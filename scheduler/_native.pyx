@@ -13,7 +13,8 @@ it needs its own copy of (the msgId pattern, a body-only message's timing) are h
 their Python definitions by tests/scheduler/test_native.py (``msg_id_ok``, ``due_later``).
 """
 
-from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE,
+from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize,
+                            PyBytes_GET_SIZE,
                             _PyBytes_Resize)
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -306,6 +307,23 @@ def cancel_handles(list timer_keys):
     for k in range(count):
         w = _handle(dst, <object>PyList_GET_ITEM(timer_keys, k))
         out[k] = PyUnicode_DecodeUTF8(dst, w, NULL)
+    return out
+
+
+def key_tails(list keys, Py_ssize_t skip):
+    """== [k[skip:].decode("ascii") for k in keys]: a column batch's msgIds from its index
+    keys (``ColumnBatch.ids``); ValueError for a key not longer than ``skip``,
+    UnicodeDecodeError for one not ASCII past it."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(keys), k, n
+    cdef list out = [None] * count
+    for k in range(count):
+        key = <object>PyList_GET_ITEM(keys, k)
+        if not PyBytes_CheckExact(key):
+            raise TypeError(f"a key must be bytes, not {type(key).__name__}")
+        n = PyBytes_GET_SIZE(key)
+        if n <= skip:
+            raise ValueError(f"a key of {n} bytes has nothing past {skip}")
+        out[k] = PyUnicode_DecodeASCII(PyBytes_AS_STRING(key) + skip, n - skip, NULL)
     return out
 
 

@@ -147,6 +147,9 @@ class ColumnBatch:
         if self.msg_ids is not None:
             return self.msg_ids
         skip = len(self.topic.encode("utf-8")) + len(SEP)
+        if native is not None:
+            ids: list[str] = native.key_tails(self.index_keys, skip)
+            return ids
         return [key[skip:].decode("ascii") for key in self.index_keys]
 
     def results(self) -> list[SendOutcome]:

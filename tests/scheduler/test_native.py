@@ -194,6 +194,20 @@ def test_coarser(coarser: Callable[[Mapping[int, int]], tuple[Mapping[int, int],
         assert dict(got) == dict(expected)
 
 
+@needs_native
+@settings(max_examples=200)
+@given(prefix=st.binary(max_size=20),
+       ids=st.lists(st.text(alphabet="abcXYZ019_.:-", min_size=1, max_size=40), max_size=50))
+def test_key_tails(prefix: bytes, ids: list[str]) -> None:
+    """A column batch's msgIds read back from its index keys (``ColumnBatch.ids``): what is
+    past the topic's prefix, as ASCII; nothing past it is refused."""
+    assert native is not None
+    keys = [prefix + i.encode() for i in ids]
+    assert native.key_tails(keys, len(prefix)) == ids
+    with pytest.raises(ValueError):
+        native.key_tails([*keys, prefix], len(prefix))
+
+
 prepared = st.builds(
     SimpleNamespace, body=st.binary(max_size=300), tags=st.none() | texts,
     keys=st.lists(texts, max_size=20).map(tuple), properties=st.just({}) | props,
