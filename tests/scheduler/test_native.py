@@ -28,7 +28,7 @@ from scheduler.codec import (
 from scheduler.group_state import Seal, receipt_offsets_py, same_receipts_py
 from scheduler.levels import DelayLevels
 from scheduler.native import native
-from scheduler.timeline import _per_second_py
+from scheduler.timeline import _coarser_native, _coarser_py, _per_second_py
 from scheduler.timing import resolve_timing
 from storage.constants import MSG_ID_PATTERN
 from storage.errors import CorruptionError, HourglassError
@@ -165,6 +165,47 @@ def test_per_second(per_second: Callable[[list[int]], Mapping[int, int]],
     expected = Counter(at // 1000 for at in ats)
     assert dict(per_second(ats)) == expected
     assert dict(per_second(sorted(ats))) == expected
+
+
+@pytest.mark.parametrize("per_second", both("scheduler", per_second_c, _per_second_py))
+@settings(max_examples=100)
+@given(base=st.integers(-(1 << 45), 1 << 45), width=st.sampled_from([1, 3_600_000, 1 << 40]),
+       spread=st.lists(st.floats(0, 1), min_size=1, max_size=3000))
+def test_per_second_many(per_second: Callable[[list[int]], Mapping[int, int]], base: int,
+                         width: int, spread: list[float]) -> None:
+    """A fold's thousands of values, over a narrow span of seconds (the compiled twin counts
+    them in an array) or a wide one, around 0 or not: counts per second (floor division)."""
+    ats = [base + int(f * width) for f in spread]
+    assert dict(per_second(ats)) == Counter(at // 1000 for at in ats)
+
+
+@pytest.mark.parametrize("coarser", both("scheduler", _coarser_native, _coarser_py))
+@settings(max_examples=200)
+@given(counts=st.dictionaries(st.integers(-(1 << 40), 1 << 40) | st.integers(-5000, 5000),
+                              st.integers(1, 1 << 20), max_size=300))
+def test_coarser(coarser: Callable[[Mapping[int, int]], tuple[Mapping[int, int], ...]],
+                 counts: dict[int, int]) -> None:
+    """Counts per second summed per minute and per hour (floor division, also below 0)."""
+    minutes, hours = coarser(counts)
+    for got, ratio in ((minutes, 60), (hours, 3600)):
+        expected: Counter[int] = Counter()
+        for second, n in counts.items():
+            expected[second // ratio] += n
+        assert dict(got) == dict(expected)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(prefix=st.binary(max_size=20),
+       ids=st.lists(st.text(alphabet="abcXYZ019_.:-", min_size=1, max_size=40), max_size=50))
+def test_key_tails(prefix: bytes, ids: list[str]) -> None:
+    """A column batch's msgIds read back from its index keys (``ColumnBatch.ids``): what is
+    past the topic's prefix, as ASCII; nothing past it is refused."""
+    assert native is not None
+    keys = [prefix + i.encode() for i in ids]
+    assert native.key_tails(keys, len(prefix)) == ids
+    with pytest.raises(ValueError):
+        native.key_tails([*keys, prefix], len(prefix))
 
 
 prepared = st.builds(
