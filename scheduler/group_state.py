@@ -14,7 +14,7 @@ import hmac
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import filterfalse, repeat
 
@@ -86,6 +86,33 @@ def _receipt_offsets_native(receipts: Sequence[str], prefix: str) -> list[int] |
 
 
 receipt_offsets = receipt_offsets_py if native is None else _receipt_offsets_native
+
+
+def same_receipts_py(given: Sequence[object], issued: Sequence[str]) -> bool:
+    """Whether ``given`` is exactly ``issued`` (receipts), in order, compared in a time that
+    does not depend on where they differ (their tags are secret)."""
+    texts = [g for g in given if isinstance(g, str)]
+    if len(texts) != len(given) or len(given) != len(issued):
+        return False
+    try:
+        return list(map(len, texts)) == list(map(len, issued)) and hmac.compare_digest(
+            "\n".join(texts).encode(), "\n".join(issued).encode())
+    except UnicodeEncodeError:  # (a lone surrogate: no receipt)
+        return False
+
+
+def _same_receipts_native(given: Sequence[object], issued: Sequence[str]) -> bool:
+    """The same in C (scheduler/_native.pyx), eight bytes at a time and without a join."""
+    assert native is not None
+    if type(given) is not list:
+        given = list(given)
+    if type(issued) is not list:
+        issued = list(issued)
+    same: bool | None = native.same_receipts(given, issued)
+    return same_receipts_py(given, issued) if same is None else same
+
+
+same_receipts = same_receipts_py if native is None else _same_receipts_native
 
 
 class Seal:
@@ -202,8 +229,10 @@ class AckPlan:
     """What an ack (or the ack half of a nack) changes: built first, applied in memory
     only once its RocksDB write succeeded."""
 
-    accepted: tuple[set[int], set[int]] = field(default_factory=lambda: (set(), set()))
-    # offsets taken, per stream (MAIN, RETRY)
+    accepted: tuple[Collection[int], Collection[int]] = field(
+        default_factory=lambda: (set(), set()))
+    # offsets taken, per stream (MAIN, RETRY): a set, or (the usual ack, a whole lease of
+    # consecutive offsets) a range, read without a set of 1000 made and searched for its ends
     stale: list[str] = field(default_factory=list)
     committed: dict[int, int] = field(default_factory=dict)  # stream -> new committed offset
     # stream -> the runs of acks stored above the committed offset: [(first, end), ...]
@@ -220,8 +249,9 @@ class AckPlan:
 
 class Lease:
     """The messages one receive leased in one stream, until ``until``: a stream maps each
-    offset it holds to its lease. ``held``: how many it still holds; ``counts``: delivery
-    counts above 1 (messages handed out again after a lease expired)."""
+    offset it holds to its lease, ``offsets`` in increasing order (a receive reads them in
+    order). ``held``: how many it still holds; ``counts``: delivery counts above 1 (messages
+    handed out again after a lease expired)."""
 
     __slots__ = ("counts", "head", "held", "kind", "lease_id", "offsets", "receipts", "until")
 
@@ -372,15 +402,11 @@ class Group:
         changes on either."""
         lease = self.issued.get(receipts[0].partition(".")[0]) if receipts and isinstance(
             receipts[0], str) else None
-        if lease is not None and len(receipts) == len(lease.receipts):
-            try:  # the usual ack: the receipts of one receive, as issued
-                same = hmac.compare_digest("\n".join(receipts).encode(),
-                                           "\n".join(lease.receipts).encode())
-            except (TypeError, UnicodeEncodeError):
-                same = False
-            if same:  # (its offsets as the lease keeps them: ``plan`` knows them by that)
-                n = len(receipts)
-                return [lease.kind] * n, lease.offsets, [lease.lease_id] * n
+        if lease is not None and len(receipts) == len(lease.receipts) and same_receipts(
+                receipts, lease.receipts):  # the usual ack: the receipts of one receive,
+            n = len(receipts)  # as issued (its offsets as the lease keeps them: ``plan``
+            # knows them by that)
+            return [lease.kind] * n, lease.offsets, [lease.lease_id] * n
         found = parse_receipts(receipts)
         n = len(found)
         heads, tags, hexes = map(list, zip(*found, strict=True))
@@ -417,7 +443,8 @@ class Group:
         ``window``: no ack key is ever stored beyond them."""
         plan = AckPlan()
         streams = self.streams
-        seen = plan.accepted
+        seen: tuple[set[int], set[int]] = (set(), set())
+        plan.accepted = seen
         kinds, offsets, lease_ids = decoded
         n = len(offsets)
         if kinds.count(kinds[0]) == n and lease_ids.count(lease_ids[0]) == n:
@@ -427,8 +454,13 @@ class Group:
             if lease is not None and lease.lease_id == lease_ids[0] and (
                     offsets is lease.offsets and lease.held == n):
                 # a whole lease's receipts as issued (``decode``), every one still held by
-                # it (``held`` counts the offsets the stream maps to it)
-                seen[kinds[0]].update(offsets)
+                # it (``held`` counts the offsets the stream maps to it); its offsets
+                # increase (a receive reads them in order)
+                if offsets[-1] - offsets[0] + 1 == n:  # consecutive: a range
+                    run = range(offsets[0], offsets[-1] + 1)
+                    plan.accepted = (run, set()) if kinds[0] == MAIN else (set(), run)
+                else:
+                    seen[kinds[0]].update(offsets)
                 plan.whole = lease
                 self._advance(plan)
                 return plan
@@ -462,7 +494,12 @@ class Group:
         for kind, stream in enumerate(self.streams):
             taken, acked = plan.accepted[kind], stream.acked
             committed = stream.committed
-            if taken:
+            if isinstance(taken, range):
+                lo, hi = taken.start, taken.stop - 1
+                plan.highest[kind] = hi
+                if lo == committed:
+                    committed = taken.stop  # a run from the committed offset (usual ack)
+            elif taken:
                 lo = min(taken)
                 hi = plan.highest[kind] = max(taken)
                 if lo == committed and hi - committed + 1 == len(taken):

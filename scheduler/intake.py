@@ -119,7 +119,7 @@ class ColumnBatch:
 
     topic: str
     shard: int
-    msg_ids: list[str]
+    msg_ids: list[str] | None  # None: read them from the index keys (``ids``)
     deliver_ats: list[int]
     timer_keys: list[bytes]
     index_keys: list[bytes]
@@ -141,13 +141,24 @@ class ColumnBatch:
                 ats.append(at)
         return out
 
+    def ids(self) -> list[str]:
+        """The msgIds, in order: ``msg_ids``, else from the index keys (one topic's: its name
+        and NUL, then the msgId, ASCII), made only for an answer that shows them."""
+        if self.msg_ids is not None:
+            return self.msg_ids
+        skip = len(self.topic.encode("utf-8")) + len(SEP)
+        if native is not None:
+            ids: list[str] = native.key_tails(self.index_keys, skip)
+            return ids
+        return [key[skip:].decode("ascii") for key in self.index_keys]
+
     def results(self) -> list[SendOutcome]:
         """What the send path answers for these messages, stored and none a duplicate."""
         scheduled = MessageStatus.SCHEDULED
-        topics = [self.topic] * len(self.msg_ids) if self.topics is None else self.topics
+        topics = [self.topic] * len(self.index_keys) if self.topics is None else self.topics
         return [SendOutcome(msg_id=msg_id, topic=topic, deliver_at=at, status=scheduled,
                            cancel_handle=handle)
-                for msg_id, topic, at, handle in zip(self.msg_ids, topics, self.deliver_ats,
+                for msg_id, topic, at, handle in zip(self.ids(), topics, self.deliver_ats,
                                                      cancel_handles(self.timer_keys),
                                                      strict=True)]
 

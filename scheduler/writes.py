@@ -156,9 +156,13 @@ class WritePaths:
         """Store a column batch (``Intake.columns``) when every message in it is new and due
         later, as ``submit`` would (same locks, look-up, checks and write, from columns);
         False, with nothing written, for any other: ``submit`` then takes the batch."""
-        if len(set(cols.given)) != len(cols.given):  # a msgId twice: a duplicate
-            return False
         store = self._store
+        # the WriteBatch is built before the locks (it is only this call's until written;
+        # dropped if a check below says no), each CF's entries in key order (Batch.put_sorted);
+        # the index entries first: a msgId twice (a duplicate) stops it there
+        batch = store.batch()
+        if batch.put_sorted(CF_INDEX, cols.index_keys, cols.entries, distinct=True) is False:
+            return False
         by_shard: dict[int, tuple[list[bytes], list[bytes]]]
         if cols.shards is None:
             by_shard = {cols.shard: (cols.timer_keys, cols.values)}
@@ -172,16 +176,12 @@ class WritePaths:
                 else:
                     columns[0].append(key)
                     columns[1].append(value)
-        # the WriteBatch is built before the locks (it is only this call's until written;
-        # dropped if a check below says no), each CF's entries in key order (Batch.put_sorted)
         shards = []  # (shard, its first key)
-        batch = store.batch()
         for s, (keys, values) in sorted(by_shard.items()):
             shard = self._shards[s]
             first = batch.put_sorted(shard.cf, keys, values)
-            assert first is not None  # (a shard is here for a key of its own)
+            assert first  # (a shard is here for a key of its own)
             shards.append((shard, first))
-        batch.put_sorted(CF_INDEX, cols.index_keys, cols.entries)
         first_at = min(cols.deliver_ats)
         with self.locks(by_shard):
             self._check_running()

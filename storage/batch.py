@@ -11,7 +11,7 @@ store: the gate does not nest), so hot paths pay one gate entry per call, not pe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import rocksdict
 
@@ -21,13 +21,17 @@ from storage.native import native
 
 
 def put_sorted_py(put: Callable[[bytes, bytes, Any], object], keys: list[bytes],
-                  values: list[bytes], handle: Any) -> bytes | None:
+                  values: list[bytes], handle: Any, distinct: bool = False
+                  ) -> bytes | Literal[False] | None:
     """``put(key, value, handle)`` for each (keys[i], values[i]) in the keys' bytes order,
-    equal keys in list order; returns the first key put (None: none). The twin of
-    storage/_native.pyx's ``put_sorted``."""
+    equal keys in list order; returns the first key put (None: none). ``distinct``: False,
+    and nothing put, when a key is there twice. The twin of storage/_native.pyx's
+    ``put_sorted``."""
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
     order = sorted(range(len(keys)), key=keys.__getitem__)
+    if distinct and len(set(keys)) != len(keys):
+        return False
     for i in order:
         put(keys[i], values[i], handle)
     return keys[order[0]] if order else None
@@ -99,19 +103,25 @@ class Batch:
             for key, value in items:
                 put(key, value, handle)
 
-    def put_sorted(self, cf: str, keys: list[bytes], values: list[bytes]) -> bytes | None:
+    def put_sorted(self, cf: str, keys: list[bytes], values: list[bytes], *,
+                   distinct: bool = False) -> bytes | Literal[False] | None:
         """Put (keys[i], values[i]) in key order. RocksDB inserts a WriteBatch into its
         memtable (a skip list) in batch order, and an insert next to the previous one finds
         its path in the CPU caches (1000 keys due at random over an hour: ~2.9 instead of
         ~3.7 ms a write; docs/performance.md). Sorted in C where storage/_native is built,
         and no (key, value) tuple is made: a send batch's 1000 timer and 1000 index entries
-        0.40 -> 0.32 µs a message against pairs zipped, sorted and put from Python."""
+        0.40 -> 0.32 µs a message against pairs zipped, sorted and put from Python.
+        ``distinct``: False, with nothing put, when a key is there twice (found by the sort,
+        not by a set of the keys)."""
         if self.ops is not None:
             self.ops.append((OP_PUT_SORTED, cf, list(keys), list(values)))
         with self._gate:
             wb, handle = self._target(cf)
-            first: bytes | None = _put_sorted(wb.put, keys, values, handle)
-            return first
+            first: bytes | Literal[False] | None = _put_sorted(wb.put, keys, values, handle,
+                                                               distinct)
+        if first is False and self.ops is not None:
+            self.ops.pop()
+        return first
 
     def delete_many(self, cf: str, keys: Iterable[bytes]) -> None:
         if self.ops is not None:

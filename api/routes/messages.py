@@ -48,7 +48,7 @@ def scheduled_answer(columns: ColumnBatch, request: Request) -> Response:
     ``respond`` would write for its SendResults, encoded in C from the columns."""
     accept_msgpack = is_msgpack(request.headers.get("accept"))
     body = None if native is None else native.scheduled_answer(
-        columns.msg_ids, columns.topic, columns.deliver_ats, columns.timer_keys, accept_msgpack)
+        columns.ids(), columns.topic, columns.deliver_ats, columns.timer_keys, accept_msgpack)
     if body is None:  # (a string JSON would have to escape: never, by the API)
         return respond({"results": columns.results()}, 201, request)
     return Response(body, status_code=201, media_type=MSGPACK if accept_msgpack else JSON)
@@ -107,7 +107,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
         columns = await ctx.write(lambda: broker.send_columns(
             topic, raw, max_count=limit, json=not is_msgpack(content_type)))
         if columns is not None:  # (a column batch holds no duplicate)
-            return (summary_answer(len(columns.msg_ids), [], request) if minimal
+            return (summary_answer(len(columns.index_keys), [], request) if minimal
                     else scheduled_answer(columns, request))
         batch = decode(raw, content_type, schemas.BatchIn)
         if len(batch.messages) > limit:
@@ -115,7 +115,7 @@ def add_routes(router: APIRouter, ctx: ApiContext) -> None:
                                   f"{len(batch.messages)}")
         columns = await ctx.write(broker.send_columns, topic, batch.messages, UNSET)
         if columns is not None:  # the common case, with no object per message
-            return (summary_answer(len(columns.msg_ids), [], request) if minimal
+            return (summary_answer(len(columns.index_keys), [], request) if minimal
                     else scheduled_answer(columns, request))
         requests = [to_send_request(m, topic, i) for i, m in enumerate(batch.messages)]
         results = await ctx.write(broker.send_batch, requests)

@@ -6,6 +6,7 @@ import argparse
 import base64
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,8 @@ import psutil
 
 BODY_BYTES = 100
 ID_PREFIX = "m"
+_PARSED_WHOLE = 32  # ids in a batch from which msg_indexes parses them in one pass
+_IDS = re.compile(f"{ID_PREFIX}[0-9]{{1,18}}(?:,{ID_PREFIX}[0-9]{{1,18}})*")
 
 
 def now_ms() -> float:
@@ -32,6 +35,24 @@ def now_ms() -> float:
 def msg_id(i: int) -> str:
     """The message id of message number ``i``: 'm' + decimal (BullMQ refuses integer job ids)."""
     return f"{ID_PREFIX}{i}"
+
+
+def msg_indexes(ids: Sequence[str | bytes]) -> np.ndarray:
+    """``msg_index`` of each id, as an int64 array: parsed by numpy in one pass when there
+    are ``_PARSED_WHOLE`` or more and all are the harness's ('m' + ASCII decimal digits, the
+    usual batch), else id by id (a message popped alone: no slower than before)."""
+    if len(ids) >= _PARSED_WHOLE:
+        try:  # (str ids, or bytes ids: one type a batch)
+            joined = (b",".join(ids).decode("ascii") if isinstance(ids[0], bytes)  # type: ignore[arg-type]
+                      else ",".join(ids))  # type: ignore[arg-type]
+        except (TypeError, UnicodeDecodeError):
+            joined = ""
+        if _IDS.fullmatch(joined):  # (np.fromstring's text mode: ~10x faster than int() each)
+            found = np.fromstring(joined[len(ID_PREFIX):].replace("," + ID_PREFIX, ","),
+                                  dtype=np.int64, sep=",")
+            if len(found) == len(ids):  # (an id holding a comma: id by id)
+                return found
+    return np.fromiter((msg_index(i) for i in ids), dtype=np.int64, count=len(ids))
 
 
 def msg_index(mid: str | bytes) -> int:
@@ -235,19 +256,22 @@ class Tracker:
         self.unexpected = 0
         self.received = 0                       # receipts, duplicates included
         self.last_recv = float("nan")
+        self._distinct = 0                      # ids received at least once
         self._lock = threading.Lock()
 
     def set_due(self, ids: list[str], due_ms: list[int]) -> None:
-        idx = np.fromiter((msg_index(i) for i in ids), dtype=np.int64, count=len(ids))
-        self.due[idx] = due_ms
+        self.due[msg_indexes(ids)] = due_ms
 
     def record(self, ids: Sequence[str | bytes], recv_ms: float | Sequence[float],
                server_late: Sequence[float] | None = None) -> None:
         """One received batch: its ids, when it was received (one time, or one per id) and,
-        if the system reports it, each message's server-side lateness."""
+        if the system reports it, each message's server-side lateness. It runs on the
+        consumers' threads, in their process: ~0.1 ms a batch of 1000 (0.89 ms when each id
+        was parsed by ``msg_index`` and ``distinct`` counted the whole array: the harness's
+        own work then bounded a drain by consumers in one process, for every system)."""
         if not ids:
             return
-        idx = np.fromiter((msg_index(i) for i in ids), dtype=np.int64, count=len(ids))
+        idx = msg_indexes(ids)
         ok = (idx >= 0) & (idx < self.n)
         recv = np.broadcast_to(np.asarray(recv_ms, dtype=float), idx.shape)[ok]
         with self._lock:
@@ -255,17 +279,23 @@ class Tracker:
             idx_ok = idx[ok]
             np.add.at(self.count, idx_ok, 1)
             first = np.isnan(self.recv[idx_ok])
-            self.recv[idx_ok[first]] = recv[first]
+            fresh = idx_ok[first]
+            self.recv[fresh] = recv[first]
+            # (an id twice in one batch is fresh twice: counted once)
+            # an id k times fresh in one batch has count k now (0 before): counted once
+            self._distinct += (len(fresh) if len(fresh) < 2
+                               else round(float(np.sum(1.0 / self.count[fresh]))))
             if server_late is not None:
                 sl = np.asarray(server_late, dtype=float)[ok]
-                self.server_late[idx_ok[first]] = sl[first]
+                self.server_late[fresh] = sl[first]
             self.received += len(ids)
             if recv.size:
                 self.last_recv = float(recv.max())
 
     @property
     def distinct(self) -> int:
-        return int((self.count > 0).sum())
+        """Ids received at least once (kept by ``record``: a drain's wait asks every 2 ms)."""
+        return self._distinct
 
     def correctness(self, expected: int | None = None) -> dict[str, int]:
         """Missing / duplicate counts over the first ``expected`` ids (all sent ones)."""

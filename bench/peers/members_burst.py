@@ -11,6 +11,9 @@ last one was in the log (the server's ``storedAt``), the CPU of the drain window
 receive requests the server answered and their mean time in it (``/metrics``)::
 
     .venv/bin/python -m bench.peers.members_burst --n 200000 --encoding json
+
+``--hourglass-rev REV`` serves a frozen copy of REV (as ``bench.peers.run``'s), for runs in
+turns against another commit with the same client.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from storage.native import PURE_PYTHON_ENV
+
 from .common import Batch, Tracker, msg_id, now_ms, random_bodies
+from .run import freeze_source, frozen_unbuilt
 from .systems.hourglass import HourglassSystem
 
 
@@ -55,10 +61,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the messages are due this long after the first send")
     ap.add_argument("--timeout", type=float, default=60.0,
                     help="give up this many seconds after the due time")
+    ap.add_argument("--hourglass-rev", default=None, metavar="REV",
+                    help="run the server from a frozen copy of this git commit (as "
+                         "bench.peers.run's), to pair runs against another commit")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="hourglass-burst-"))
-    system = HourglassSystem({"hourglass_consume": args.mode, "consumers": args.consumers,
-                              "hourglass_encoding": args.encoding})
+    options: dict[str, object] = {"hourglass_consume": args.mode, "consumers": args.consumers,
+                                  "hourglass_encoding": args.encoding}
+    if args.hourglass_rev:
+        src, commit = freeze_source(args.hourglass_rev, work)
+        options["hourglass_src"] = src
+        if frozen_unbuilt(src):
+            options["hourglass_env"] = {PURE_PYTHON_ENV: "1"}
+        print(f"server at {commit[:12]}")
+    system = HourglassSystem(options)
     system.start(work)
     try:
         tracker = Tracker(args.n)

@@ -8,6 +8,7 @@ columns path and one without, fed the same requests on the same fake clock."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from scheduler import model
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
 from scheduler.codec import cancel_handles, scheduled_values
-from scheduler.intake import Intake
+from scheduler.intake import ColumnBatch, Intake
 from scheduler.levels import DelayLevels
 from scheduler.model import SendRequest
 from scheduler.native import native
@@ -101,8 +102,14 @@ def test_plain_columns_from_msgpack_bytes_are_the_same(messages: list[MessageIn]
     from_bytes = intake.columns(TOPIC, raw, NOW, max_count=1000)
     intake._ids._counter = itertools.count(7)
     assert from_bytes is not None
-    assert from_bytes == intake.columns(TOPIC, messages, NOW, UNSET)
+    assert from_bytes.msg_ids is None  # no str made: each msgId is read from its index key
+    assert with_ids(from_bytes) == intake.columns(TOPIC, messages, NOW, UNSET)
     assert intake.columns(TOPIC, raw, NOW, max_count=len(messages) - 1) is None  # too many
+
+
+def with_ids(columns: ColumnBatch) -> ColumnBatch:
+    """``columns`` with its msgIds column made (``ColumnBatch.ids``)."""
+    return dataclasses.replace(columns, msg_ids=columns.ids())
 
 
 def escapes(text: str) -> bool:
@@ -129,8 +136,9 @@ def test_columns_from_json_bytes_are_the_same(messages: list[MessageIn],
         assert from_bytes is None
         return
     assert from_bytes is not None
-    assert from_bytes == intake.columns(TOPIC, msgspec.json.decode(raw, type=BatchIn).messages,
-                                      NOW, UNSET)
+    assert from_bytes.msg_ids is None
+    decoded = msgspec.json.decode(raw, type=BatchIn).messages
+    assert with_ids(from_bytes) == intake.columns(TOPIC, decoded, NOW, UNSET)
     assert intake.columns(TOPIC, raw, NOW, max_count=len(messages) - 1, json=True) is None
 
 
@@ -308,7 +316,7 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
             columns = send_columns(topic, messages, *args, **kwargs)
             if columns is not None:
                 taken.append(("bytes" if isinstance(messages, bytes) else "decoded",
-                              len(columns.msg_ids)))
+                              len(columns.index_keys)))
             return columns
 
         a.broker.send_columns = counted  # type: ignore[method-assign]

@@ -26,10 +26,10 @@ from scheduler.codec import (
     scheduled_values_py,
     split_due_py,
 )
-from scheduler.group_state import Seal, receipt_offsets_py
+from scheduler.group_state import Seal, receipt_offsets_py, same_receipts_py
 from scheduler.levels import DelayLevels
 from scheduler.native import native
-from scheduler.timeline import _per_second_py
+from scheduler.timeline import _coarser_native, _coarser_py, _per_second_py
 from scheduler.timing import resolve_timing
 from storage.constants import MSG_ID_PATTERN
 from storage.errors import CorruptionError, HourglassError
@@ -194,6 +194,47 @@ def test_per_second(per_second: Callable[[list[int]], Mapping[int, int]],
     assert dict(per_second(sorted(ats))) == expected
 
 
+@pytest.mark.parametrize("per_second", both("scheduler", per_second_c, _per_second_py))
+@settings(max_examples=100)
+@given(base=st.integers(-(1 << 45), 1 << 45), width=st.sampled_from([1, 3_600_000, 1 << 40]),
+       spread=st.lists(st.floats(0, 1), min_size=1, max_size=3000))
+def test_per_second_many(per_second: Callable[[list[int]], Mapping[int, int]], base: int,
+                         width: int, spread: list[float]) -> None:
+    """A fold's thousands of values, over a narrow span of seconds (the compiled twin counts
+    them in an array) or a wide one, around 0 or not: counts per second (floor division)."""
+    ats = [base + int(f * width) for f in spread]
+    assert dict(per_second(ats)) == Counter(at // 1000 for at in ats)
+
+
+@pytest.mark.parametrize("coarser", both("scheduler", _coarser_native, _coarser_py))
+@settings(max_examples=200)
+@given(counts=st.dictionaries(st.integers(-(1 << 40), 1 << 40) | st.integers(-5000, 5000),
+                              st.integers(1, 1 << 20), max_size=300))
+def test_coarser(coarser: Callable[[Mapping[int, int]], tuple[Mapping[int, int], ...]],
+                 counts: dict[int, int]) -> None:
+    """Counts per second summed per minute and per hour (floor division, also below 0)."""
+    minutes, hours = coarser(counts)
+    for got, ratio in ((minutes, 60), (hours, 3600)):
+        expected: Counter[int] = Counter()
+        for second, n in counts.items():
+            expected[second // ratio] += n
+        assert dict(got) == dict(expected)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(prefix=st.binary(max_size=20),
+       ids=st.lists(st.text(alphabet="abcXYZ019_.:-", min_size=1, max_size=40), max_size=50))
+def test_key_tails(prefix: bytes, ids: list[str]) -> None:
+    """A column batch's msgIds read back from its index keys (``ColumnBatch.ids``): what is
+    past the topic's prefix, as ASCII; nothing past it is refused."""
+    assert native is not None
+    keys = [prefix + i.encode() for i in ids]
+    assert native.key_tails(keys, len(prefix)) == ids
+    with pytest.raises(ValueError):
+        native.key_tails([*keys, prefix], len(prefix))
+
+
 prepared = st.builds(
     SimpleNamespace, body=st.binary(max_size=300), tags=st.none() | texts,
     keys=st.lists(texts, max_size=20).map(tuple), properties=st.just({}) | props,
@@ -222,6 +263,48 @@ suffixes = st.one_of(
     st.integers(0, (1 << 64) - 1).map(lambda v: f"{v:x}"),  # as receipts write them
     st.text("0123456789abcdefABCDEF_\n x", max_size=18),  # anything near it
 )
+
+
+@settings(max_examples=300)
+@given(issued=st.lists(st.from_regex(r"\A4[01][0-9a-f]{1,16}\.[0-9a-f]{16}\.[0-9a-f]{1,5}\Z"),
+                       min_size=1, max_size=8),
+       edits=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 40),
+                                st.sampled_from(["0", "f", ".", "\n", "\u00e9", "", "\ud800"])),
+                      max_size=2),
+       drop=st.booleans())
+def test_same_receipts(issued: list[str], edits: list[tuple[int, int, str]],
+                       drop: bool) -> None:
+    """The usual ack's check (scheduler/group_state.py ``same_receipts``): the receipts as
+    issued, or one changed by a character (replaced, inserted, removed: also non-ASCII or a
+    lone surrogate), one missing, or split otherwise at "\\n": the compiled check answers
+    the twin's, or None (not ASCII) and leaves it to the twin."""
+    given_ = list(issued)
+    for at, pos, ch in edits:
+        at %= len(given_)
+        r = given_[at]
+        pos %= len(r) + 1
+        given_[at] = r[:pos] + ch + r[pos + 1:]
+    if drop and len(given_) > 1:
+        given_.pop()
+    expected = same_receipts_py(given_, issued)
+    assert expected == (given_ == issued)
+    if native is not None:
+        assert native.same_receipts(given_, issued) in (expected, None)
+        if all(r.isascii() for r in given_):
+            assert native.same_receipts(given_, issued) is expected
+
+
+def test_same_receipts_is_per_receipt_not_of_the_join() -> None:
+    """Receipts that join to the same text but are split otherwise are not the same."""
+    issued = ["40a.0123456789abcdef.1", "40a.0123456789abcdef.2"]
+    moved = ["40a.0123456789abcdef.1\n40a", ".0123456789abcdef.2"]
+    assert not same_receipts_py(moved, issued)
+    assert same_receipts_py(list(issued), issued)
+    assert not same_receipts_py([1, 2], issued)  # type: ignore[list-item]
+    if native is not None:
+        assert native.same_receipts(moved, issued) is False
+        assert native.same_receipts(list(issued), issued) is True
+        assert native.same_receipts([1, 2], issued) is None
 
 
 @pytest.mark.parametrize("receipt_offsets",

@@ -169,6 +169,32 @@ def test_put_sorted(put_sorted: Callable[..., bytes | None], keys: list[bytes],
         assert calls == []
 
 
+@pytest.mark.parametrize("put_sorted", both("storage", "put_sorted", put_sorted_py))
+@settings(max_examples=200)
+@given(stem=st.binary(max_size=10),
+       tails=st.lists(st.binary(max_size=12), max_size=300),
+       extra=st.lists(st.integers(min_value=0, max_value=299), max_size=20))
+def test_put_sorted_shared_prefix(put_sorted: Callable[..., bytes | None], stem: bytes,
+                                  tails: list[bytes], extra: list[int]) -> None:
+    """Keys that share a prefix (a timer CF's time, an index CF's topic) and differ past it,
+    some shorter than 8 bytes past it, some repeated, in lists long enough for the compiled
+    twin's merge passes: put in bytes order, equal keys in list order."""
+    keys = [stem + t for t in tails]
+    keys += [keys[i] for i in extra if i < len(keys)]
+    values = [b"v%d" % i for i in range(len(keys))]
+    calls, put = recorder()
+    assert put_sorted(put, keys, values, 7) == (min(keys) if keys else None)
+    assert calls == sorted(zip(keys, values, [7] * len(keys), strict=True), key=lambda t: t[0])
+    # distinct: the same, or False with nothing put when a key is there twice
+    distinct, put = recorder()
+    if len(set(keys)) == len(keys):
+        assert put_sorted(put, keys, values, 7, True) == (min(keys) if keys else None)
+        assert distinct == calls
+    else:
+        assert put_sorted(put, keys, values, 7, True) is False
+        assert distinct == []
+
+
 def python_offsets(payloads: list[bytes]) -> list[int] | None:
     return or_none(log_record_offsets_py, payloads)
 
