@@ -313,8 +313,7 @@ class Committer:
             skipped = [key for scan in scans for key, _ in scan.items
                        if key in skip] if skip else []
             if skipped:
-                items = [kv for scan in scans for kv in scan.items]
-                items = [kv for kv in items if kv[0] not in skip]
+                items = [kv for scan in scans for kv in scan.items if kv[0] not in skip]
                 counts = [sum(1 for key, _ in scan.items if key not in skip) for scan in scans]
             else:
                 counts = [len(scan.items) for scan in scans]
