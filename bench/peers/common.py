@@ -281,7 +281,6 @@ class Tracker:
             first = np.isnan(self.recv[idx_ok])
             fresh = idx_ok[first]
             self.recv[fresh] = recv[first]
-            # (an id twice in one batch is fresh twice: counted once)
             # an id k times fresh in one batch has count k now (0 before): counted once
             self._distinct += (len(fresh) if len(fresh) < 2
                                else round(float(np.sum(1.0 / self.count[fresh]))))
