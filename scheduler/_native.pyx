@@ -1218,8 +1218,8 @@ cdef dict _tally(int64_t* units, uint32_t* weights, Py_ssize_t count):
             lo = units[k]
         elif units[k] > hi:
             hi = units[k]
-    span = <uint64_t>hi - <uint64_t>lo + 1  # (hi >= lo: exact in 64 bits)
-    if span <= <uint64_t>(2 * count + 1024):
+    span = <uint64_t>hi - <uint64_t>lo + 1  # (0 only for the whole int64 range: wrapped)
+    if span != 0 and span <= <uint64_t>(2 * count + 1024):
         slots = <uint64_t*>PyMem_Calloc(<size_t>span, sizeof(uint64_t))
         if slots == NULL:
             raise MemoryError()

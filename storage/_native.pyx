@@ -380,8 +380,9 @@ cdef enum:
 
 cdef void _sort_refs(_KeyRef* a, _KeyRef* tmp, Py_ssize_t n, Py_ssize_t common) noexcept nogil:
     """Merge sort of ``a`` by ``_key_order`` (``tmp``: room for n), inlined comparisons: a
-    send batch's 1000 keys due at random in ~25 µs, not the ~230 of libc's qsort calling a
-    comparator through a pointer; runs already in order cost one comparison each."""
+    send batch's 1000 keys due at random, sorted and put with no-op puts, 48 µs against 89
+    with libc's qsort calling a comparator through a pointer; runs already in order cost one
+    comparison each."""
     cdef Py_ssize_t s, e, i, j, k, mid, width
     cdef _KeyRef t
     cdef _KeyRef* src = a

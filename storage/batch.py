@@ -113,14 +113,12 @@ class Batch:
         0.40 -> 0.32 µs a message against pairs zipped, sorted and put from Python.
         ``distinct``: False, with nothing put, when a key is there twice (found by the sort,
         not by a set of the keys)."""
-        if self.ops is not None:
-            self.ops.append((OP_PUT_SORTED, cf, list(keys), list(values)))
         with self._gate:
             wb, handle = self._target(cf)
             first: bytes | Literal[False] | None = _put_sorted(wb.put, keys, values, handle,
                                                                distinct)
-        if first is False and self.ops is not None:
-            self.ops.pop()
+        if first is not False and self.ops is not None:
+            self.ops.append((OP_PUT_SORTED, cf, list(keys), list(values)))
         return first
 
     def delete_many(self, cf: str, keys: Iterable[bytes]) -> None:
