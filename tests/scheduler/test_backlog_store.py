@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -18,6 +19,7 @@ from scheduler.backlog import Backlog
 from scheduler.backlog_store import BacklogStore
 from scheduler.broker import Broker
 from scheduler.clock import FakeClock
+from scheduler.maintenance import Maintenance
 from scheduler.model import SendRequest
 from storage.constants import CF_META, META_BACKLOG_FOLDED, timer_cf
 from storage.errors import AlreadyDelivered, NotFound
@@ -46,15 +48,19 @@ def kept(broker: Broker) -> tuple[dict[str, int], dict[int, int], dict[object, o
 
 
 def loaded(broker: Broker) -> tuple[dict[str, int], dict[int, int], dict[object, object]]:
-    """The counts a start would read now: the base plus the deltas not folded."""
+    """The counts a start would read now: the base plus the deltas not folded.
+
+    The base's per-second counts are read lazily (by ``series`` here), so the fold lock is
+    held until they are: this Backlog is not the broker's, no fold settles its lazy hours
+    (``TimelineCounts.settle``), and a fold of the maintenance thread in between would add
+    the deltas it folds to the base those lazy hours then read, counting them twice."""
     store, counts = broker.parts.store, broker.parts.counts
     assert store is not None
-    with counts._fold_lock:  # (not while the maintenance thread folds)
-        series, levels, lazy = BacklogStore(store).load()
     backlog = Backlog(store, [timer_cf(s) for s in range(store.timer_shards)], top=50)
-    backlog.load(series, levels, lazy)
-    return ({t: n for t, (n, _) in backlog.by_topic().items()}, backlog.by_level(),
-            backlog.timeline.series())
+    with counts._fold_lock:  # (not while the maintenance thread folds)
+        backlog.load(*BacklogStore(store).load())
+        series = backlog.timeline.series()
+    return ({t: n for t, (n, _) in backlog.by_topic().items()}, backlog.by_level(), series)
 
 
 class CountsMachine(RuleBasedStateMachine):
@@ -178,5 +184,39 @@ def test_a_data_directory_without_counts_is_scanned_once_and_kept(tmp_path: Path
         assert broker.parts.store.get(CF_META, META_BACKLOG_FOLDED) is not None
         assert broker.stats().pending == 4 * 19
         assert kept(broker) == scanned(broker) == loaded(broker)
+    finally:
+        broker.close()
+
+
+def test_a_fold_after_a_start_leaves_its_lazily_read_seconds_right(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start reads the base's minutes and holds its hours' seconds lazily, with the deltas
+    not folded on top. When a fold then rewrites those hours, the timeline takes their
+    seconds as they stood before (``TimelineCounts.settle``): read after the fold they would
+    hold the folded deltas a second time (an extra count per message sent, one fewer per
+    message delivered; the minutes and hours stay right)."""
+    # the maintenance thread folds a round after a delta: here the test folds, when it chooses
+    monkeypatch.setattr(Maintenance, "fold_counts", lambda self: 0)
+    clock = FakeClock(START_MS)
+    broker = Broker(make_config(tmp_path, timer_shards=2), clock)
+    broker.start()
+    sends = [SendRequest(topic=t, body=b"x", msg_id=f"{t}{i}", deliver_at=START_MS + 700 * i)
+             for t in ("a", "b") for i in range(1, 12)]
+    broker.send_batch(sends[:10])
+    broker.parts.counts.fold(broker.parts._all_locks)  # a base for the first ten
+    broker.send_batch(sends[10:])  # deltas: sends ...
+    clock.advance(3_000)
+    broker.drain(timeout_s=60)  # ... and deliveries
+    broker.parts._fold_counts = lambda: None  # type: ignore[method-assign]
+    broker.close()  # as after a kill: the deltas stay
+
+    broker = Broker(make_config(tmp_path, timer_shards=2), clock)
+    broker.start()
+    try:
+        counts, timeline = broker.parts.counts, broker.parts.backlog.timeline
+        assert counts.unfolded > 0 and timeline._lazy  # deltas over a lazily held base
+        assert counts.fold(broker.parts._all_locks) > 0
+        assert kept(broker) == scanned(broker) == loaded(broker)
+        assert broker.stats().pending == len(sends) - 2 * 4  # 0.7-2.8 s delivered per topic
     finally:
         broker.close()
