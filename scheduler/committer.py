@@ -312,17 +312,19 @@ class Committer:
             skip = self._skip
             skipped = [key for scan in scans for key, _ in scan.items
                        if key in skip] if skip else []
-            if skipped:
-                items = [kv for scan in scans for kv in scan.items if kv[0] not in skip]
-                counts = [sum(1 for key, _ in scan.items if key not in skip) for scan in scans]
-            else:
-                counts = [len(scan.items) for scan in scans]
             # (key, value) -> the columns of the appends, each in one pass (no Python call
             # or append per message: a fifth of this commit's CPU was such appends); split
             # before the due time by the scanner's read-ahead, if it read them
+            split: Split
+            if skipped:
+                split = split_due([kv for scan in scans for kv in scan.items
+                                   if kv[0] not in skip])
+                counts = [sum(1 for key, _ in scan.items if key not in skip) for scan in scans]
+            else:
+                split = _columns(scans)
+                counts = [len(scan.items) for scan in scans]
             pending = _Appends()
-            (pending.ikeys, pending.extra, pending.deliver_ats,
-             pending.topics) = _columns(scans) if not skipped else split_due(items)
+            pending.ikeys, pending.extra, pending.deliver_ats, pending.topics = split
             pending.scans = [(scan.shard, scan.end, n)
                              for scan, n in zip(scans, counts, strict=True)]
             offsets = self._take_offsets(pending)

@@ -402,10 +402,11 @@ class Group:
         changes on either."""
         lease = self.issued.get(receipts[0].partition(".")[0]) if receipts and isinstance(
             receipts[0], str) else None
+        # the usual ack: the receipts of one receive, as issued (its offsets as the lease
+        # keeps them: ``plan`` knows them by that); the lengths first, as a part's differ
         if lease is not None and len(receipts) == len(lease.receipts) and same_receipts(
-                receipts, lease.receipts):  # the usual ack: the receipts of one receive,
-            n = len(receipts)  # as issued (its offsets as the lease keeps them: ``plan``
-            # knows them by that)
+                receipts, lease.receipts):
+            n = len(receipts)
             return [lease.kind] * n, lease.offsets, [lease.lease_id] * n
         found = parse_receipts(receipts)
         n = len(found)
