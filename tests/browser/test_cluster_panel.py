@@ -26,14 +26,26 @@ def cluster(tmp_path: Path) -> Iterator[HourglassCluster]:
         yield hc
 
 
+#: the cluster table read in one script: the page cannot redraw it half-way through (read
+#: cell by cell, a dozen WebDriver calls on a loaded machine outlasted the page's 300 ms
+#: refresh, so nearly every read met a stale row and the wait ran out)
+_READ_PANEL = """
+const out = {};
+for (const row of document.querySelectorAll("#cluster-table tbody tr")) {
+  const cells = {};
+  for (const cls of ["role", "applied", "lag"]) {
+    cells[cls] = row.querySelector("td." + cls).dataset.value;
+  }
+  out[row.dataset.node] = cells;
+}
+return out;
+"""
+
+
 def panel(browser: Any) -> dict[str, dict[str, str]]:
     """The cluster table as shown: node id -> its role, applied sequence and lag."""
-    from selenium.webdriver.common.by import By
-
-    return {row.get_attribute("data-node"): {
-        cls: row.find_element(By.CSS_SELECTOR, f"td.{cls}").get_attribute("data-value")
-        for cls in ("role", "applied", "lag")}
-        for row in browser.find_elements(By.CSS_SELECTOR, "#cluster-table tbody tr")}
+    shown: dict[str, dict[str, str]] = browser.execute_script(_READ_PANEL)
+    return shown
 
 
 def note(browser: Any) -> str:
